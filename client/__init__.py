@@ -1,0 +1,80 @@
+"""outrig: a JavaSpaces-style tuple space served over gRPC. This is its Python client.
+
+::
+
+    from dataclasses import dataclass
+    import outrig
+
+    @dataclass
+    class Task(outrig.Entry):
+        job: str | None = None
+        n: int | None = None
+
+    with outrig.connect("127.0.0.1:7766", space="default") as space:
+        lease = space.write(Task(job="resize", n=1), lease=60.0)
+        task = space.take(Task(job="resize"), timeout=5.0)  # None if nothing came in 5 s
+
+The asyncio twin is `outrig.aio`. Every error a call raises is an `OutrigError`.
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+from outrig import aio as aio  # `import outrig` makes `outrig.aio` available
+from outrig._base import ANY, FOREVER, Event, LeaseResult
+from outrig._entry import Entry, GenericEntry
+from outrig._exceptions import (
+    AbortedError,
+    AlreadyExistsError,
+    CallCancelledError,
+    DataLossError,
+    DeadlineExceededError,
+    FailedPreconditionError,
+    InternalError,
+    InvalidArgumentError,
+    NotFoundError,
+    OutOfRangeError,
+    OutrigError,
+    PermissionDeniedError,
+    ResourceExhaustedError,
+    UnauthenticatedError,
+    UnavailableError,
+    UnimplementedError,
+    UnknownStatusError,
+)
+from outrig._sync import Lease, Notification, Space, connect
+
+try:
+    __version__ = version("outrig")
+except PackageNotFoundError:  # running from a source tree that is not installed
+    __version__ = "0+unknown"
+
+__all__ = [
+    "ANY",
+    "FOREVER",
+    "AbortedError",
+    "AlreadyExistsError",
+    "CallCancelledError",
+    "DataLossError",
+    "DeadlineExceededError",
+    "Entry",
+    "Event",
+    "FailedPreconditionError",
+    "GenericEntry",
+    "InternalError",
+    "InvalidArgumentError",
+    "Lease",
+    "LeaseResult",
+    "NotFoundError",
+    "Notification",
+    "OutOfRangeError",
+    "OutrigError",
+    "PermissionDeniedError",
+    "ResourceExhaustedError",
+    "Space",
+    "UnauthenticatedError",
+    "UnavailableError",
+    "UnimplementedError",
+    "UnknownStatusError",
+    "__version__",
+    "connect",
+]

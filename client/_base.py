@@ -1,0 +1,332 @@
+"""Everything a space client does that is not I/O, shared by `Space` and `AsyncSpace`.
+
+`BaseSpace` builds every request message, the functions below decode every reply, and
+`rpc_errors` is the one place where gRPC errors become `OutrigError` subclasses. The sync and
+asyncio clients only add the calls themselves, so each of their methods is: build, call, decode.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Final, Generic, TypeAlias, TypeVar
+
+import grpc
+
+from outrig._codec import AnyEntry, decode_entry, encode_entry_into, encode_template_into, iter_templates
+from outrig._exceptions import InternalError, OutrigError, error_from_code, error_from_rpc
+from outrig.v1 import space_pb2 as pb
+from outrig.v1.space_pb2_grpc import SpaceStub
+
+__all__ = [
+    "ANY",
+    "DEFAULT_MAX_MESSAGE_BYTES",
+    "FOREVER",
+    "BaseLease",
+    "BaseSpace",
+    "Event",
+    "LeaseArg",
+    "LeaseResult",
+    "LeaseTerm",
+    "Templates",
+    "channel_options",
+    "event_of",
+    "first_entry",
+    "lease_results",
+    "registration_of",
+    "rpc_errors",
+]
+
+#: gRPC's own default (4 MiB) is too small for entries that carry arrays.
+DEFAULT_MAX_MESSAGE_BYTES: Final = 64 * 1024 * 1024
+
+
+class LeaseTerm(enum.Enum):
+    """The two lease durations that are not a number of seconds: `FOREVER` and `ANY`."""
+
+    FOREVER = "forever"
+    ANY = "any"
+
+    def __repr__(self) -> str:
+        return f"outrig.{self.name}"
+
+
+#: A lease that never expires (the server may still grant less).
+FOREVER: Final = LeaseTerm.FOREVER
+#: Let the space choose the lease duration (its configured default).
+ANY: Final = LeaseTerm.ANY
+
+#: A requested lease duration: seconds, `FOREVER` or `ANY`.
+LeaseArg: TypeAlias = float | LeaseTerm
+#: One template, or several of which any may match (JavaSpace05 multi-template).
+Templates: TypeAlias = AnyEntry | Iterable[AnyEntry]
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One notification: a matching entry was written.
+
+    Attributes:
+        sequence: strictly increasing per registration, from 1; a gap means the server dropped
+            events because this consumer was too slow.
+        entry: the entry that was written.
+    """
+
+    sequence: int
+    entry: AnyEntry
+
+
+class BaseLease:
+    """The state of a granted lease, shared by `Lease` and `AsyncLease` (which add the I/O)."""
+
+    __slots__ = ("_duration", "_expires_at", "_id", "_space_name")
+
+    def __init__(self, space_name: str, message: pb.Lease) -> None:
+        self._space_name = space_name
+        self._id: int = message.id
+        self._update(message)
+
+    @property
+    def id(self) -> int:
+        """The lease's id, unique within its space."""
+        return self._id
+
+    @property
+    def expires_at(self) -> float | None:
+        """When the lease ends, in seconds since the Unix epoch (server clock); None if never."""
+        return self._expires_at
+
+    @property
+    def duration(self) -> float | None:
+        """The duration the space granted at the last write or renewal, in seconds; None if forever.
+
+        Unlike `expires_at` it does not depend on the server's clock agreeing with this one.
+        """
+        return self._duration
+
+    def _update(self, message: pb.Lease) -> None:
+        self._expires_at = message.expires_at or None  # 0 on the wire means never
+        self._duration = message.granted_seconds if message.HasField("granted_seconds") else None
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(id={self._id}, space={self._space_name!r}, "
+            f"expires_at={self._expires_at!r})"
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, BaseLease):
+            return NotImplemented
+        return (self._space_name, self._id) == (other._space_name, other._id)
+
+    def __hash__(self) -> int:
+        return hash((self._space_name, self._id))
+
+
+L = TypeVar("L", bound=BaseLease)
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseResult(Generic[L]):
+    """The outcome for one lease of `renew_many` or `cancel_many`.
+
+    Attributes:
+        lease: the lease, as passed in; after a successful renewal its `expires_at` is updated.
+        error: None on success, else the error for this lease alone (such as `NotFoundError`
+            for an unknown or expired lease); it is returned, not raised.
+    """
+
+    lease: L
+    error: OutrigError | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether this lease was renewed or cancelled."""
+        return self.error is None
+
+
+class _RpcErrors:
+    """The gRPC boundary: ``with rpc_errors: reply = stub.Call(request)`` (or ``await ...``).
+
+    A context manager rather than a wrapper function so that the sync and asyncio clients share
+    it: the exception surfaces in the ``with`` block either way.
+    """
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if isinstance(err, grpc.RpcError):
+            raise error_from_rpc(err) from err
+
+
+#: The one place where gRPC errors become `OutrigError` subclasses.
+rpc_errors: Final = _RpcErrors()
+
+
+def channel_options(max_message_bytes: int, options: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """gRPC channel options: the message size limits, then the caller's own options."""
+    if isinstance(max_message_bytes, bool) or not isinstance(max_message_bytes, int):
+        raise TypeError(f"max_message_bytes must be an int, got {type(max_message_bytes).__name__}")
+    return [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        *options,
+    ]
+
+
+def _check_seconds(value: object, what: str) -> float:
+    # Only the type: the server validates ranges, and a second copy of its rules would drift.
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{what} must be a number of seconds, got {type(value).__name__}")
+    return float(value)
+
+
+def _check_count(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be an int, got {type(value).__name__}")
+    if value < 0:  # the wire type is unsigned, so this could not even be sent
+        raise ValueError(f"{what} must be >= 0, got {value}")
+    return value
+
+
+def _fill_lease(target: pb.LeaseDuration, lease: LeaseArg, what: str = "lease") -> None:
+    """Set a LeaseDuration field; for `ANY` leave it untouched, so that it stays absent."""
+    if lease is ANY:
+        return
+    if lease is FOREVER:
+        target.forever = True
+    else:
+        target.seconds = _check_seconds(lease, what)
+
+
+class BaseSpace:
+    """The request-building half of a space client; see `Space` and `AsyncSpace`."""
+
+    def __init__(self, channel: Any, name: str = "default", *, owns_channel: bool = False) -> None:
+        if not isinstance(name, str):
+            raise TypeError(f"the space name must be a str, got {type(name).__name__}")
+        self._channel = channel
+        self._stub = SpaceStub(channel)
+        self._name = name
+        self._owns_channel = owns_channel
+
+    @property
+    def name(self) -> str:
+        """The name of the space this object talks to."""
+        return self._name
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self._name!r})"
+
+    def _write_request(self, entry: AnyEntry, lease: LeaseArg) -> pb.WriteRequest:
+        request = pb.WriteRequest(space=self._name)
+        encode_entry_into(request.entry, entry)
+        _fill_lease(request.lease, lease)
+        return request
+
+    def _write_many_request(self, entries: Iterable[AnyEntry], lease: LeaseArg) -> pb.WriteManyRequest:
+        request = pb.WriteManyRequest(space=self._name)
+        for entry in entries:
+            encode_entry_into(request.entries.add(), entry)
+        _fill_lease(request.lease, lease)
+        return request
+
+    def _match_request(
+        self,
+        templates: Templates,
+        timeout: float | None,
+        *,
+        if_exists: bool = False,
+        max_entries: int = 0,
+    ) -> pb.MatchRequest:
+        request = pb.MatchRequest(
+            space=self._name,
+            timeout=None if timeout is None else _check_seconds(timeout, "timeout"),
+            if_exists=if_exists,
+            max_entries=_check_count(max_entries, "max_entries"),
+        )
+        _fill_templates(request.templates, templates)
+        return request
+
+    def _contents_request(self, templates: Templates, max_entries: int) -> pb.ContentsRequest:
+        request = pb.ContentsRequest(space=self._name, max_entries=_check_count(max_entries, "max_entries"))
+        _fill_templates(request.templates, templates)
+        return request
+
+    def _count_request(self, templates: Templates) -> pb.CountRequest:
+        request = pb.CountRequest(space=self._name)
+        _fill_templates(request.templates, templates)
+        return request
+
+    def _notify_request(self, templates: Templates, lease: LeaseArg) -> pb.NotifyRequest:
+        request = pb.NotifyRequest(space=self._name)
+        _fill_templates(request.templates, templates)
+        _fill_lease(request.lease, lease)
+        return request
+
+    def _renew_request(self, leases: Sequence[BaseLease], duration: LeaseArg) -> pb.RenewLeasesRequest:
+        request = pb.RenewLeasesRequest(space=self._name)
+        for lease in leases:
+            renewal = request.renewals.add(id=self._own_lease_id(lease))
+            _fill_lease(renewal.duration, duration, "duration")
+        return request
+
+    def _cancel_request(self, leases: Sequence[BaseLease]) -> pb.CancelLeasesRequest:
+        return pb.CancelLeasesRequest(space=self._name, ids=[self._own_lease_id(lease) for lease in leases])
+
+    def _own_lease_id(self, lease: BaseLease) -> int:
+        # Lease ids are only unique within a space, so a lease must go back to its own space.
+        if not isinstance(lease, BaseLease):
+            raise TypeError(f"expected a lease, got {type(lease).__name__}")
+        if lease._space_name != self._name:
+            raise ValueError(f"{lease!r} belongs to space {lease._space_name!r}, not {self._name!r}")
+        return lease.id
+
+
+def _fill_templates(target: Any, templates: Templates) -> None:
+    for template in iter_templates(templates):
+        encode_template_into(target.add(), template)
+
+
+# ---------------------------------------------------------------- replies
+
+
+def first_entry(reply: pb.MatchReply) -> AnyEntry | None:
+    """The entry of a read/take reply, or None when nothing matched in time."""
+    return decode_entry(reply.entries[0]) if reply.entries else None
+
+
+def registration_of(reply: pb.NotifyReply | None) -> pb.Lease:
+    """The registration lease that must open a notify stream (``reply`` is None if it ended)."""
+    if reply is None or not reply.HasField("registration"):
+        raise InternalError("the notify stream did not start with its registration lease")
+    return reply.registration
+
+
+def event_of(reply: pb.NotifyReply) -> Event:
+    """The event carried by a notify message after the first."""
+    return Event(reply.sequence, decode_entry(reply.entry))
+
+
+def lease_results(
+    leases: Sequence[L], results: Sequence[pb.LeaseResult], *, renewed: bool
+) -> list[LeaseResult[L]]:
+    """Pair a batch reply's results with the leases asked about; update renewed leases in place."""
+    if len(results) != len(leases) or any(r.id != lease.id for r, lease in zip(results, leases, strict=True)):
+        raise InternalError(f"the server answered for {len(results)} leases, in the wrong order or number")
+    paired: list[LeaseResult[L]] = []
+    for lease, result in zip(leases, results, strict=True):
+        if result.error_code:
+            paired.append(LeaseResult(lease, error_from_code(result.error_code, result.error_message)))
+            continue
+        if renewed:
+            lease._update(result.lease)
+        paired.append(LeaseResult(lease))
+    return paired

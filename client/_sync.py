@@ -1,0 +1,325 @@
+"""The blocking client: `connect`, `Space`, `Lease` and `Notification`.
+
+Only the I/O lives here; requests, replies and errors are handled by `outrig._base`, which the
+asyncio twin in `outrig.aio` shares.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Iterable, Sequence
+from types import TracebackType
+from typing import Any
+
+import grpc
+
+from outrig._base import (
+    ANY,
+    DEFAULT_MAX_MESSAGE_BYTES,
+    BaseLease,
+    BaseSpace,
+    Event,
+    LeaseArg,
+    LeaseResult,
+    Templates,
+    channel_options,
+    event_of,
+    first_entry,
+    lease_results,
+    registration_of,
+    rpc_errors,
+)
+from outrig._codec import AnyEntry, decode_entries
+from outrig._exceptions import CallCancelledError
+from outrig.v1 import space_pb2 as pb
+
+__all__ = ["Lease", "Notification", "Space", "connect"]
+
+
+def connect(
+    target: str,
+    *,
+    space: str = "default",
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    options: Iterable[tuple[str, Any]] = (),
+) -> Space:
+    """Open a (plaintext) connection to an outrig server and return the named space.
+
+    Args:
+        target: the server's address, such as ``"127.0.0.1:7766"``.
+        space: the space to use; a server creates a space on first use.
+        max_message_bytes: the largest message sent or received (default 64 MiB).
+        options: further gRPC channel options, as ``(name, value)`` pairs.
+
+    The returned `Space` owns the connection: use it as a context manager, or call
+    ``close()``. Connecting is lazy, so an unreachable server shows up at the first call, as
+    `UnavailableError`.
+    """
+    channel = grpc.insecure_channel(target, options=channel_options(max_message_bytes, options))
+    return Space(channel, space, owns_channel=True)
+
+
+class Space(BaseSpace):
+    """A named space on an outrig server, with blocking calls.
+
+    Get one from `outrig.connect`, or wrap a channel you made yourself (say, with TLS):
+    ``Space(grpc.secure_channel(...), "jobs")``. ``close()`` (or leaving the ``with`` block)
+    closes the channel only if ``owns_channel`` is true, as it is for `connect`.
+
+    Templates: every method that matches takes one template or a list of them, of which any may
+    match. A template is an entry whose ``None`` fields are wildcards; it matches entries of its
+    type and of its subtypes. Reads return the entry's own (most derived) class, or a
+    `GenericEntry` when its type has no class in this process.
+    """
+
+    def __enter__(self) -> Space:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection, if this space owns it. Calls in flight fail."""
+        if self._owns_channel:
+            self._channel.close()
+
+    def with_space(self, name: str) -> Space:
+        """Return the space ``name`` on the same connection (closing it leaves the connection open)."""
+        return Space(self._channel, name)
+
+    def write(self, entry: AnyEntry, lease: LeaseArg = ANY) -> Lease:
+        """Store a copy of ``entry`` and return its lease.
+
+        ``lease`` is seconds, `outrig.FOREVER` or `outrig.ANY` (the space's default); the space
+        may grant less. If the call fails in transit the write may or may not have happened.
+        """
+        with rpc_errors:
+            reply: pb.WriteReply = self._stub.Write(self._write_request(entry, lease))
+        return Lease(self, reply.lease)
+
+    def write_many(self, entries: Iterable[AnyEntry], lease: LeaseArg = ANY) -> list[Lease]:
+        """Store all of ``entries``, or none of them; return their leases, in order."""
+        with rpc_errors:
+            reply: pb.WriteManyReply = self._stub.WriteMany(self._write_many_request(entries, lease))
+        return [Lease(self, message) for message in reply.leases]
+
+    def read(self, templates: Templates, timeout: float | None = None) -> AnyEntry | None:
+        """Return a copy of a matching entry, waiting up to ``timeout`` seconds for one.
+
+        ``timeout=None`` waits without limit. Returns None if nothing matched in time.
+        """
+        with rpc_errors:
+            reply: pb.MatchReply = self._stub.Read(self._match_request(templates, timeout))
+        return first_entry(reply)
+
+    def read_nowait(self, templates: Templates) -> AnyEntry | None:
+        """Return a copy of an entry that matches now, or None (JavaSpaces ``readIfExists``)."""
+        with rpc_errors:
+            reply: pb.MatchReply = self._stub.Read(self._match_request(templates, 0, if_exists=True))
+        return first_entry(reply)
+
+    def take(self, templates: Templates, timeout: float | None = None) -> AnyEntry | None:
+        """Remove and return a matching entry, waiting up to ``timeout`` seconds for one.
+
+        ``timeout=None`` waits without limit. Returns None if nothing matched in time. Two takes
+        never return the same entry.
+        """
+        with rpc_errors:
+            reply: pb.MatchReply = self._stub.Take(self._match_request(templates, timeout))
+        return first_entry(reply)
+
+    def take_nowait(self, templates: Templates) -> AnyEntry | None:
+        """Remove and return an entry that matches now, or None (JavaSpaces ``takeIfExists``)."""
+        with rpc_errors:
+            reply: pb.MatchReply = self._stub.Take(self._match_request(templates, 0, if_exists=True))
+        return first_entry(reply)
+
+    def read_many(
+        self, templates: Templates, *, max_entries: int, timeout: float | None = None
+    ) -> list[AnyEntry]:
+        """Return copies of up to ``max_entries`` matching entries.
+
+        Waits up to ``timeout`` seconds (None: without limit) for at least one; returns an empty
+        list if none appeared in time.
+        """
+        request = self._match_request(templates, timeout, max_entries=max_entries)
+        with rpc_errors:
+            reply: pb.MatchReply = self._stub.ReadMany(request)
+        return decode_entries(reply.entries)
+
+    def take_many(
+        self, templates: Templates, *, max_entries: int, timeout: float | None = None
+    ) -> list[AnyEntry]:
+        """Remove and return up to ``max_entries`` matching entries (at least one if any exist).
+
+        Waits up to ``timeout`` seconds (None: without limit) for at least one; returns an empty
+        list if none appeared in time.
+        """
+        request = self._match_request(templates, timeout, max_entries=max_entries)
+        with rpc_errors:
+            reply: pb.MatchReply = self._stub.TakeMany(request)
+        return decode_entries(reply.entries)
+
+    def contents(self, templates: Templates, *, max_entries: int = 0) -> Generator[AnyEntry, None, None]:
+        """Iterate over copies of the matching entries (at most ``max_entries``; 0: all).
+
+        The entries stream in as the iteration proceeds; closing the generator early
+        (``close()``, or letting it go) cancels the stream.
+        """
+        # Built here, not in the generator, so that a bad template raises at the call.
+        return self._contents(self._contents_request(templates, max_entries))
+
+    def _contents(self, request: pb.ContentsRequest) -> Generator[AnyEntry, None, None]:
+        call = self._stub.Contents(request)
+        try:
+            while True:
+                with rpc_errors:
+                    reply: pb.ContentsReply | None = next(call, None)
+                if reply is None:
+                    return
+                yield from decode_entries(reply.entries)
+        finally:
+            call.cancel()  # a no-op once the stream has ended
+
+    def count(self, templates: Templates) -> int:
+        """Return how many entries match now."""
+        with rpc_errors:
+            reply: pb.CountReply = self._stub.Count(self._count_request(templates))
+        return reply.count
+
+    def notify(self, templates: Templates, lease: LeaseArg = ANY) -> Notification:
+        """Register for an event each time a matching entry is written.
+
+        Use the result as a context manager; iterate over it for `Event` objects::
+
+            with space.notify(Task(job="resize"), lease=60.0) as events:
+                for event in events:
+                    ...
+
+        The registration is leased: renew or cancel ``events.lease`` to extend or end it; the
+        iteration ends when the lease does.
+        """
+        return Notification(self, self._notify_request(templates, lease))
+
+    def renew_many(self, leases: Sequence[Lease], duration: LeaseArg) -> list[LeaseResult[Lease]]:
+        """Renew several leases of this space in one call; return one `LeaseResult` per lease.
+
+        A lease that cannot be renewed (unknown or expired: `NotFoundError`) does not raise: its
+        result carries the error. Renewed leases are updated in place.
+        """
+        leases = list(leases)
+        with rpc_errors:
+            reply: pb.RenewLeasesReply = self._stub.RenewLeases(self._renew_request(leases, duration))
+        return lease_results(leases, reply.results, renewed=True)
+
+    def cancel_many(self, leases: Sequence[Lease]) -> list[LeaseResult[Lease]]:
+        """Cancel several leases of this space in one call; return one `LeaseResult` per lease.
+
+        A lease that cannot be cancelled (unknown or expired: `NotFoundError`) does not raise:
+        its result carries the error.
+        """
+        leases = list(leases)
+        with rpc_errors:
+            reply: pb.CancelLeasesReply = self._stub.CancelLeases(self._cancel_request(leases))
+        return lease_results(leases, reply.results, renewed=False)
+
+
+class Lease(BaseLease):
+    """A lease granted by a `Space`: on an entry, or on a notify registration.
+
+    Attributes ``id``, ``expires_at`` (epoch seconds, None if forever) and ``duration``
+    (granted seconds, None if forever) are read-only and change when the lease is renewed.
+    """
+
+    __slots__ = ("_space",)
+
+    def __init__(self, space: Space, message: pb.Lease) -> None:
+        super().__init__(space.name, message)
+        self._space = space
+
+    def renew(self, duration: LeaseArg) -> Lease:
+        """Extend the lease to ``duration`` seconds from now (or `FOREVER`/`ANY`); return self.
+
+        Raises `NotFoundError` if the lease is unknown or has expired.
+        """
+        (result,) = self._space.renew_many([self], duration)
+        if result.error is not None:
+            raise result.error
+        return self
+
+    def cancel(self) -> None:
+        """End the lease now. Raises `NotFoundError` if it is unknown or has expired."""
+        (result,) = self._space.cancel_many([self])
+        if result.error is not None:
+            raise result.error
+
+
+class Notification:
+    """A notify registration: a context manager, and an iterator of `Event` objects.
+
+    Entering it starts the registration and waits for the server to grant its `lease`. Iteration
+    ends when the registration's lease ends (expired or cancelled) or after `close`. Events that
+    a too-slow consumer missed show as a gap in `Event.sequence`.
+    """
+
+    def __init__(self, space: Space, request: pb.NotifyRequest) -> None:
+        self._space = space
+        self._request = request
+        self._call: Any = None
+        self._lease: Lease | None = None
+        self._closed = False
+
+    @property
+    def lease(self) -> Lease:
+        """The registration's lease (available once the notification is entered)."""
+        if self._lease is None:
+            raise RuntimeError("the notification has not started: use it in a with block first")
+        return self._lease
+
+    def __enter__(self) -> Notification:
+        self._start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def _start(self) -> None:
+        if self._call is not None:
+            return
+        if self._closed:
+            raise RuntimeError("the notification is closed")
+        self._call = self._space._stub.Notify(self._request)
+        try:
+            with rpc_errors:
+                first: pb.NotifyReply | None = next(self._call, None)
+            self._lease = Lease(self._space, registration_of(first))
+        except BaseException:
+            self.close()
+            raise
+
+    def __iter__(self) -> Notification:
+        return self
+
+    def __next__(self) -> Event:
+        self._start()
+        if self._closed:
+            raise StopIteration
+        try:
+            with rpc_errors:
+                reply: pb.NotifyReply | None = next(self._call, None)
+        except CallCancelledError:
+            if self._closed:  # close() from another thread ends the iteration quietly
+                raise StopIteration from None
+            raise
+        if reply is None:
+            raise StopIteration
+        return event_of(reply)
+
+    def close(self) -> None:
+        """Stop receiving events by cancelling the stream (safe to call from another thread)."""
+        self._closed = True
+        if self._call is not None:
+            self._call.cancel()

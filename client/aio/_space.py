@@ -1,0 +1,300 @@
+"""The asyncio client: `connect`, `AsyncSpace`, `AsyncLease` and `AsyncNotification`.
+
+The twin of `outrig._sync`, differing only in the I/O; requests, replies and errors are handled
+by `outrig._base`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, Iterable, Sequence
+from types import TracebackType
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from outrig._base import (
+    ANY,
+    DEFAULT_MAX_MESSAGE_BYTES,
+    BaseLease,
+    BaseSpace,
+    Event,
+    LeaseArg,
+    LeaseResult,
+    Templates,
+    channel_options,
+    event_of,
+    first_entry,
+    lease_results,
+    registration_of,
+    rpc_errors,
+)
+from outrig._codec import AnyEntry, decode_entries
+from outrig._exceptions import CallCancelledError
+from outrig.v1 import space_pb2 as pb
+
+__all__ = ["AsyncLease", "AsyncNotification", "AsyncSpace", "connect"]
+
+
+def connect(
+    target: str,
+    *,
+    space: str = "default",
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    options: Iterable[tuple[str, Any]] = (),
+) -> AsyncSpace:
+    """Open a (plaintext) asyncio connection to an outrig server and return the named space.
+
+    Call it from a running event loop. The arguments are those of `outrig.connect`. Use the
+    result with ``async with``, or ``await space.close()`` when done.
+    """
+    channel = grpc.aio.insecure_channel(target, options=channel_options(max_message_bytes, options))
+    return AsyncSpace(channel, space, owns_channel=True)
+
+
+class AsyncSpace(BaseSpace):
+    """A named space on an outrig server, with asyncio calls: the twin of `outrig.Space`.
+
+    Every method is awaited, except `contents` (``async for``) and `notify` (``async with``).
+    ``AsyncSpace(grpc.aio.secure_channel(...), "jobs")`` wraps a channel you made yourself.
+    """
+
+    async def __aenter__(self) -> AsyncSpace:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the connection, if this space owns it. Calls in flight are cancelled."""
+        if self._owns_channel:
+            await self._channel.close()
+
+    def with_space(self, name: str) -> AsyncSpace:
+        """Return the space ``name`` on the same connection (closing it leaves the connection open)."""
+        return AsyncSpace(self._channel, name)
+
+    async def write(self, entry: AnyEntry, lease: LeaseArg = ANY) -> AsyncLease:
+        """Store a copy of ``entry`` and return its lease; see `outrig.Space.write`."""
+        with rpc_errors:
+            reply: pb.WriteReply = await self._stub.Write(self._write_request(entry, lease))
+        return AsyncLease(self, reply.lease)
+
+    async def write_many(self, entries: Iterable[AnyEntry], lease: LeaseArg = ANY) -> list[AsyncLease]:
+        """Store all of ``entries``, or none of them; return their leases, in order."""
+        with rpc_errors:
+            reply: pb.WriteManyReply = await self._stub.WriteMany(self._write_many_request(entries, lease))
+        return [AsyncLease(self, message) for message in reply.leases]
+
+    async def read(self, templates: Templates, timeout: float | None = None) -> AnyEntry | None:
+        """Return a copy of a matching entry, waiting up to ``timeout`` seconds (None: no limit).
+
+        Returns None if nothing matched in time.
+        """
+        with rpc_errors:
+            reply: pb.MatchReply = await self._stub.Read(self._match_request(templates, timeout))
+        return first_entry(reply)
+
+    async def read_nowait(self, templates: Templates) -> AnyEntry | None:
+        """Return a copy of an entry that matches now, or None."""
+        with rpc_errors:
+            reply: pb.MatchReply = await self._stub.Read(self._match_request(templates, 0, if_exists=True))
+        return first_entry(reply)
+
+    async def take(self, templates: Templates, timeout: float | None = None) -> AnyEntry | None:
+        """Remove and return a matching entry, waiting up to ``timeout`` seconds (None: no limit).
+
+        Returns None if nothing matched in time.
+        """
+        with rpc_errors:
+            reply: pb.MatchReply = await self._stub.Take(self._match_request(templates, timeout))
+        return first_entry(reply)
+
+    async def take_nowait(self, templates: Templates) -> AnyEntry | None:
+        """Remove and return an entry that matches now, or None."""
+        with rpc_errors:
+            reply: pb.MatchReply = await self._stub.Take(self._match_request(templates, 0, if_exists=True))
+        return first_entry(reply)
+
+    async def read_many(
+        self, templates: Templates, *, max_entries: int, timeout: float | None = None
+    ) -> list[AnyEntry]:
+        """Return copies of up to ``max_entries`` matching entries; see `outrig.Space.read_many`."""
+        request = self._match_request(templates, timeout, max_entries=max_entries)
+        with rpc_errors:
+            reply: pb.MatchReply = await self._stub.ReadMany(request)
+        return decode_entries(reply.entries)
+
+    async def take_many(
+        self, templates: Templates, *, max_entries: int, timeout: float | None = None
+    ) -> list[AnyEntry]:
+        """Remove and return up to ``max_entries`` matching entries; see `outrig.Space.take_many`."""
+        request = self._match_request(templates, timeout, max_entries=max_entries)
+        with rpc_errors:
+            reply: pb.MatchReply = await self._stub.TakeMany(request)
+        return decode_entries(reply.entries)
+
+    def contents(self, templates: Templates, *, max_entries: int = 0) -> AsyncGenerator[AnyEntry, None]:
+        """Iterate (``async for``) over copies of the matching entries (at most ``max_entries``; 0: all).
+
+        Closing the iterator early (``aclose()``) cancels the stream.
+        """
+        # Built here, not in the generator, so that a bad template raises at the call.
+        return self._contents(self._contents_request(templates, max_entries))
+
+    async def _contents(self, request: pb.ContentsRequest) -> AsyncGenerator[AnyEntry, None]:
+        call = self._stub.Contents(request)
+        try:
+            while True:
+                with rpc_errors:
+                    reply = await call.read()
+                if reply is grpc.aio.EOF:
+                    return
+                for entry in decode_entries(reply.entries):
+                    yield entry
+        finally:
+            call.cancel()  # a no-op once the stream has ended
+
+    async def count(self, templates: Templates) -> int:
+        """Return how many entries match now."""
+        with rpc_errors:
+            reply: pb.CountReply = await self._stub.Count(self._count_request(templates))
+        return reply.count
+
+    def notify(self, templates: Templates, lease: LeaseArg = ANY) -> AsyncNotification:
+        """Register for an event each time a matching entry is written::
+
+            async with space.notify(Task(job="resize"), lease=60.0) as events:
+                async for event in events:
+                    ...
+
+        See `outrig.Space.notify`.
+        """
+        return AsyncNotification(self, self._notify_request(templates, lease))
+
+    async def renew_many(
+        self, leases: Sequence[AsyncLease], duration: LeaseArg
+    ) -> list[LeaseResult[AsyncLease]]:
+        """Renew several leases in one call; per-lease errors are returned, not raised.
+
+        See `outrig.Space.renew_many`.
+        """
+        leases = list(leases)
+        with rpc_errors:
+            reply: pb.RenewLeasesReply = await self._stub.RenewLeases(self._renew_request(leases, duration))
+        return lease_results(leases, reply.results, renewed=True)
+
+    async def cancel_many(self, leases: Sequence[AsyncLease]) -> list[LeaseResult[AsyncLease]]:
+        """Cancel several leases in one call; per-lease errors are returned, not raised.
+
+        See `outrig.Space.cancel_many`.
+        """
+        leases = list(leases)
+        with rpc_errors:
+            reply: pb.CancelLeasesReply = await self._stub.CancelLeases(self._cancel_request(leases))
+        return lease_results(leases, reply.results, renewed=False)
+
+
+class AsyncLease(BaseLease):
+    """A lease granted by an `AsyncSpace`; the twin of `outrig.Lease`, with awaited calls."""
+
+    __slots__ = ("_space",)
+
+    def __init__(self, space: AsyncSpace, message: pb.Lease) -> None:
+        super().__init__(space.name, message)
+        self._space = space
+
+    async def renew(self, duration: LeaseArg) -> AsyncLease:
+        """Extend the lease to ``duration`` seconds from now (or `FOREVER`/`ANY`); return self.
+
+        Raises `NotFoundError` if the lease is unknown or has expired.
+        """
+        (result,) = await self._space.renew_many([self], duration)
+        if result.error is not None:
+            raise result.error
+        return self
+
+    async def cancel(self) -> None:
+        """End the lease now. Raises `NotFoundError` if it is unknown or has expired."""
+        (result,) = await self._space.cancel_many([self])
+        if result.error is not None:
+            raise result.error
+
+
+class AsyncNotification:
+    """A notify registration: an async context manager and async iterator of `Event` objects.
+
+    The twin of `outrig.Notification`: entering it waits for the registration's `lease`, and the
+    iteration ends when that lease ends or after `close`.
+    """
+
+    def __init__(self, space: AsyncSpace, request: pb.NotifyRequest) -> None:
+        self._space = space
+        self._request = request
+        self._call: Any = None
+        self._lease: AsyncLease | None = None
+        self._closed = False
+
+    @property
+    def lease(self) -> AsyncLease:
+        """The registration's lease (available once the notification is entered)."""
+        if self._lease is None:
+            raise RuntimeError("the notification has not started: use it in an async with block first")
+        return self._lease
+
+    async def __aenter__(self) -> AsyncNotification:
+        await self._start()
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def _start(self) -> None:
+        if self._call is not None:
+            return
+        if self._closed:
+            raise RuntimeError("the notification is closed")
+        self._call = self._space._stub.Notify(self._request)
+        try:
+            with rpc_errors:
+                first = await self._call.read()
+            self._lease = AsyncLease(self._space, registration_of(None if first is grpc.aio.EOF else first))
+        except BaseException:
+            await self.close()
+            raise
+
+    def __aiter__(self) -> AsyncNotification:
+        return self
+
+    async def __anext__(self) -> Event:
+        await self._start()
+        if self._closed:
+            raise StopAsyncIteration
+        try:
+            with rpc_errors:
+                reply = await self._call.read()
+        except (CallCancelledError, asyncio.CancelledError):
+            # close() from another task cancels the call under us: end quietly, unless it is
+            # this task that is being cancelled.
+            if self._closed and not _being_cancelled():
+                raise StopAsyncIteration from None
+            raise
+        if reply is grpc.aio.EOF:
+            raise StopAsyncIteration
+        return event_of(reply)
+
+    async def close(self) -> None:
+        """Stop receiving events by cancelling the stream."""
+        self._closed = True
+        if self._call is not None:
+            self._call.cancel()
+
+
+def _being_cancelled() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0

@@ -1,0 +1,1 @@
+"""Generated protocol code for outrig.v1."""

@@ -1,0 +1,3 @@
+from outrig.service.cli import main
+
+raise SystemExit(main())

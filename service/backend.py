@@ -1,0 +1,77 @@
+"""The one narrow interface between the gRPC servicer and where a space lives.
+
+The embedded backend (in-memory indexes; SQLite once durability lands) implements it, and so will
+the PostgreSQL backend; tests/conformance runs the same suite against every implementation.
+Arguments are already validated engine objects (outrig.service.codec); results carry the entries'
+opaque payloads back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from outrig.service.engine.model import LeaseGrant, NewEntry, StoredEntry, Template
+from outrig.service.exceptions import SpaceError
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One notify event: the registration's sequence number and the written entry."""
+
+    sequence: int
+    entry: StoredEntry
+
+
+class Subscription(Protocol):
+    """An open notify registration: iterate its events; they end when its lease does."""
+
+    @property
+    def lease(self) -> LeaseGrant: ...
+
+    def __aiter__(self) -> AsyncIterator[Event]: ...
+
+    def close(self) -> None:
+        """End the registration (its listener went away)."""
+
+
+class SpaceBackend(Protocol):
+    async def start(self) -> None:
+        """Begin background work (lease reaping)."""
+
+    async def close(self) -> None:
+        """Stop background work and end every registration."""
+
+    async def write(self, space: str, entries: Sequence[NewEntry], lease: float | None) -> list[LeaseGrant]:
+        """Store all entries or none; lease in seconds, math.inf = FOREVER, None = the default."""
+
+    async def match(
+        self,
+        space: str,
+        templates: Sequence[Template],
+        *,
+        take: bool,
+        max_entries: int,
+        timeout: float | None,
+        if_exists: bool,
+    ) -> list[StoredEntry]:
+        """Read or take up to max_entries matches, waiting up to timeout (None: forever) for one."""
+
+    def contents(
+        self, space: str, templates: Sequence[Template], max_entries: int
+    ) -> AsyncIterator[list[StoredEntry]]:
+        """The visible matches, in chunks, in arrival order; 0 = no limit."""
+
+    async def count(self, space: str, templates: Sequence[Template]) -> int: ...
+
+    async def subscribe(self, space: str, templates: Sequence[Template], lease: float | None) -> Subscription:
+        """Register for an event per matching write."""
+
+    async def renew(
+        self, space: str, renewals: Sequence[tuple[int, float | None]]
+    ) -> list[LeaseGrant | SpaceError]:
+        """Renew each lease, reporting each one's grant or error."""
+
+    async def cancel(self, space: str, lease_ids: Sequence[int]) -> list[SpaceError | None]:
+        """Cancel each lease, reporting each one's error (None when it was cancelled)."""

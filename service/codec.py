@@ -1,0 +1,231 @@
+"""Protobuf <-> engine objects, validating as it goes.
+
+Everything a client sends passes through here before the engine sees it, and every problem is an
+InvalidArgumentError whose message names the field at fault (`entries[3].fields['n']`). Values are
+turned into `FieldValue`s without decoding arrays: a typed array stays the bytes it arrived as.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import struct
+from collections.abc import Mapping, Sequence
+
+from outrig.service.config import Limits
+from outrig.service.engine.model import LeaseGrant, NewEntry, Template
+from outrig.service.engine.values import NULL, FieldValue
+from outrig.service.exceptions import InvalidArgumentError
+from outrig.v1 import space_pb2 as pb
+
+_SPACE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_DTYPES = {
+    pb.DTYPE_INT8: ("int8", 1),
+    pb.DTYPE_INT16: ("int16", 2),
+    pb.DTYPE_INT32: ("int32", 4),
+    pb.DTYPE_INT64: ("int64", 8),
+    pb.DTYPE_UINT8: ("uint8", 1),
+    pb.DTYPE_FLOAT32: ("float32", 4),
+    pb.DTYPE_FLOAT64: ("float64", 8),
+}
+_pack_double = struct.Struct("<d").pack
+
+
+def space_name(name: str, limits: Limits) -> str:
+    if not name:
+        raise InvalidArgumentError("space: must not be empty")
+    if len(name) > limits.max_name_length or not _SPACE_NAME.fullmatch(name):
+        raise InvalidArgumentError(
+            f"space: {name[:64]!r} is not a valid space name (letters, digits, '.', '_', '-', "
+            f"starting with a letter or digit, at most {limits.max_name_length} characters)"
+        )
+    return name
+
+
+def _name(value: str, where: str, limits: Limits) -> str:
+    if not value:
+        raise InvalidArgumentError(f"{where}: must not be empty")
+    if len(value) > limits.max_name_length:
+        raise InvalidArgumentError(
+            f"{where}: {len(value)} characters exceeds the limit max_name_length={limits.max_name_length}"
+        )
+    return value
+
+
+def _array(array: pb.TypedArray, where: str) -> FieldValue:
+    dtype = _DTYPES.get(array.dtype)
+    if dtype is None:
+        raise InvalidArgumentError(f"{where}.array_value.dtype: unknown dtype {array.dtype}")
+    name, size = dtype
+    data = array.data
+    if len(data) % size:
+        raise InvalidArgumentError(
+            f"{where}.array_value.data: {len(data)} bytes is not a whole number of {name} elements"
+        )
+    return FieldValue("array:" + name, data)
+
+
+def _check_nested(value: pb.Value, where: str, depth: int, limits: Limits) -> bool:
+    """Validate a list or map value recursively; True if every map in it is already sorted."""
+    if depth > limits.max_depth:
+        raise InvalidArgumentError(
+            f"{where}: lists and maps nested deeper than the limit max_depth={limits.max_depth}"
+        )
+    kind = value.WhichOneof("kind")
+    if kind is None:
+        raise InvalidArgumentError(f"{where}: no value set (send null_value for null)")
+    if kind == "array_value":
+        _array(value.array_value, where)
+    elif kind == "list_value":
+        ordered = True
+        for i, element in enumerate(value.list_value.items):
+            ordered = _check_nested(element, f"{where}[{i}]", depth + 1, limits) and ordered
+        return ordered
+    elif kind == "map_value":
+        keys = [item.key for item in value.map_value.items]
+        if len(set(keys)) != len(keys):
+            raise InvalidArgumentError(f"{where}: map has a duplicate key")
+        ordered = keys == sorted(keys)
+        for item in value.map_value.items:
+            ordered = _check_nested(item.value, f"{where}[{item.key!r}]", depth + 1, limits) and ordered
+        return ordered
+    return True
+
+
+def _sort_maps(value: pb.Value) -> None:
+    kind = value.WhichOneof("kind")
+    if kind == "list_value":
+        for element in value.list_value.items:
+            _sort_maps(element)
+    elif kind == "map_value":
+        items = sorted(value.map_value.items, key=lambda item: item.key)
+        copies = [pb.MapItem(key=item.key, value=item.value) for item in items]
+        del value.map_value.items[:]
+        value.map_value.items.extend(copies)
+        for item in value.map_value.items:
+            _sort_maps(item.value)
+
+
+def field_value(value: pb.Value, where: str, limits: Limits) -> FieldValue:
+    """The engine's view of one field value (canonical: equal values compare equal)."""
+    kind = value.WhichOneof("kind")
+    if kind == "int_value":
+        return FieldValue("int", value.int_value)
+    if kind == "string_value":
+        return FieldValue("string", value.string_value)
+    if kind == "double_value":
+        return FieldValue("double", _pack_double(value.double_value))
+    if kind == "bool_value":
+        return FieldValue("bool", value.bool_value)
+    if kind == "null_value":
+        return NULL
+    if kind == "bytes_value":
+        return FieldValue("bytes", value.bytes_value)
+    if kind == "array_value":
+        return _array(value.array_value, where)
+    if kind is None:
+        raise InvalidArgumentError(f"{where}: no value set (send null_value for null)")
+    if not _check_nested(value, where, 1, limits):
+        value = pb.Value(**{kind: getattr(value, kind)})
+        _sort_maps(value)
+    return FieldValue(kind.removesuffix("_value"), value.SerializeToString(deterministic=True))
+
+
+def _fields(fields: Mapping[str, pb.Value], where: str, limits: Limits) -> dict[str, FieldValue]:
+    if len(fields) > limits.max_fields:
+        raise InvalidArgumentError(
+            f"{where}: {len(fields)} fields exceeds the limit max_fields={limits.max_fields}"
+        )
+    result = {}
+    for name, value in fields.items():
+        path = f"{where}[{name!r}]"
+        _name(name, path, limits)
+        result[name] = field_value(value, path, limits)
+    return result
+
+
+def new_entry(entry: pb.Entry, where: str, limits: Limits) -> NewEntry:
+    type_name = _name(entry.type_name, f"{where}.type_name", limits)
+    supertypes = tuple(entry.supertypes)
+    for i, supertype in enumerate(supertypes):
+        _name(supertype, f"{where}.supertypes[{i}]", limits)
+    if type_name in supertypes or len(set(supertypes)) != len(supertypes):
+        raise InvalidArgumentError(f"{where}.supertypes: a type appears twice in {[type_name, *supertypes]}")
+    fields = _fields(entry.fields, f"{where}.fields", limits)
+    return NewEntry(type_name, supertypes, fields, entry, entry.ByteSize())
+
+
+def new_entries(entries: Sequence[pb.Entry], limits: Limits) -> list[NewEntry]:
+    if not entries:
+        raise InvalidArgumentError("entries: must not be empty")
+    if len(entries) > limits.max_batch:
+        raise InvalidArgumentError(
+            f"entries: {len(entries)} entries exceeds the limit max_batch={limits.max_batch}"
+        )
+    return [new_entry(entry, f"entries[{i}]", limits) for i, entry in enumerate(entries)]
+
+
+def templates(messages: Sequence[pb.Template], limits: Limits) -> tuple[Template, ...]:
+    if not messages:
+        raise InvalidArgumentError("templates: at least one template is required")
+    if len(messages) > limits.max_templates:
+        raise InvalidArgumentError(
+            f"templates: {len(messages)} templates exceeds the limit max_templates={limits.max_templates}"
+        )
+    result = []
+    for i, message in enumerate(messages):
+        where = f"templates[{i}]"
+        type_name = _name(message.type_name, f"{where}.type_name", limits)
+        result.append(Template(type_name, _fields(message.fields, f"{where}.fields", limits)))
+    return tuple(result)
+
+
+def lease_duration(
+    request: pb.WriteRequest | pb.WriteManyRequest | pb.NotifyRequest | pb.LeaseRenewal, field: str = "lease"
+) -> float | None:
+    """Requested seconds; math.inf for FOREVER; None for the space's default (Lease.ANY)."""
+    if not request.HasField(field):
+        return None
+    duration: pb.LeaseDuration = getattr(request, field)
+    which = duration.WhichOneof("duration")
+    if which is None:
+        return None
+    if which == "forever":
+        if not duration.forever:
+            raise InvalidArgumentError(f"{field}.forever: must be true when set")
+        return math.inf
+    seconds = duration.seconds
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise InvalidArgumentError(f"{field}.seconds: must be finite and > 0, got {seconds}")
+    return seconds
+
+
+def timeout(request: pb.MatchRequest, limits: Limits) -> float | None:
+    """Seconds to wait; None waits without limit."""
+    if not request.HasField("timeout"):
+        return None
+    seconds = request.timeout
+    if not math.isfinite(seconds) or seconds < 0:
+        raise InvalidArgumentError(f"timeout: must be finite and >= 0, got {seconds}")
+    if seconds > limits.max_timeout:
+        raise InvalidArgumentError(
+            f"timeout: {seconds} s exceeds the limit max_timeout={limits.max_timeout} s "
+            "(omit it to wait forever)"
+        )
+    return seconds
+
+
+def max_entries(request: pb.MatchRequest, limits: Limits) -> int:
+    count = request.max_entries
+    if count < 1:
+        raise InvalidArgumentError("max_entries: must be at least 1")
+    if count > limits.max_batch:
+        raise InvalidArgumentError(f"max_entries: {count} exceeds the limit max_batch={limits.max_batch}")
+    return count
+
+
+def lease_message(grant: LeaseGrant) -> pb.Lease:
+    lease = pb.Lease(id=grant.id, expires_at=grant.expires_at or 0.0)
+    if grant.granted is not None:
+        lease.granted_seconds = grant.granted
+    return lease

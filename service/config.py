@@ -1,0 +1,151 @@
+"""Server configuration: defaults < config file (TOML) < OUTRIG_* environment < command-line flags.
+
+A config file looks like:
+
+    listen = "127.0.0.1:7480"
+    max_message_bytes = 16777216
+
+    [limits]
+    max_fields = 256
+
+    [space_defaults]
+    fifo = true
+    max_entries = 1000000
+
+    [spaces.jobs]          # overrides for the space named "jobs"
+    max_entries = 5000
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from outrig.service.engine.space import SpaceSettings
+from outrig.service.exceptions import ConfigError
+
+DEFAULT_LISTEN = "127.0.0.1:7480"
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Per-request limits; a request beyond one is refused with INVALID_ARGUMENT or RESOURCE_EXHAUSTED."""
+
+    max_fields: int = 256  # fields per entry or template
+    max_depth: int = 32  # nesting of lists and maps
+    max_name_length: int = 256  # type, field and space names
+    max_templates: int = 64  # templates per request
+    max_batch: int = 10_000  # entries per write_many, take_many, read_many
+    max_spaces: int = 1024  # named spaces per server
+    max_timeout: float = 7 * 24 * 3600.0  # longest a read or take may block
+    notify_queue: int = 10_000  # undelivered events per registration before dropping
+    contents_chunk: int = 256  # entries per contents message
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """Everything `outrig serve` needs."""
+
+    listen: str = DEFAULT_LISTEN
+    data_dir: Path | None = None
+    max_message_bytes: int = 16 * 1024 * 1024
+    grace_seconds: float = 5.0
+    reap_interval: float = 0.5
+    reap_batch: int = 1000
+    log_level: str = "INFO"
+    limits: Limits = field(default_factory=Limits)
+    space_defaults: SpaceSettings = field(default_factory=SpaceSettings)
+    spaces: Mapping[str, SpaceSettings] = field(default_factory=dict)
+
+    def space_settings(self, name: str) -> SpaceSettings:
+        return self.spaces.get(name, self.space_defaults)
+
+
+_SCALARS = (
+    "listen",
+    "data_dir",
+    "max_message_bytes",
+    "grace_seconds",
+    "reap_interval",
+    "reap_batch",
+    "log_level",
+)
+
+
+def _convert(cls_name: str, name: str, value: Any, current: Any) -> Any:
+    """Coerce a file, environment or flag value to the type of the current value."""
+    try:
+        if isinstance(current, bool):
+            if isinstance(value, str):
+                if value.lower() in ("1", "true", "yes", "on"):
+                    return True
+                if value.lower() in ("0", "false", "no", "off"):
+                    return False
+                raise ValueError(value)
+            return bool(value)
+        if isinstance(current, int):
+            number = int(value)
+            if number < 0:
+                raise ValueError(value)
+            return number
+        if isinstance(current, float):
+            number_f = float(value)
+            if math.isnan(number_f) or number_f < 0:
+                raise ValueError(value)
+            return number_f
+        if name == "data_dir":
+            return None if value in (None, "") else Path(value)
+        return str(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{cls_name}.{name}: invalid value {value!r}") from None
+
+
+def _apply(obj: Any, values: Mapping[str, Any], where: str) -> Any:
+    known = {f.name for f in dataclasses.fields(obj)}
+    changes = {}
+    for name, value in values.items():
+        if name not in known:
+            raise ConfigError(f"{where}: unknown setting {name!r} (known: {', '.join(sorted(known))})")
+        changes[name] = _convert(where, name, value, getattr(obj, name))
+    return dataclasses.replace(obj, **changes)
+
+
+def load_config(
+    file: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    flags: Mapping[str, Any] | None = None,
+) -> ServerConfig:
+    """Build the configuration from its three sources, later ones winning."""
+    config = ServerConfig()
+    data: dict[str, Any] = {}
+    if file is not None:
+        try:
+            data = tomllib.loads(Path(file).read_text())
+        except (OSError, tomllib.TOMLDecodeError) as err:
+            raise ConfigError(f"config file {file}: {err}") from err
+    environ = os.environ if environ is None else environ
+    scalars = {k: v for k, v in data.items() if k in _SCALARS}
+    unknown = set(data) - set(_SCALARS) - {"limits", "space_defaults", "spaces"}
+    if unknown:
+        raise ConfigError(f"config file {file}: unknown setting(s) {', '.join(sorted(unknown))}")
+    for name in _SCALARS:
+        env = environ.get(f"OUTRIG_{name.upper()}")
+        if env is not None:
+            scalars[name] = env
+    for name, value in (flags or {}).items():
+        if value is not None:
+            scalars[name] = value
+    config = _apply(config, scalars, "server")
+    limits = _apply(config.limits, data.get("limits", {}), "limits")
+    defaults = _apply(config.space_defaults, data.get("space_defaults", {}), "space_defaults")
+    spaces = {
+        name: _apply(defaults, values, f"spaces.{name}") for name, values in data.get("spaces", {}).items()
+    }
+    result: ServerConfig = dataclasses.replace(config, limits=limits, space_defaults=defaults, spaces=spaces)
+    return result

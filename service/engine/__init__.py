@@ -1,0 +1,25 @@
+"""The pure space engine: matching, indexes, waiters, leases and notify registrations.
+
+Plain Python with no gRPC and no I/O. The gRPC servicer converts protobuf to these objects and
+back; the embedded backend drives one `SpaceEngine` per named space from the asyncio loop.
+"""
+
+from outrig.service.engine.clock import Clock, FakeClock, SystemClock
+from outrig.service.engine.model import LeaseGrant, NewEntry, StoredEntry, Template
+from outrig.service.engine.space import Registration, SpaceEngine, SpaceSettings, Waiter
+from outrig.service.engine.values import FieldValue
+
+__all__ = [
+    "Clock",
+    "FakeClock",
+    "FieldValue",
+    "LeaseGrant",
+    "NewEntry",
+    "Registration",
+    "SpaceEngine",
+    "SpaceSettings",
+    "StoredEntry",
+    "SystemClock",
+    "Template",
+    "Waiter",
+]

@@ -1,0 +1,32 @@
+"""Injected time: lease expiry reads a clock object so tests move a fake one instead of sleeping."""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+
+class Clock(Protocol):
+    """Wall-clock seconds since the Unix epoch (leases outlive a process, so not monotonic)."""
+
+    def time(self) -> float: ...
+
+
+class SystemClock:
+    """The real clock."""
+
+    def time(self) -> float:
+        return time.time()
+
+
+class FakeClock:
+    """A clock that moves only when told to."""
+
+    def __init__(self, start: float = 1_000_000.0) -> None:
+        self._now = start
+
+    def time(self) -> float:
+        return self._now
+
+    def advance(self, seconds: float) -> None:
+        self._now += seconds

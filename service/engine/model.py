@@ -1,0 +1,83 @@
+"""The engine's records: entries to write, stored entries, templates and granted leases."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from outrig.service.engine.values import FieldValue
+
+
+@dataclass(frozen=True, slots=True)
+class NewEntry:
+    """An entry to write, already validated by the adapter.
+
+    `payload` is whatever the adapter wants back when the entry is returned (the servicer keeps
+    the protobuf message, so replies need no re-encoding); `size` is its encoded size in bytes,
+    charged against the space's byte quota.
+    """
+
+    type_name: str
+    supertypes: tuple[str, ...]
+    fields: Mapping[str, FieldValue]
+    payload: object
+    size: int
+
+
+class StoredEntry:
+    """An entry in a space. `lineage` is its type followed by its supertypes."""
+
+    __slots__ = ("expires_at", "fields", "id", "lineage", "payload", "size")
+
+    def __init__(self, entry_id: int, new: NewEntry, expires_at: float | None) -> None:
+        self.id = entry_id
+        self.lineage = (new.type_name, *new.supertypes)
+        self.fields = new.fields
+        self.payload = new.payload
+        self.size = new.size
+        self.expires_at = expires_at
+
+    @property
+    def type_name(self) -> str:
+        return self.lineage[0]
+
+    def __repr__(self) -> str:
+        return f"StoredEntry(id={self.id}, type={self.type_name!r})"
+
+
+class Template:
+    """A type name and the fields an entry must equal; absent fields are wildcards.
+
+    Null-valued fields are dropped here: a null template field is a wildcard (JavaSpaces).
+    Fields are kept sorted by name so that two equal templates index identically.
+    """
+
+    __slots__ = ("fields", "type_name")
+
+    def __init__(self, type_name: str, fields: Mapping[str, FieldValue]) -> None:
+        self.type_name = type_name
+        self.fields: tuple[tuple[str, FieldValue], ...] = tuple(
+            sorted((name, value) for name, value in fields.items() if value.kind != "null")
+        )
+
+    def matches(self, entry: StoredEntry) -> bool:
+        """True when `entry` is of this type (or a subtype) and equals every set field."""
+        if self.type_name not in entry.lineage:
+            return False
+        fields = entry.fields
+        for name, value in self.fields:  # noqa: SIM110 - a plain loop: this is the hottest path
+            if fields.get(name) != value:
+                return False
+        return True
+
+    def __repr__(self) -> str:
+        return f"Template({self.type_name!r}, {dict(self.fields)!r})"
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseGrant:
+    """A granted lease: `expires_at` is epoch seconds, None for FOREVER."""
+
+    id: int
+    expires_at: float | None
+    granted: float | None

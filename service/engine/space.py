@@ -1,0 +1,438 @@
+"""One named space: stored entries, their indexes, parked waiters, registrations and leases.
+
+Every entry is filed under each type of its lineage (its type and all supertypes), in arrival
+order, and under (type, field, value key) for each field. So a template of a supertype finds its
+subtypes in one bucket, a template with set fields starts from its smallest (field, value)
+bucket, and a wildcard template walks its type in arrival order: nothing scans the space.
+
+All methods are synchronous and run on one thread (the server's event loop); each call is
+atomic with respect to the others, which is what makes take exclusive.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass
+
+from outrig.service.engine.clock import Clock
+from outrig.service.engine.leases import LeaseQueue
+from outrig.service.engine.model import LeaseGrant, NewEntry, StoredEntry, Template
+from outrig.service.engine.values import FULL_KEY_LIMIT
+from outrig.service.engine.watchers import WatcherIndex
+from outrig.service.exceptions import LeaseNotFoundError, QuotaExceededError, TypeConflictError
+
+FOREVER = math.inf
+"""A requested lease of FOREVER; None requests the space's default (Lease.ANY)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SpaceSettings:
+    """Per-space behaviour and quotas."""
+
+    fifo: bool = True  # oldest match first, waiters served first come first served
+    max_entries: int = 1_000_000
+    max_bytes: int = 1 << 30
+    default_lease: float = 3600.0  # granted for Lease.ANY; math.inf = FOREVER
+    max_lease: float = FOREVER  # longer requests are cut to this
+
+
+@dataclass(frozen=True, slots=True)
+class SpaceStatistics:
+    """An immutable snapshot of a space's size."""
+
+    entries: int
+    bytes: int
+    waiters: int
+    registrations: int
+    types: int
+
+
+class Waiter:
+    """A parked read or take. `deliver` hands it entries and says whether it still wanted them."""
+
+    __slots__ = ("deliver", "max_entries", "seq", "take", "templates")
+
+    def __init__(
+        self,
+        seq: int,
+        templates: tuple[Template, ...],
+        take: bool,
+        deliver: Callable[[list[StoredEntry]], bool],
+        max_entries: int = 1,
+    ) -> None:
+        self.seq = seq
+        self.templates = templates
+        self.take = take
+        self.deliver = deliver
+        self.max_entries = max_entries
+
+
+class Registration:
+    """A notify registration: each matching write calls `on_event(sequence, entry)`."""
+
+    __slots__ = ("expires_at", "on_end", "on_event", "seq", "sequence", "templates")
+
+    def __init__(
+        self,
+        seq: int,
+        templates: tuple[Template, ...],
+        on_event: Callable[[int, StoredEntry], None],
+        on_end: Callable[[], None],
+        expires_at: float | None,
+    ) -> None:
+        self.seq = seq  # also the registration's lease id
+        self.templates = templates
+        self.on_event = on_event
+        self.on_end = on_end
+        self.expires_at = expires_at
+        self.sequence = 0
+
+
+def _bucket_is_exact(template: Template) -> bool:
+    """Whether every entry in the template's bucket matches it (no other field, exact key)."""
+    fields = template.fields
+    return not fields or (len(fields) == 1 and fields[0][1].size <= FULL_KEY_LIMIT)
+
+
+class SpaceEngine:
+    """The matching engine of one space."""
+
+    def __init__(self, name: str, settings: SpaceSettings, clock: Clock) -> None:
+        self.name = name
+        self.settings = settings
+        self._clock = clock
+        self._next_id = 1
+        self._types: dict[str, tuple[str, ...]] = {}
+        self._entries: dict[int, StoredEntry] = {}
+        self._by_type: dict[str, dict[int, StoredEntry]] = {}
+        self._index: dict[Hashable, dict[int, StoredEntry]] = {}
+        self._bytes = 0
+        self._waiters: WatcherIndex[Waiter] = WatcherIndex()
+        self._registrations: WatcherIndex[Registration] = WatcherIndex()
+        self._registration_by_id: dict[int, Registration] = {}
+        self._expiries: dict[int, float] = {}
+        self._leases = LeaseQueue()
+
+    # ------------------------------------------------------------------ ids and leases
+
+    def _new_id(self) -> int:
+        self._next_id += 1
+        return self._next_id - 1
+
+    def new_waiter_seq(self) -> int:
+        """A fresh sequence number for a `Waiter` (ids and waiters share one counter)."""
+        return self._new_id()
+
+    def _grant(self, requested: float | None, now: float) -> tuple[float | None, float | None]:
+        """(expires_at, granted seconds) for a requested duration; None means forever."""
+        duration = self.settings.default_lease if requested is None else requested
+        duration = min(duration, self.settings.max_lease)
+        if math.isinf(duration):
+            return None, None
+        return now + duration, duration
+
+    def _set_expiry(self, lease_id: int, expires_at: float | None) -> None:
+        if expires_at is None:
+            self._expiries.pop(lease_id, None)
+        else:
+            self._expiries[lease_id] = expires_at
+            self._leases.push(expires_at, lease_id)
+
+    def next_expiry(self) -> float | None:
+        """When the soonest lease runs out (possibly a stale time), or None."""
+        return self._leases.next_expiry()
+
+    # ------------------------------------------------------------------ writing
+
+    def write(self, entries: Sequence[NewEntry], lease: float | None) -> list[LeaseGrant]:
+        """Store `entries`, all or nothing, each under a lease of `lease` seconds.
+
+        Raises TypeConflictError or QuotaExceededError before storing anything.
+        """
+        declared = self._declare_types(entries)
+        self._check_quota(len(entries), sum(entry.size for entry in entries))
+        # Only now, so that a write refused for its quota leaves no type declared behind it.
+        self._types.update(declared)
+        now = self._clock.time()
+        expires_at, granted = self._grant(lease, now)
+        grants = []
+        for new in entries:
+            stored = StoredEntry(self._new_id(), new, expires_at)
+            grants.append(LeaseGrant(stored.id, expires_at, granted))
+            self._publish(stored)
+            if not self._offer(stored):
+                self._insert(stored)
+        return grants
+
+    def _declare_types(self, entries: Sequence[NewEntry]) -> dict[str, tuple[str, ...]]:
+        """The types `entries` declare that the space does not know yet; raises on a conflict."""
+        declared: dict[str, tuple[str, ...]] = {}
+        for entry in entries:
+            lineage = (entry.type_name, *entry.supertypes)
+            for depth, type_name in enumerate(lineage):
+                parents = lineage[depth + 1 :]
+                known = declared.get(type_name, self._types.get(type_name))
+                if known is None:
+                    declared[type_name] = parents
+                elif known != parents:
+                    raise TypeConflictError(
+                        f"type {type_name!r} has supertypes {list(known)} in space {self.name!r}; "
+                        f"an entry of type {entry.type_name!r} declares {list(parents)}"
+                    )
+        return declared
+
+    def _check_quota(self, count: int, size: int) -> None:
+        settings = self.settings
+
+        def over() -> bool:
+            return (
+                len(self._entries) + count > settings.max_entries or self._bytes + size > settings.max_bytes
+            )
+
+        # Expired entries no longer count. Reap in bounded batches until the write fits or nothing
+        # due is left: one batch can free too few bytes when the expired entries are small.
+        while over() and self.reap(limit=count + 1024):
+            pass
+        if len(self._entries) + count > settings.max_entries:
+            raise QuotaExceededError(
+                f"space {self.name!r} holds {len(self._entries)} entries; "
+                f"writing {count} more exceeds its quota max_entries={settings.max_entries}"
+            )
+        if self._bytes + size > settings.max_bytes:
+            raise QuotaExceededError(
+                f"space {self.name!r} holds {self._bytes} bytes; "
+                f"writing {size} more exceeds its quota max_bytes={settings.max_bytes}"
+            )
+
+    def _insert(self, stored: StoredEntry) -> None:
+        entry_id = stored.id
+        self._entries[entry_id] = stored
+        self._bytes += stored.size
+        by_type, index = self._by_type, self._index
+        for type_name in stored.lineage:
+            bucket = by_type.get(type_name)
+            if bucket is None:
+                bucket = by_type[type_name] = {}
+            bucket[entry_id] = stored
+            for name, value in stored.fields.items():
+                slot = (type_name, name, value.key)
+                field_bucket = index.get(slot)
+                if field_bucket is None:
+                    field_bucket = index[slot] = {}
+                field_bucket[entry_id] = stored
+        if stored.expires_at is not None:
+            self._set_expiry(entry_id, stored.expires_at)
+
+    def _remove(self, stored: StoredEntry) -> None:
+        entry_id = stored.id
+        if self._entries.pop(entry_id, None) is None:
+            return
+        self._bytes -= stored.size
+        self._expiries.pop(entry_id, None)
+        by_type, index = self._by_type, self._index
+        for type_name in stored.lineage:
+            bucket = by_type[type_name]
+            del bucket[entry_id]
+            if not bucket:
+                del by_type[type_name]
+            for name, value in stored.fields.items():
+                slot = (type_name, name, value.key)
+                field_bucket = index[slot]
+                del field_bucket[entry_id]
+                if not field_bucket:
+                    del index[slot]
+
+    def _offer(self, stored: StoredEntry) -> bool:
+        """Hand a new or returned entry to parked waiters in arrival order; True if one took it."""
+        for waiter in self._waiters.candidates(stored):
+            if not any(template.matches(stored) for template in waiter.templates):
+                continue
+            self._waiters.remove(waiter)
+            if waiter.deliver([stored]) and waiter.take:
+                return True
+        return False
+
+    def _publish(self, stored: StoredEntry) -> None:
+        now = self._clock.time()
+        for registration in self._registrations.candidates(stored):
+            if registration.expires_at is not None and registration.expires_at <= now:
+                self._end(registration)  # its lease ran out before the reaper got to it: no event
+                continue
+            if any(template.matches(stored) for template in registration.templates):
+                registration.sequence += 1
+                registration.on_event(registration.sequence, stored)
+
+    def restore(self, entries: Iterable[StoredEntry]) -> None:
+        """Put back entries taken for a reply that could not be delivered (a cancelled call)."""
+        now = self._clock.time()
+        for stored in entries:
+            if stored.id in self._entries or self._expired(stored, now):
+                continue
+            if not self._offer(stored):
+                self._insert(stored)
+
+    # ------------------------------------------------------------------ matching
+
+    @staticmethod
+    def _expired(stored: StoredEntry, now: float) -> bool:
+        return stored.expires_at is not None and stored.expires_at <= now
+
+    def _bucket(self, template: Template) -> dict[int, StoredEntry] | None:
+        """The smallest bucket holding every entry that can match `template`."""
+        if not template.fields:
+            return self._by_type.get(template.type_name)
+        smallest: dict[int, StoredEntry] | None = None
+        for name, value in template.fields:
+            bucket = self._index.get((template.type_name, name, value.key))
+            if bucket is None:
+                return None
+            if smallest is None or len(bucket) < len(smallest):
+                smallest = bucket
+        return smallest
+
+    def _matches(self, template: Template, limit: int, now: float) -> list[StoredEntry]:
+        bucket = self._bucket(template)
+        if not bucket:
+            return []
+        found: list[StoredEntry] = []
+        expired: list[StoredEntry] = []
+        ordered = bucket.values() if self.settings.fifo else reversed(bucket.values())
+        for stored in ordered:
+            if self._expired(stored, now):
+                expired.append(stored)
+            elif template.matches(stored):
+                found.append(stored)
+                if len(found) >= limit:
+                    break
+        for stored in expired:  # lazily, on access
+            self._remove(stored)
+        return found
+
+    def _select(self, templates: Sequence[Template], limit: int) -> list[StoredEntry]:
+        now = self._clock.time()
+        if len(templates) == 1:
+            return self._matches(templates[0], limit, now)
+        merged: dict[int, StoredEntry] = {}
+        for template in templates:
+            for stored in self._matches(template, limit, now):
+                merged[stored.id] = stored
+        ids = list(merged)[:limit]
+        return [merged[entry_id] for entry_id in ids]
+
+    def find(self, templates: Sequence[Template], *, take: bool, max_entries: int = 1) -> list[StoredEntry]:
+        """Up to `max_entries` entries matching any template, now; removed from the space if `take`."""
+        found = self._select(templates, max_entries)
+        if take:
+            for stored in found:
+                self._remove(stored)
+        return found
+
+    def park(self, waiter: Waiter) -> None:
+        """Park a read or take that found nothing; a matching write will `deliver` to it."""
+        self._waiters.add(waiter)
+
+    def unpark(self, waiter: Waiter) -> None:
+        """Forget a waiter (its deadline passed or its call was cancelled)."""
+        self._waiters.remove(waiter)
+
+    def snapshot(self, templates: Sequence[Template], max_entries: int = 0) -> list[StoredEntry]:
+        """The entries matching any template now, in arrival order (contents)."""
+        return self._select(templates, max_entries or len(self._entries) or 1)
+
+    def is_live(self, stored: StoredEntry) -> bool:
+        """Whether a snapshot's entry is still in the space (not taken, cancelled or expired)."""
+        return stored.id in self._entries and not self._expired(stored, self._clock.time())
+
+    def count(self, templates: Sequence[Template]) -> int:
+        """How many entries match any template now."""
+        self.reap()
+        if len(templates) == 1 and _bucket_is_exact(templates[0]):
+            return len(self._bucket(templates[0]) or ())
+        return len(self._select(templates, len(self._entries) or 1))
+
+    # ------------------------------------------------------------------ notify
+
+    def register(
+        self,
+        templates: tuple[Template, ...],
+        lease: float | None,
+        on_event: Callable[[int, StoredEntry], None],
+        on_end: Callable[[], None],
+    ) -> tuple[Registration, LeaseGrant]:
+        """Register for an event per matching write until the lease ends or is cancelled."""
+        expires_at, granted = self._grant(lease, self._clock.time())
+        registration = Registration(self._new_id(), templates, on_event, on_end, expires_at)
+        self._registrations.add(registration)
+        self._registration_by_id[registration.seq] = registration
+        self._set_expiry(registration.seq, expires_at)
+        return registration, LeaseGrant(registration.seq, expires_at, granted)
+
+    def unregister(self, registration: Registration) -> None:
+        """End a registration whose listener went away; no end callback."""
+        if self._registration_by_id.pop(registration.seq, None) is not None:
+            self._registrations.remove(registration)
+            self._expiries.pop(registration.seq, None)
+
+    def _end(self, registration: Registration) -> None:
+        self.unregister(registration)
+        registration.on_end()
+
+    # ------------------------------------------------------------------ leases
+
+    def renew(self, lease_id: int, lease: float | None) -> LeaseGrant:
+        """Set a lease to end `lease` seconds from now (cut to the space's max_lease)."""
+        now = self._clock.time()
+        expires_at, granted = self._grant(lease, now)
+        stored = self._entries.get(lease_id)
+        if stored is not None and not self._expired(stored, now):
+            stored.expires_at = expires_at
+        else:
+            registration = self._registration_by_id.get(lease_id)
+            if registration is None or (
+                registration.expires_at is not None and registration.expires_at <= now
+            ):
+                raise LeaseNotFoundError(f"lease {lease_id} in space {self.name!r} is unknown or has ended")
+            registration.expires_at = expires_at
+        self._set_expiry(lease_id, expires_at)
+        return LeaseGrant(lease_id, expires_at, granted)
+
+    def cancel(self, lease_id: int) -> None:
+        """End a lease now: its entry leaves the space, or its registration ends."""
+        now = self._clock.time()
+        stored = self._entries.get(lease_id)
+        if stored is not None and not self._expired(stored, now):
+            self._remove(stored)
+            return
+        registration = self._registration_by_id.get(lease_id)
+        if registration is None or (registration.expires_at is not None and registration.expires_at <= now):
+            raise LeaseNotFoundError(f"lease {lease_id} in space {self.name!r} is unknown or has ended")
+        self._end(registration)
+
+    def reap(self, limit: int = 1 << 62) -> int:
+        """Drop up to `limit` expired entries and registrations; returns how many were due."""
+        due = self._leases.pop_due(self._clock.time(), limit, self._expiries.get)
+        for lease_id in due:
+            stored = self._entries.get(lease_id)
+            if stored is not None:
+                self._remove(stored)
+                continue
+            registration = self._registration_by_id.get(lease_id)
+            if registration is not None:
+                self._end(registration)
+        self._leases.compact(self._expiries)
+        return len(due)
+
+    def close(self) -> None:
+        """End every registration (the server is stopping)."""
+        for registration in list(self._registration_by_id.values()):
+            self._end(registration)
+
+    def statistics(self) -> SpaceStatistics:
+        return SpaceStatistics(
+            entries=len(self._entries),
+            bytes=self._bytes,
+            waiters=len(self._waiters),
+            registrations=len(self._registration_by_id),
+            types=len(self._types),
+        )

@@ -1,0 +1,105 @@
+"""The outrig gRPC server: the space service, health checking and reflection on one grpc.aio server."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from outrig.service.backend import SpaceBackend
+from outrig.service.config import ServerConfig
+from outrig.service.embedded import EmbeddedBackend
+from outrig.service.engine.clock import Clock
+from outrig.service.exceptions import ConfigError
+from outrig.service.servicer import SpaceServicer
+from outrig.v1 import space_pb2, space_pb2_grpc
+
+log = logging.getLogger("outrig.service")
+
+SERVICE_NAME = space_pb2.DESCRIPTOR.services_by_name["Space"].full_name
+
+
+def split_listen(listen: str) -> tuple[str, int]:
+    host, sep, port = listen.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"listen: expected HOST:PORT, got {listen!r}")
+    return host, int(port)
+
+
+class OutrigServer:
+    """A running outrig server. `start()` returns the bound port (useful with port 0)."""
+
+    def __init__(
+        self, config: ServerConfig, *, clock: Clock | None = None, backend: SpaceBackend | None = None
+    ) -> None:
+        self.config = config
+        self.backend = backend or EmbeddedBackend(config, clock)
+        self.port = 0
+        self._health = HealthServicer()
+        limit = config.max_message_bytes
+        self._server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", limit),
+                ("grpc.max_send_message_length", limit),
+                ("grpc.so_reuseport", 0),
+            ]
+        )
+        space_pb2_grpc.add_SpaceServicer_to_server(SpaceServicer(self.backend, config.limits), self._server)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+        reflection.enable_server_reflection(
+            (
+                SERVICE_NAME,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ),
+            self._server,
+        )
+
+    @property
+    def address(self) -> str:
+        host, _ = split_listen(self.config.listen)
+        return f"{host}:{self.port}"
+
+    async def start(self) -> int:
+        host, port = split_listen(self.config.listen)
+        try:
+            self.port = self._server.add_insecure_port(f"{host}:{port}")
+        except RuntimeError as err:
+            raise ConfigError(f"listen: cannot bind {self.config.listen}: {err}") from err
+        await self.backend.start()
+        await self._server.start()
+        for service in ("", SERVICE_NAME):
+            await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        return self.port
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Stop taking calls, end notify streams, give in-flight calls `grace` seconds, then stop."""
+        await self._health.enter_graceful_shutdown()
+        await self.backend.close()
+        await self._server.stop(self.config.grace_seconds if grace is None else grace)
+
+    async def wait(self) -> None:
+        await self._server.wait_for_termination()
+
+
+async def serve(config: ServerConfig) -> None:
+    """Run until SIGTERM or SIGINT, then shut down gracefully."""
+    server = OutrigServer(config)
+    await server.start()
+    if config.data_dir is not None:
+        config.data_dir.mkdir(parents=True, exist_ok=True)
+        log.warning("data dir %s: entries are kept in memory only until durability lands", config.data_dir)
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stopping.set)
+    # Tests and scripts read this line to find the port when listening on port 0.
+    print(f"outrig listening on {server.address}", flush=True)
+    await stopping.wait()
+    log.info("shutting down (grace %.1f s)", config.grace_seconds)
+    await server.stop()

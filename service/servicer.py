@@ -1,0 +1,215 @@
+"""The gRPC servicer: protobuf in, engine objects to the backend, protobuf out.
+
+It holds no logic of its own beyond translation. Errors the service raises on purpose map to
+status codes through one table; anything else is logged and answered INTERNAL, and the server
+keeps serving.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from outrig.service import codec
+from outrig.service.backend import SpaceBackend
+from outrig.service.config import Limits
+from outrig.service.engine.model import StoredEntry
+from outrig.service.exceptions import (
+    ConfigError,
+    InvalidArgumentError,
+    LeaseNotFoundError,
+    QuotaExceededError,
+    ShuttingDownError,
+    SpaceError,
+    TypeConflictError,
+)
+from outrig.v1 import space_pb2 as pb
+from outrig.v1 import space_pb2_grpc
+
+log = logging.getLogger("outrig.service")
+
+STATUS_BY_ERROR: dict[type[SpaceError], grpc.StatusCode] = {
+    InvalidArgumentError: grpc.StatusCode.INVALID_ARGUMENT,
+    LeaseNotFoundError: grpc.StatusCode.NOT_FOUND,
+    QuotaExceededError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    TypeConflictError: grpc.StatusCode.FAILED_PRECONDITION,
+    ShuttingDownError: grpc.StatusCode.UNAVAILABLE,
+    ConfigError: grpc.StatusCode.INTERNAL,
+}
+
+
+def status_for(err: SpaceError) -> grpc.StatusCode:
+    for cls in type(err).__mro__:
+        code = STATUS_BY_ERROR.get(cls)
+        if code is not None:
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+R = TypeVar("R")
+Unary = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[R]]
+Streaming = Callable[[Any, Any, grpc.aio.ServicerContext], AsyncIterator[R]]
+
+
+def unary(method: Unary[R]) -> Unary[R]:
+    @functools.wraps(method)
+    async def handler(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
+        try:
+            return await method(self, request, context)
+        except SpaceError as err:
+            await context.abort(status_for(err), str(err))
+        except Exception:
+            log.exception("unexpected error in %s", method.__name__)
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method.__name__}")
+        raise AssertionError("unreachable: abort raises")
+
+    return handler
+
+
+def streaming(method: Streaming[R]) -> Streaming[R]:
+    @functools.wraps(method)
+    async def handler(self: Any, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[R]:
+        try:
+            async for reply in method(self, request, context):
+                yield reply
+        except SpaceError as err:
+            await context.abort(status_for(err), str(err))
+        except Exception:
+            log.exception("unexpected error in %s", method.__name__)
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method.__name__}")
+
+    return handler
+
+
+def _payloads(entries: list[StoredEntry]) -> list[pb.Entry]:
+    return [entry.payload for entry in entries]  # type: ignore[misc]  # payloads are pb.Entry here
+
+
+class SpaceServicer(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
+    """outrig.v1.Space over a `SpaceBackend`."""
+
+    def __init__(self, backend: SpaceBackend, limits: Limits) -> None:
+        self._backend = backend
+        self._limits = limits
+
+    def _space(self, request: Any) -> str:
+        return codec.space_name(request.space, self._limits)
+
+    @unary
+    async def Write(self, request: pb.WriteRequest, context: grpc.aio.ServicerContext) -> pb.WriteReply:
+        space = self._space(request)
+        if not request.HasField("entry"):
+            raise InvalidArgumentError("entry: is required")
+        entry = codec.new_entry(request.entry, "entry", self._limits)
+        (grant,) = await self._backend.write(space, [entry], codec.lease_duration(request))
+        return pb.WriteReply(lease=codec.lease_message(grant))
+
+    @unary
+    async def WriteMany(
+        self, request: pb.WriteManyRequest, context: grpc.aio.ServicerContext
+    ) -> pb.WriteManyReply:
+        space = self._space(request)
+        entries = codec.new_entries(request.entries, self._limits)
+        grants = await self._backend.write(space, entries, codec.lease_duration(request))
+        return pb.WriteManyReply(leases=[codec.lease_message(grant) for grant in grants])
+
+    async def _match(self, request: pb.MatchRequest, *, take: bool, many: bool) -> pb.MatchReply:
+        space = self._space(request)
+        templates = codec.templates(request.templates, self._limits)
+        found = await self._backend.match(
+            space,
+            templates,
+            take=take,
+            max_entries=codec.max_entries(request, self._limits) if many else 1,
+            timeout=codec.timeout(request, self._limits),
+            if_exists=request.if_exists,
+        )
+        return pb.MatchReply(entries=_payloads(found))
+
+    @unary
+    async def Read(self, request: pb.MatchRequest, context: grpc.aio.ServicerContext) -> pb.MatchReply:
+        return await self._match(request, take=False, many=False)
+
+    @unary
+    async def Take(self, request: pb.MatchRequest, context: grpc.aio.ServicerContext) -> pb.MatchReply:
+        return await self._match(request, take=True, many=False)
+
+    @unary
+    async def ReadMany(self, request: pb.MatchRequest, context: grpc.aio.ServicerContext) -> pb.MatchReply:
+        return await self._match(request, take=False, many=True)
+
+    @unary
+    async def TakeMany(self, request: pb.MatchRequest, context: grpc.aio.ServicerContext) -> pb.MatchReply:
+        return await self._match(request, take=True, many=True)
+
+    @streaming
+    async def Contents(
+        self, request: pb.ContentsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ContentsReply]:
+        space = self._space(request)
+        templates = codec.templates(request.templates, self._limits)
+        async for chunk in self._backend.contents(space, templates, request.max_entries):
+            yield pb.ContentsReply(entries=_payloads(chunk))
+
+    @unary
+    async def Count(self, request: pb.CountRequest, context: grpc.aio.ServicerContext) -> pb.CountReply:
+        space = self._space(request)
+        templates = codec.templates(request.templates, self._limits)
+        return pb.CountReply(count=await self._backend.count(space, templates))
+
+    @streaming
+    async def Notify(
+        self, request: pb.NotifyRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.NotifyReply]:
+        space = self._space(request)
+        templates = codec.templates(request.templates, self._limits)
+        subscription = await self._backend.subscribe(space, templates, codec.lease_duration(request))
+        try:
+            yield pb.NotifyReply(registration=codec.lease_message(subscription.lease))
+            async for event in subscription:
+                yield pb.NotifyReply(sequence=event.sequence, entry=event.entry.payload)  # type: ignore[arg-type]
+        finally:
+            subscription.close()
+
+    @unary
+    async def RenewLeases(
+        self, request: pb.RenewLeasesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RenewLeasesReply:
+        space = self._space(request)
+        if len(request.renewals) > self._limits.max_batch:
+            raise InvalidArgumentError(
+                f"renewals: {len(request.renewals)} exceeds the limit max_batch={self._limits.max_batch}"
+            )
+        renewals = [(item.id, codec.lease_duration(item, "duration")) for item in request.renewals]
+        outcomes = await self._backend.renew(space, renewals)
+        results = []
+        for (lease_id, _), outcome in zip(renewals, outcomes, strict=True):
+            if isinstance(outcome, SpaceError):
+                results.append(_lease_error(lease_id, outcome))
+            else:
+                results.append(pb.LeaseResult(id=lease_id, lease=codec.lease_message(outcome)))
+        return pb.RenewLeasesReply(results=results)
+
+    @unary
+    async def CancelLeases(
+        self, request: pb.CancelLeasesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CancelLeasesReply:
+        space = self._space(request)
+        if len(request.ids) > self._limits.max_batch:
+            raise InvalidArgumentError(
+                f"ids: {len(request.ids)} exceeds the limit max_batch={self._limits.max_batch}"
+            )
+        outcomes = await self._backend.cancel(space, list(request.ids))
+        results = [
+            pb.LeaseResult(id=lease_id) if outcome is None else _lease_error(lease_id, outcome)
+            for lease_id, outcome in zip(request.ids, outcomes, strict=True)
+        ]
+        return pb.CancelLeasesReply(results=results)
+
+
+def _lease_error(lease_id: int, err: SpaceError) -> pb.LeaseResult:
+    return pb.LeaseResult(id=lease_id, error_code=status_for(err).value[0], error_message=str(err))
