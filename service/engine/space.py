@@ -317,7 +317,7 @@ class SpaceEngine:
         for template in templates:
             for stored in self._matches(template, limit, now):
                 merged[stored.id] = stored
-        ids = list(merged)[:limit]
+        ids = sorted(merged, reverse=not self.settings.fifo)[:limit]
         return [merged[entry_id] for entry_id in ids]
 
     def find(self, templates: Sequence[Template], *, take: bool, max_entries: int = 1) -> list[StoredEntry]:

@@ -59,11 +59,16 @@ def field_value(index: int) -> FieldValue:
     return FieldValue(kind, data)  # type: ignore[arg-type]
 
 
-fields_st = st.dictionaries(st.sampled_from(FIELD_NAMES), st.integers(0, len(VALUES) - 1), max_size=3)
-entry_st = st.tuples(st.integers(0, N_TYPES - 1), fields_st)
-template_st = st.tuples(st.integers(0, N_TYPES - 1), st.dictionaries(
-    st.sampled_from(FIELD_NAMES), st.integers(0, len(VALUES) - 1), max_size=2
-))
+# Half the draws come from the look-alikes (1 / 1.0 / true; the big values with one coarse key), so
+# that an entry and a template often hold two values an index could confuse.
+LOOK_ALIKES = [1, 2, 6, 11, 12]
+value_st = st.one_of(st.integers(0, len(VALUES) - 1), st.sampled_from(LOOK_ALIKES))
+entry_st = st.tuples(
+    st.integers(0, N_TYPES - 1), st.dictionaries(st.sampled_from(FIELD_NAMES), value_st, max_size=3)
+)
+template_st = st.tuples(
+    st.integers(0, N_TYPES - 1), st.dictionaries(st.sampled_from(FIELD_NAMES), value_st, max_size=2)
+)
 templates_st = st.lists(template_st, min_size=1, max_size=3)
 lease_st = st.sampled_from(LEASES)
 
@@ -260,6 +265,7 @@ MatchingMachine.TestCase.settings = settings(
     stateful_step_count=30,
     deadline=None,
     database=None,
+    report_multiple_bugs=False,  # shrink one failure well rather than several slowly
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestMatching = MatchingMachine.TestCase

@@ -1,0 +1,94 @@
+"""The backends the conformance suite runs against: every `SpaceBackend` must pass it.
+
+To add one, append a factory to BACKENDS: an async context manager that takes the server
+configuration and the clock to use, and yields a started backend that it closes on exit. The
+tests see only the `SpaceBackend` protocol, the `clock` they may advance, and the names below.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import NamedTuple
+
+import pytest
+
+from outrig.service.backend import SpaceBackend
+from outrig.service.config import Limits, ServerConfig
+from outrig.service.embedded import EmbeddedBackend
+from outrig.service.engine import FakeClock, SpaceSettings
+
+BackendFactory = Callable[[ServerConfig, FakeClock], AbstractAsyncContextManager[SpaceBackend]]
+
+QUOTA_MAX_ENTRIES = 3
+QUOTA_MAX_BYTES = 1000
+DEFAULT_LEASE = 3600.0
+
+# Spaces with small quotas, one per test that needs them (a fresh name each: a shared store must
+# not carry one test's entries into another's quota).
+_RUN = uuid.uuid4().hex[:8]
+_QUOTA_SPACES = [f"quota-{_RUN}-{i}" for i in range(16)]
+_quota_spaces_left = list(_QUOTA_SPACES)
+
+CONFIG = ServerConfig(
+    reap_interval=0.01,  # real seconds between reaper passes; lease times follow the fake clock
+    limits=Limits(contents_chunk=4),
+    space_defaults=SpaceSettings(fifo=True, default_lease=DEFAULT_LEASE),
+    spaces={
+        name: SpaceSettings(max_entries=QUOTA_MAX_ENTRIES, max_bytes=QUOTA_MAX_BYTES) for name in _QUOTA_SPACES
+    },
+)
+
+
+@asynccontextmanager
+async def embedded(config: ServerConfig, clock: FakeClock) -> AsyncIterator[SpaceBackend]:
+    backend = EmbeddedBackend(config, clock=clock)
+    await backend.start()
+    try:
+        yield backend
+    finally:
+        await backend.close()
+
+
+BACKENDS: list[object] = [
+    pytest.param(embedded, id="embedded"),
+    # pytest.param(postgresql, id="postgresql"),  # when the PostgreSQL backend lands
+]
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture(params=BACKENDS)
+async def backend(request: pytest.FixtureRequest, clock: FakeClock) -> AsyncIterator[SpaceBackend]:
+    factory: BackendFactory = request.param
+    async with factory(CONFIG, clock) as started:
+        yield started
+
+
+@pytest.fixture
+def space() -> str:
+    """A fresh space per test: a shared store (a database) never mixes two tests' entries."""
+    return f"c-{uuid.uuid4().hex[:12]}"
+
+
+class QuotaSpace(NamedTuple):
+    name: str
+    max_entries: int
+    max_bytes: int
+
+
+@pytest.fixture
+def quota_space() -> QuotaSpace:
+    """A fresh space with small quotas."""
+    assert _quota_spaces_left, "add names to _QUOTA_SPACES: more tests use quota spaces"
+    return QuotaSpace(_quota_spaces_left.pop(), QUOTA_MAX_ENTRIES, QUOTA_MAX_BYTES)
+
+
+@pytest.fixture
+def default_lease() -> float:
+    """What the spaces grant for Lease.ANY."""
+    return DEFAULT_LEASE
