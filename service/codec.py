@@ -67,13 +67,13 @@ def _array(array: pb.TypedArray, where: str) -> FieldValue:
 
 def _check_nested(value: pb.Value, where: str, depth: int, limits: Limits) -> bool:
     """Validate a list or map value recursively; True if every map in it is already sorted."""
-    if depth > limits.max_depth:
-        raise InvalidArgumentError(
-            f"{where}: lists and maps nested deeper than the limit max_depth={limits.max_depth}"
-        )
     kind = value.WhichOneof("kind")
     if kind is None:
         raise InvalidArgumentError(f"{where}: no value set (send null_value for null)")
+    if depth > limits.max_depth and kind in ("list_value", "map_value"):
+        raise InvalidArgumentError(
+            f"{where}: lists and maps nested deeper than the limit max_depth={limits.max_depth}"
+        )
     if kind == "array_value":
         _array(value.array_value, where)
     elif kind == "list_value":

@@ -78,35 +78,74 @@ _SCALARS = (
 )
 
 
-def _convert(cls_name: str, name: str, value: Any, current: Any) -> Any:
-    """Coerce a file, environment or flag value to the type of the current value."""
+# Settings where zero (or less) would stop the server working: a reaper that spins, chunks of
+# nothing, leases that end as they start. Quotas (max_entries, max_bytes) may be zero.
+_POSITIVE = frozenset(
+    {
+        "max_message_bytes",
+        "reap_interval",
+        "reap_batch",
+        "max_fields",
+        "max_depth",
+        "max_name_length",
+        "max_templates",
+        "max_batch",
+        "max_spaces",
+        "max_timeout",
+        "notify_queue",
+        "contents_chunk",
+        "default_lease",
+        "max_lease",
+    }
+)
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def _number(value: Any, whole: bool) -> int | float:
+    if isinstance(value, bool):
+        raise ValueError(value)
+    if isinstance(value, str):
+        return int(value) if whole else float(value)
+    if whole and isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, int) or (not whole and isinstance(value, float)):
+        return value
+    raise ValueError(value)
+
+
+def _convert(section: str, name: str, value: Any, current: Any) -> Any:
+    """Check a file, environment or flag value and give it the type of the current value."""
     try:
         if isinstance(current, bool):
-            if isinstance(value, str):
-                if value.lower() in ("1", "true", "yes", "on"):
-                    return True
-                if value.lower() in ("0", "false", "no", "off"):
-                    return False
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.lower() in _TRUE + _FALSE:
+                return value.lower() in _TRUE
+            raise ValueError(value)
+        if isinstance(current, int | float):
+            number = _number(value, whole=isinstance(current, int))
+            if math.isnan(number) or number < 0 or (number == 0 and name in _POSITIVE):
                 raise ValueError(value)
-            return bool(value)
-        if isinstance(current, int):
-            number = int(value)
-            if number < 0:
-                raise ValueError(value)
-            return number
-        if isinstance(current, float):
-            number_f = float(value)
-            if math.isnan(number_f) or number_f < 0:
-                raise ValueError(value)
-            return number_f
+            return number if isinstance(current, int) else float(number)
         if name == "data_dir":
             return None if value in (None, "") else Path(value)
+        if not isinstance(value, str | Path):
+            raise ValueError(value)
+        if name == "log_level":
+            level = str(value).upper()
+            if level not in _LOG_LEVELS:
+                raise ValueError(value)
+            return level
         return str(value)
     except (TypeError, ValueError):
-        raise ConfigError(f"{cls_name}.{name}: invalid value {value!r}") from None
+        need = "a positive number" if name in _POSITIVE else f"a value like {current!r}"
+        raise ConfigError(f"{section}.{name}: invalid value {value!r} (expected {need})") from None
 
 
-def _apply(obj: Any, values: Mapping[str, Any], where: str) -> Any:
+def _apply(obj: Any, values: Any, where: str) -> Any:
+    if not isinstance(values, Mapping):
+        raise ConfigError(f"{where}: expected a table of settings, got {values!r}")
     known = {f.name for f in dataclasses.fields(obj)}
     changes = {}
     for name, value in values.items():
@@ -144,8 +183,9 @@ def load_config(
     config = _apply(config, scalars, "server")
     limits = _apply(config.limits, data.get("limits", {}), "limits")
     defaults = _apply(config.space_defaults, data.get("space_defaults", {}), "space_defaults")
-    spaces = {
-        name: _apply(defaults, values, f"spaces.{name}") for name, values in data.get("spaces", {}).items()
-    }
+    per_space = data.get("spaces", {})
+    if not isinstance(per_space, Mapping):
+        raise ConfigError(f"spaces: expected a table of spaces, got {per_space!r}")
+    spaces = {name: _apply(defaults, values, f"spaces.{name}") for name, values in per_space.items()}
     result: ServerConfig = dataclasses.replace(config, limits=limits, space_defaults=defaults, spaces=spaces)
     return result

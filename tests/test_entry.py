@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
-import outrig
 import pytest
+
+import outrig
 from outrig._codec import decode_entry, encode_entry, encode_template, encode_value
 from outrig._entry import entry_info, registered_class
 from outrig.v1 import space_pb2 as pb

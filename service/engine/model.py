@@ -27,10 +27,13 @@ class NewEntry:
 class StoredEntry:
     """An entry in a space. `lineage` is its type followed by its supertypes."""
 
-    __slots__ = ("expires_at", "fields", "id", "lineage", "payload", "size")
+    __slots__ = ("arrival", "expires_at", "fields", "id", "lineage", "payload", "size")
 
     def __init__(self, entry_id: int, new: NewEntry, expires_at: float | None) -> None:
         self.id = entry_id
+        # Position in the space's arrival order: the id, until the entry is put back after a
+        # cancelled take, when it joins the back of the queue like a new write.
+        self.arrival = entry_id
         self.lineage = (new.type_name, *new.supertypes)
         self.fields = new.fields
         self.payload = new.payload

@@ -89,6 +89,13 @@ class Registration:
         self.sequence = 0
 
 
+_COUNT_REAP_BATCH = 1000
+
+
+def _arrival(stored: StoredEntry) -> int:
+    return stored.arrival
+
+
 def _bucket_is_exact(template: Template) -> bool:
     """Whether every entry in the template's bucket matches it (no other field, exact key)."""
     fields = template.fields
@@ -270,6 +277,7 @@ class SpaceEngine:
             if stored.id in self._entries or self._expired(stored, now):
                 continue
             if not self._offer(stored):
+                stored.arrival = self._new_id()  # buckets append it at the back: say so
                 self._insert(stored)
 
     # ------------------------------------------------------------------ matching
@@ -317,8 +325,8 @@ class SpaceEngine:
         for template in templates:
             for stored in self._matches(template, limit, now):
                 merged[stored.id] = stored
-        ids = sorted(merged, reverse=not self.settings.fifo)[:limit]
-        return [merged[entry_id] for entry_id in ids]
+        ordered = sorted(merged.values(), key=_arrival, reverse=not self.settings.fifo)
+        return ordered[:limit]
 
     def find(self, templates: Sequence[Template], *, take: bool, max_entries: int = 1) -> list[StoredEntry]:
         """Up to `max_entries` entries matching any template, now; removed from the space if `take`."""
@@ -346,8 +354,13 @@ class SpaceEngine:
 
     def count(self, templates: Sequence[Template]) -> int:
         """How many entries match any template now."""
-        self.reap()
-        if len(templates) == 1 and _bucket_is_exact(templates[0]):
+        # A bucket's size is the answer only while it holds nothing expired. Reap a bounded batch
+        # (never all of a mass expiry in one request); if leases are still due, count by walking
+        # the candidates, which skips and drops the expired ones it meets.
+        self.reap(_COUNT_REAP_BATCH)
+        due = self._leases.next_expiry()
+        settled = due is None or due > self._clock.time()
+        if settled and len(templates) == 1 and _bucket_is_exact(templates[0]):
             return len(self._bucket(templates[0]) or ())
         return len(self._select(templates, len(self._entries) or 1))
 

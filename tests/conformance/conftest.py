@@ -10,7 +10,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -36,7 +36,8 @@ CONFIG = ServerConfig(
     limits=Limits(contents_chunk=4),
     space_defaults=SpaceSettings(fifo=True, default_lease=DEFAULT_LEASE),
     spaces={
-        name: SpaceSettings(max_entries=QUOTA_MAX_ENTRIES, max_bytes=QUOTA_MAX_BYTES) for name in _QUOTA_SPACES
+        name: SpaceSettings(max_entries=QUOTA_MAX_ENTRIES, max_bytes=QUOTA_MAX_BYTES)
+        for name in _QUOTA_SPACES
     },
 )
 
@@ -50,6 +51,14 @@ async def embedded(config: ServerConfig, clock: FakeClock) -> AsyncIterator[Spac
     finally:
         await backend.close()
 
+
+def _embedded_parked_waiters(backend: EmbeddedBackend, space: str) -> int:
+    return backend.engine(space).statistics().waiters
+
+
+# How to count a space's parked reads and takes, for backends that can tell: the protocol has no
+# such call, but "a cancelled or timed-out call leaves no waiter behind" deserves a check.
+PARKED_WAITERS: dict[type, Callable[[Any, str], int]] = {EmbeddedBackend: _embedded_parked_waiters}
 
 BACKENDS: list[object] = [
     pytest.param(embedded, id="embedded"),
@@ -92,3 +101,10 @@ def quota_space() -> QuotaSpace:
 def default_lease() -> float:
     """What the spaces grant for Lease.ANY."""
     return DEFAULT_LEASE
+
+
+@pytest.fixture
+def parked_waiters(backend: SpaceBackend) -> Callable[[str], int | None]:
+    """How many reads and takes wait in a space; None when the backend cannot tell."""
+    probe = PARKED_WAITERS.get(type(backend))
+    return lambda space: None if probe is None else probe(backend, space)

@@ -179,7 +179,9 @@ class MatchingMachine(RuleBasedStateMachine):
             assert grant.expires_at == expires_at
             self.granted.append(grant.id)
             self.entries.append(
-                RefEntry(grant.id, self.lineages[type_index], {n: VALUES[i] for n, i in fields.items()}, expires_at)
+                RefEntry(
+                    grant.id, self.lineages[type_index], {n: VALUES[i] for n, i in fields.items()}, expires_at
+                )
             )
 
     @rule(templates=templates_st, max_entries=st.integers(1, 4))
@@ -189,7 +191,10 @@ class MatchingMachine(RuleBasedStateMachine):
 
     @rule(templates=templates_st, max_entries=st.sampled_from([1, 1, 2, 4]))
     def take(self, templates: list[tuple[int, dict[str, int]]], max_entries: int) -> None:
-        found = [e.id for e in self.space.find(self.engine_templates(templates), take=True, max_entries=max_entries)]
+        found = [
+            e.id
+            for e in self.space.find(self.engine_templates(templates), take=True, max_entries=max_entries)
+        ]
         self.check_found(found, self.ref_select(templates), max_entries)
         self.forget(found)
 

@@ -7,7 +7,15 @@ import struct
 
 import pytest
 
-from outrig.service.engine import FakeClock, NewEntry, SpaceEngine, SpaceSettings, StoredEntry, Template, Waiter
+from outrig.service.engine import (
+    FakeClock,
+    NewEntry,
+    SpaceEngine,
+    SpaceSettings,
+    StoredEntry,
+    Template,
+    Waiter,
+)
 from outrig.service.engine.space import FOREVER
 from outrig.service.engine.values import NULL, FieldValue
 from outrig.service.exceptions import LeaseNotFoundError, QuotaExceededError, TypeConflictError
@@ -29,7 +37,9 @@ def value(x: Scalar) -> FieldValue:
     return FieldValue("bytes", x)
 
 
-def new(type_name: str, *supertypes: str, size: int = 10, payload: object = None, **fields: Scalar) -> NewEntry:
+def new(
+    type_name: str, *supertypes: str, size: int = 10, payload: object = None, **fields: Scalar
+) -> NewEntry:
     values = {name: value(x) for name, x in fields.items()}
     return NewEntry(type_name, supertypes, values, payload, size)
 
@@ -263,7 +273,10 @@ def test_take_all_is_correct_in_either_order(fifo: bool) -> None:
 
 def test_multi_template_find_is_a_union_without_duplicates_in_order() -> None:
     space = make()
-    w = [write1(space, new(*lineage, k=k)) for lineage, k in [(("A",), 1), (("B",), 1), (("A",), 2), (("A",), 3)]]
+    w = [
+        write1(space, new(*lineage, k=k))
+        for lineage, k in [(("A",), 1), (("B",), 1), (("A",), 2), (("A",), 3)]
+    ]
     templates = [tpl("A", k=2), tpl("A"), tpl("B", k=1), tpl("A", k=1)]
     assert ids(space.snapshot(templates)) == w
     assert ids(space.find(templates, take=False, max_entries=2)) == w[:2]
@@ -561,7 +574,13 @@ def test_a_type_redeclared_with_other_supertypes_conflicts() -> None:
     space = make()
     space.write([new(*DOG)], None)
     space.write([new(*DOG), new(*MAMMAL), new(*ANIMAL)], None)  # consistent: fine
-    for bad in (new("Dog", "Animal"), new("Dog"), new("Mammal"), new("Animal", "Thing"), new("Dog", "Mammal")):
+    for bad in (
+        new("Dog", "Animal"),
+        new("Dog"),
+        new("Mammal"),
+        new("Animal", "Thing"),
+        new("Dog", "Mammal"),
+    ):
         with pytest.raises(TypeConflictError):
             space.write([bad], None)
     assert space.count([tpl("Animal")]) == 4
@@ -604,7 +623,9 @@ class Recorder:
         return [entry.id for batch in self.got for entry in batch]
 
 
-def park(space: SpaceEngine, *templates: Template, take: bool = True, wants: bool = True) -> tuple[Waiter, Recorder]:
+def park(
+    space: SpaceEngine, *templates: Template, take: bool = True, wants: bool = True
+) -> tuple[Waiter, Recorder]:
     recorder = Recorder(wants)
     waiter = Waiter(space.new_waiter_seq(), templates, take, recorder)
     space.park(waiter)
@@ -732,6 +753,26 @@ def test_restore_puts_taken_entries_back() -> None:
     space.renew(written[0], 20)
     clock.advance(10)
     assert ids(space.snapshot([tpl("A")])) == [written[0]]
+
+
+def test_a_restored_entry_joins_the_back_of_the_queue_for_every_kind_of_find() -> None:
+    space = make()
+    first, second, third = (write1(space, new("A", k=i)) for i in range(3))
+    space.restore(space.find([tpl("A")], take=True))
+    assert ids(space.find([tpl("A")], take=False, max_entries=3)) == [second, third, first]
+    both = [tpl("A", k=0), tpl("A", k=1)]
+    assert ids(space.find(both, take=False, max_entries=2)) == [second, first]
+    assert ids(space.snapshot([tpl("A")])) == [second, third, first]
+
+
+def test_count_after_a_mass_expiry_is_exact_and_reaps_in_bounded_batches() -> None:
+    clock = FakeClock()
+    space = make(clock)
+    space.write([new("A", k=1) for _ in range(2500)], 5)
+    space.write([new("A", k=1) for _ in range(3)], FOREVER)
+    clock.advance(5)
+    assert space.count([tpl("A", k=1)]) == 3
+    assert space.statistics().entries == 3  # the walk dropped what the bounded reap left
 
 
 def test_restore_offers_entries_to_parked_waiters() -> None:

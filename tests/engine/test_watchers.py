@@ -17,7 +17,8 @@ class W:
 
 def entry(type_name: str, supertypes: tuple[str, ...] = (), **fields: int | str) -> StoredEntry:
     values = {
-        name: FieldValue("int", v) if isinstance(v, int) else FieldValue("string", v) for name, v in fields.items()
+        name: FieldValue("int", v) if isinstance(v, int) else FieldValue("string", v)
+        for name, v in fields.items()
     }
     return StoredEntry(1, NewEntry(type_name, supertypes, values, None, 1), None)
 
@@ -25,7 +26,10 @@ def entry(type_name: str, supertypes: tuple[str, ...] = (), **fields: int | str)
 def template(type_name: str, **fields: int | str) -> Template:
     return Template(
         type_name,
-        {name: FieldValue("int", v) if isinstance(v, int) else FieldValue("string", v) for name, v in fields.items()},
+        {
+            name: FieldValue("int", v) if isinstance(v, int) else FieldValue("string", v)
+            for name, v in fields.items()
+        },
     )
 
 
