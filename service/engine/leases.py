@@ -1,49 +1,93 @@
-"""Lease expiry: a heap of (expires_at, id), O(log n) per lease, popped in bounded batches.
+"""Lease expiry without stalls: leases filed in time buckets, expired in bounded batches.
 
-Renewals push a fresh item and leave the old one behind; takes and cancels leave theirs too.
-Popped items whose id is gone or whose expiry moved are skipped, and when stale items outnumber
-live ones the heap is rebuilt, so churn with long leases does not grow it without bound.
+Each lease is filed in the bucket of its expiry time (`granularity` seconds wide): filing, moving
+(renew) and removing (take, cancel) are O(1) dict operations, so nothing stale piles up and no
+rebuild ever stops the loop. A heap holds the bucket numbers in use, so finding the next due
+bucket is O(log b) in the number of buckets. `pop_due` returns at most `limit` ids per call, and
+the caller yields between calls: a mass expiry ("lease storm") is spread over many small steps.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
-
-_MIN_REBUILD = 1024
+import itertools
+import math
 
 
 class LeaseQueue:
-    """Expiry times of leased things (entries, registrations), soonest first."""
+    """Expiry times of leased things (entries, registrations), by id."""
 
-    def __init__(self) -> None:
-        self._heap: list[tuple[float, int]] = []
+    def __init__(self, granularity: float = 0.1) -> None:
+        self._granularity = granularity
+        self._buckets: dict[int, dict[int, float]] = {}
+        self._heap: list[int] = []  # bucket numbers; each one at most once
+        self._count = 0
 
     def __len__(self) -> int:
-        return len(self._heap)
+        return self._count
 
-    def push(self, expires_at: float, lease_id: int) -> None:
-        heapq.heappush(self._heap, (expires_at, lease_id))
+    def _bucket_of(self, expires_at: float) -> int:
+        return math.floor(expires_at / self._granularity)
+
+    def add(self, lease_id: int, expires_at: float) -> None:
+        number = self._bucket_of(expires_at)
+        bucket = self._buckets.get(number)
+        if bucket is None:
+            bucket = self._buckets[number] = {}
+            heapq.heappush(self._heap, number)
+        if lease_id not in bucket:
+            self._count += 1
+        bucket[lease_id] = expires_at
+
+    def discard(self, lease_id: int, expires_at: float) -> None:
+        """Forget a lease filed at `expires_at` (doing nothing if it is not there)."""
+        number = self._bucket_of(expires_at)
+        bucket = self._buckets.get(number)
+        if bucket is not None and bucket.pop(lease_id, None) is not None:
+            self._count -= 1
+            if not bucket:
+                del self._buckets[number]  # its heap item is dropped when it comes up
+
+    def _first_bucket(self) -> tuple[int, dict[int, float]] | None:
+        heap = self._heap
+        while heap:
+            bucket = self._buckets.get(heap[0])
+            if bucket is not None:
+                return heap[0], bucket
+            heapq.heappop(heap)
+        return None
 
     def next_expiry(self) -> float | None:
-        return self._heap[0][0] if self._heap else None
+        """A time at or before the soonest expiry, or None when nothing is leased."""
+        first = self._first_bucket()
+        return None if first is None else first[0] * self._granularity
 
-    def pop_due(self, now: float, limit: int, current: Callable[[int], float | None]) -> list[int]:
-        """Pop up to `limit` ids whose lease ran out by `now`.
+    def has_due(self, now: float) -> bool:
+        """Whether any lease has run out by `now`."""
+        for number in sorted(n for n in self._heap if n * self._granularity <= now):
+            bucket = self._buckets.get(number)
+            if bucket and any(expires_at <= now for expires_at in bucket.values()):
+                return True
+        return False
 
-        `current(id)` gives the id's present expiry (None if it is gone or has none); items that
-        no longer agree with it are stale and dropped.
-        """
+    def pop_due(self, now: float, limit: int) -> list[int]:
+        """Remove and return up to `limit` ids whose lease ran out by `now`, soonest bucket first."""
         due: list[int] = []
-        heap = self._heap
-        while heap and heap[0][0] <= now and len(due) < limit:
-            expires_at, lease_id = heapq.heappop(heap)
-            if current(lease_id) == expires_at:
-                due.append(lease_id)
+        while len(due) < limit:
+            first = self._first_bucket()
+            if first is None or first[0] * self._granularity > now:
+                break
+            number, bucket = first
+            whole = (number + 1) * self._granularity <= now
+            expired = bucket if whole else {i: t for i, t in bucket.items() if t <= now}
+            taken = sorted(itertools.islice(expired.items(), limit - len(due)), key=lambda item: item[1])
+            for lease_id, _ in taken:
+                del bucket[lease_id]
+            self._count -= len(taken)
+            due.extend(lease_id for lease_id, _ in taken)
+            if not bucket:
+                del self._buckets[number]
+                heapq.heappop(self._heap)
+            elif not whole:
+                break  # the rest of this bucket is not due yet
         return due
-
-    def compact(self, live: dict[int, float]) -> None:
-        """Rebuild from the live expiries when stale items are more than half the heap."""
-        if len(self._heap) > max(_MIN_REBUILD, 2 * len(live)):
-            self._heap = [(expires_at, lease_id) for lease_id, expires_at in live.items()]
-            heapq.heapify(self._heap)

@@ -118,7 +118,6 @@ class SpaceEngine:
         self._waiters: WatcherIndex[Waiter] = WatcherIndex()
         self._registrations: WatcherIndex[Registration] = WatcherIndex()
         self._registration_by_id: dict[int, Registration] = {}
-        self._expiries: dict[int, float] = {}
         self._leases = LeaseQueue()
 
     # ------------------------------------------------------------------ ids and leases
@@ -139,15 +138,14 @@ class SpaceEngine:
             return None, None
         return now + duration, duration
 
-    def _set_expiry(self, lease_id: int, expires_at: float | None) -> None:
-        if expires_at is None:
-            self._expiries.pop(lease_id, None)
-        else:
-            self._expiries[lease_id] = expires_at
-            self._leases.push(expires_at, lease_id)
+    def _move_expiry(self, lease_id: int, old: float | None, new: float | None) -> None:
+        if old is not None:
+            self._leases.discard(lease_id, old)
+        if new is not None:
+            self._leases.add(lease_id, new)
 
     def next_expiry(self) -> float | None:
-        """When the soonest lease runs out (possibly a stale time), or None."""
+        """A time at or before the soonest lease's end, or None."""
         return self._leases.next_expiry()
 
     # ------------------------------------------------------------------ writing
@@ -229,14 +227,15 @@ class SpaceEngine:
                     field_bucket = index[slot] = {}
                 field_bucket[entry_id] = stored
         if stored.expires_at is not None:
-            self._set_expiry(entry_id, stored.expires_at)
+            self._leases.add(entry_id, stored.expires_at)
 
     def _remove(self, stored: StoredEntry) -> None:
         entry_id = stored.id
         if self._entries.pop(entry_id, None) is None:
             return
         self._bytes -= stored.size
-        self._expiries.pop(entry_id, None)
+        if stored.expires_at is not None:
+            self._leases.discard(entry_id, stored.expires_at)
         by_type, index = self._by_type, self._index
         for type_name in stored.lineage:
             bucket = by_type[type_name]
@@ -357,9 +356,7 @@ class SpaceEngine:
         # A bucket's size is the answer only while it holds nothing expired. Reap a bounded batch
         # (never all of a mass expiry in one request); if leases are still due, count by walking
         # the candidates, which skips and drops the expired ones it meets.
-        self.reap(_COUNT_REAP_BATCH)
-        due = self._leases.next_expiry()
-        settled = due is None or due > self._clock.time()
+        settled = self.reap(_COUNT_REAP_BATCH) < _COUNT_REAP_BATCH  # fewer than asked: none left due
         if settled and len(templates) == 1 and _bucket_is_exact(templates[0]):
             return len(self._bucket(templates[0]) or ())
         return len(self._select(templates, len(self._entries) or 1))
@@ -378,14 +375,14 @@ class SpaceEngine:
         registration = Registration(self._new_id(), templates, on_event, on_end, expires_at)
         self._registrations.add(registration)
         self._registration_by_id[registration.seq] = registration
-        self._set_expiry(registration.seq, expires_at)
+        self._move_expiry(registration.seq, None, expires_at)
         return registration, LeaseGrant(registration.seq, expires_at, granted)
 
     def unregister(self, registration: Registration) -> None:
         """End a registration whose listener went away; no end callback."""
         if self._registration_by_id.pop(registration.seq, None) is not None:
             self._registrations.remove(registration)
-            self._expiries.pop(registration.seq, None)
+            self._move_expiry(registration.seq, registration.expires_at, None)
 
     def _end(self, registration: Registration) -> None:
         self.unregister(registration)
@@ -399,6 +396,7 @@ class SpaceEngine:
         expires_at, granted = self._grant(lease, now)
         stored = self._entries.get(lease_id)
         if stored is not None and not self._expired(stored, now):
+            self._move_expiry(lease_id, stored.expires_at, expires_at)
             stored.expires_at = expires_at
         else:
             registration = self._registration_by_id.get(lease_id)
@@ -406,8 +404,8 @@ class SpaceEngine:
                 registration.expires_at is not None and registration.expires_at <= now
             ):
                 raise LeaseNotFoundError(f"lease {lease_id} in space {self.name!r} is unknown or has ended")
+            self._move_expiry(lease_id, registration.expires_at, expires_at)
             registration.expires_at = expires_at
-        self._set_expiry(lease_id, expires_at)
         return LeaseGrant(lease_id, expires_at, granted)
 
     def cancel(self, lease_id: int) -> None:
@@ -424,7 +422,7 @@ class SpaceEngine:
 
     def reap(self, limit: int = 1 << 62) -> int:
         """Drop up to `limit` expired entries and registrations; returns how many were due."""
-        due = self._leases.pop_due(self._clock.time(), limit, self._expiries.get)
+        due = self._leases.pop_due(self._clock.time(), limit)
         for lease_id in due:
             stored = self._entries.get(lease_id)
             if stored is not None:
@@ -433,7 +431,6 @@ class SpaceEngine:
             registration = self._registration_by_id.get(lease_id)
             if registration is not None:
                 self._end(registration)
-        self._leases.compact(self._expiries)
         return len(due)
 
     def close(self) -> None:

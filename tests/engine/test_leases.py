@@ -1,6 +1,10 @@
-"""LeaseQueue: soonest first, stale items skipped, bounded batches, compaction keeps the live ones."""
+"""LeaseQueue: due leases come out in bounded batches, soonest bucket first; moves and removals are exact."""
 
 from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from outrig.service.engine.leases import LeaseQueue
 
@@ -9,87 +13,114 @@ def test_empty_queue() -> None:
     queue = LeaseQueue()
     assert len(queue) == 0
     assert queue.next_expiry() is None
-    assert queue.pop_due(1e18, 10, lambda _: 0.0) == []
+    assert queue.pop_due(1e18, 10) == []
 
 
 def test_pop_due_returns_due_ids_soonest_first() -> None:
-    queue = LeaseQueue()
-    live = {1: 30.0, 2: 10.0, 3: 20.0, 4: 50.0}
-    for lease_id, expires_at in live.items():
-        queue.push(expires_at, lease_id)
+    queue = LeaseQueue(granularity=1.0)
+    for lease_id, expires_at in {1: 30.0, 2: 10.0, 3: 20.5, 4: 50.0}.items():
+        queue.add(lease_id, expires_at)
     assert queue.next_expiry() == 10.0
-    assert queue.pop_due(30.0, 10, live.get) == [2, 3, 1]
-    assert queue.next_expiry() == 50.0
-    assert queue.pop_due(49.0, 10, live.get) == []
-    assert queue.pop_due(50.0, 10, live.get) == [4]
+    assert queue.pop_due(30.0, 10) == [2, 3, 1]
+    assert queue.pop_due(49.9, 10) == []
+    assert queue.pop_due(50.0, 10) == [4]
+    assert len(queue) == 0
+
+
+def test_a_partly_due_bucket_gives_only_what_is_due() -> None:
+    queue = LeaseQueue(granularity=10.0)
+    queue.add(1, 101.0)
+    queue.add(2, 105.0)
+    queue.add(3, 109.0)
+    assert queue.pop_due(105.0, 10) == [1, 2]
+    assert len(queue) == 1
+    assert queue.pop_due(108.9, 10) == []
+    assert queue.pop_due(109.0, 10) == [3]
 
 
 def test_pop_due_respects_the_limit_and_keeps_the_rest() -> None:
     queue = LeaseQueue()
-    live = {i: float(i) for i in range(1, 11)}
-    for lease_id, expires_at in live.items():
-        queue.push(expires_at, lease_id)
-    assert queue.pop_due(100.0, 3, live.get) == [1, 2, 3]
-    assert queue.pop_due(100.0, 3, live.get) == [4, 5, 6]
-    assert queue.pop_due(100.0, 100, live.get) == [7, 8, 9, 10]
-
-
-def test_stale_items_are_skipped_and_do_not_count_against_the_limit() -> None:
-    queue = LeaseQueue()
-    current: dict[int, float] = {}
-    for lease_id in range(1, 6):
-        queue.push(1.0, lease_id)
-        current[lease_id] = 1.0
-    # Renewed: the old item is stale, the new one is live.
-    current[1] = 8.0
-    queue.push(8.0, 1)
-    # Gone (taken, cancelled): no current expiry at all.
-    del current[2]
-    del current[3]
-    assert queue.pop_due(5.0, 2, current.get) == [4, 5]
-    assert queue.pop_due(7.9, 10, current.get) == []
-    assert queue.pop_due(8.0, 10, current.get) == [1]
+    for lease_id in range(1, 11):
+        queue.add(lease_id, 5.0)  # one bucket: a lease storm
+    assert len(queue.pop_due(100.0, 3)) == 3
+    assert len(queue.pop_due(100.0, 3)) == 3
+    assert len(queue.pop_due(100.0, 100)) == 4
     assert len(queue) == 0
 
 
-def test_an_item_due_twice_at_the_same_time_is_returned_once() -> None:
+def test_discard_and_move() -> None:
     queue = LeaseQueue()
-    queue.push(3.0, 7)
-    queue.push(3.0, 7)  # renewed to the same instant
-    current = {7: 3.0}
+    queue.add(1, 5.0)
+    queue.add(2, 5.0)
+    queue.discard(1, 5.0)
+    queue.discard(1, 5.0)  # twice: nothing more happens
+    queue.discard(3, 5.0)  # never filed
+    queue.discard(2, 6.0)  # filed at another time: not this one
+    assert len(queue) == 1
+    queue.discard(2, 5.0)
+    queue.add(2, 8.0)  # renewed
+    assert queue.pop_due(7.0, 10) == []
+    assert queue.pop_due(8.0, 10) == [2]
 
-    def once(lease_id: int) -> float | None:
-        return current.pop(lease_id, None)
 
-    assert queue.pop_due(3.0, 10, once) == [7]
-
-
-def test_compact_does_nothing_while_the_heap_is_small() -> None:
+def test_adding_the_same_lease_twice_counts_once() -> None:
     queue = LeaseQueue()
-    for lease_id in range(100):
-        queue.push(float(lease_id), lease_id)
-    queue.compact({})
-    assert len(queue) == 100
+    queue.add(7, 3.0)
+    queue.add(7, 3.0)
+    assert len(queue) == 1
+    assert queue.pop_due(3.0, 10) == [7]
 
 
-def test_compact_rebuilds_from_live_leases_when_stale_items_dominate() -> None:
+def test_emptied_buckets_leave_nothing_behind() -> None:
     queue = LeaseQueue()
-    for lease_id in range(3000):
-        queue.push(1000.0 + lease_id, lease_id)
-    live = {5: 1005.0, 2999: 3999.0, 42: 1.0}  # 42 was renewed to a sooner time
-    queue.compact(live)
-    assert len(queue) == 3
-    assert queue.next_expiry() == 1.0
-    assert queue.pop_due(1e9, 10, live.get) == [42, 5, 2999]
+    for lease_id in range(1000):
+        queue.add(lease_id, 1000.0 + lease_id)
+        queue.discard(lease_id, 1000.0 + lease_id)  # write then take, over and over
+    assert len(queue) == 0
+    assert queue.next_expiry() is None
+    assert queue.pop_due(1e9, 10) == []
 
 
-def test_compact_keeps_everything_when_most_items_are_live() -> None:
-    queue = LeaseQueue()
-    live = {lease_id: float(lease_id) for lease_id in range(2000)}
-    for lease_id, expires_at in live.items():
-        queue.push(expires_at, lease_id)
-    for lease_id in range(500):  # a quarter stale
-        del live[lease_id]
-    queue.compact(live)
-    assert len(queue) == 2000
-    assert queue.pop_due(1e9, 10_000, live.get) == list(range(500, 2000))
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["add", "discard", "pop"]),
+            st.integers(0, 20),
+            st.floats(0, 50, allow_nan=False),
+            st.integers(1, 5),
+        ),
+        max_size=60,
+    ),
+    st.sampled_from([0.1, 1.0, 7.0]),
+)
+def test_matches_a_naive_reference(ops: list[tuple[str, int, float, int]], granularity: float) -> None:
+    queue = LeaseQueue(granularity)
+    reference: dict[int, float] = {}
+    for op, lease_id, time, limit in ops:
+        if op == "add":
+            if lease_id in reference:
+                queue.discard(lease_id, reference[lease_id])
+            queue.add(lease_id, time)
+            reference[lease_id] = time
+        elif op == "discard":
+            if lease_id in reference:
+                queue.discard(lease_id, reference.pop(lease_id))
+        else:
+            popped = queue.pop_due(time, limit)
+            due = {i for i, t in reference.items() if t <= time}
+            assert len(popped) == min(limit, len(due))
+            assert set(popped) <= due
+            for i in popped:
+                del reference[i]
+        assert len(queue) == len(reference)
+    assert sorted(queue.pop_due(1e9, 1000)) == sorted(reference)
+
+
+@pytest.mark.parametrize("granularity", [0.1, 1.0])
+def test_next_expiry_is_never_after_the_soonest_lease(granularity: float) -> None:
+    queue = LeaseQueue(granularity)
+    queue.add(1, 12.34)
+    queue.add(2, 99.0)
+    first = queue.next_expiry()
+    assert first is not None and first <= 12.34
