@@ -84,6 +84,7 @@ class EmbeddedBackend:
         self._spaces: dict[str, SpaceEngine] = {}
         self._reaper: asyncio.Task[None] | None = None
         self._closing = False
+        self._parked: set[asyncio.Future[list[StoredEntry]]] = set()
 
     def engine(self, name: str) -> SpaceEngine:
         """The named space, created with its configured settings on first use."""
@@ -104,6 +105,11 @@ class EmbeddedBackend:
 
     async def close(self) -> None:
         self._closing = True
+        # Blocked reads and takes end now, with UNAVAILABLE, rather than being cut off at the end
+        # of the grace period.
+        for future in self._parked:
+            if not future.done():
+                future.set_exception(ShuttingDownError("the server is shutting down"))
         if self._reaper is not None:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -137,6 +143,8 @@ class EmbeddedBackend:
         # Without transactions no entry is ever locked, so *_nowait has nothing to wait for.
         if found or if_exists or timeout == 0:
             return found
+        if self._closing:
+            raise ShuttingDownError("the server is shutting down")
         future: asyncio.Future[list[StoredEntry]] = asyncio.get_running_loop().create_future()
 
         def deliver(entries: list[StoredEntry]) -> bool:
@@ -147,6 +155,7 @@ class EmbeddedBackend:
 
         waiter = Waiter(engine.new_waiter_seq(), tuple(templates), take, deliver, max_entries)
         engine.park(waiter)
+        self._parked.add(future)
         try:
             async with asyncio.timeout(timeout):
                 return await future
@@ -159,6 +168,7 @@ class EmbeddedBackend:
             raise
         finally:
             engine.unpark(waiter)
+            self._parked.discard(future)
 
     async def contents(
         self, space: str, templates: Sequence[Template], max_entries: int

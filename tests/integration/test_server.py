@@ -181,3 +181,22 @@ def test_bad_config_exits_2_with_a_message(tmp_path):
     )
     assert done.returncode == 2
     assert "not_a_setting" in done.stderr
+
+
+def test_sigterm_ends_blocked_takes_and_notify_streams_cleanly(server_factory):
+    import threading
+    import time
+
+    import outrig
+
+    from .entries import Task
+
+    running = server_factory("--grace-seconds", "10")
+    with outrig.connect(running.address, space="s") as space, space.notify(Task()) as events:
+        threading.Timer(0.5, running.process.send_signal, [signal.SIGTERM]).start()
+        started = time.monotonic()
+        with pytest.raises(outrig.UnavailableError, match="shutting down"):
+            space.take(Task(), timeout=60.0)
+        assert time.monotonic() - started < 5.0  # at once, not after the 10 s grace
+        assert list(events) == []  # the notify stream ended with OK
+    assert running.process.wait(15) == 0
