@@ -8,6 +8,7 @@ cost of a write depends on the entry's shape, never on how many watchers are par
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Hashable, Iterable
 from typing import Generic, Protocol, TypeVar
 
@@ -36,7 +37,8 @@ class WatcherIndex(Generic[W]):
     """Watchers filed by template, found by the entries that could wake them."""
 
     def __init__(self) -> None:
-        self._slots: dict[Hashable, dict[int, W]] = {}
+        # OrderedDicts so that iterating a bucket never walks slots left by departed watchers.
+        self._slots: dict[Hashable, OrderedDict[int, W]] = {}
         # How many watchers wait on each type, so a write skips types nobody waits on.
         self._types: dict[str, int] = {}
         self._count = 0
@@ -46,7 +48,7 @@ class WatcherIndex(Generic[W]):
 
     def add(self, watcher: W) -> None:
         for template in watcher.templates:
-            bucket = self._slots.setdefault(_slot(template), {})
+            bucket = self._slots.setdefault(_slot(template), OrderedDict())
             if watcher.seq in bucket:  # two templates of one watcher in the same slot
                 continue
             bucket[watcher.seq] = watcher
