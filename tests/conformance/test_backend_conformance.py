@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import struct
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -16,25 +15,11 @@ import pytest
 
 from outrig.service.backend import Event, SpaceBackend, Subscription
 from outrig.service.engine import FakeClock, LeaseGrant, NewEntry, StoredEntry, Template
-from outrig.service.engine.values import NULL, FieldValue
 from outrig.service.exceptions import LeaseNotFoundError, QuotaExceededError, TypeConflictError
 
+from ..field_values import value
+
 WAIT = 5.0  # a bound on anything that should happen promptly; a hang fails instead of timing out
-
-
-def value(x: object) -> FieldValue:
-    if x is None:
-        return NULL
-    if isinstance(x, bool):
-        return FieldValue("bool", x)
-    if isinstance(x, int):
-        return FieldValue("int", x)
-    if isinstance(x, float):
-        return FieldValue("double", struct.pack("<d", x))
-    if isinstance(x, str):
-        return FieldValue("string", x)
-    assert isinstance(x, bytes)
-    return FieldValue("bytes", x)
 
 
 def entry(type_name: str = "Task", *supertypes: str, size: int = 10, **fields: object) -> NewEntry:

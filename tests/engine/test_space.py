@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import struct
 
 import pytest
 
@@ -17,24 +16,11 @@ from outrig.service.engine import (
     Waiter,
 )
 from outrig.service.engine.space import FOREVER
-from outrig.service.engine.values import NULL, FieldValue
 from outrig.service.exceptions import LeaseNotFoundError, QuotaExceededError, TypeConflictError
 
+from ..field_values import value
+
 Scalar = bool | int | float | str | bytes | None
-
-
-def value(x: Scalar) -> FieldValue:
-    if x is None:
-        return NULL
-    if isinstance(x, bool):
-        return FieldValue("bool", x)
-    if isinstance(x, int):
-        return FieldValue("int", x)
-    if isinstance(x, float):
-        return FieldValue("double", struct.pack("<d", x))
-    if isinstance(x, str):
-        return FieldValue("string", x)
-    return FieldValue("bytes", x)
 
 
 def new(
