@@ -22,6 +22,9 @@ from outrig.service.exceptions import QuotaExceededError, ShuttingDownError, Spa
 
 log = logging.getLogger("outrig.service")
 
+# Candidates a contents call checks before it lets other requests run.
+_SLICE = 1024
+
 
 class EmbeddedSubscription:
     """Events of one registration, buffered up to a limit; beyond it they are dropped, which the
@@ -174,12 +177,23 @@ class EmbeddedBackend:
         self, space: str, templates: Sequence[Template], max_entries: int
     ) -> AsyncIterator[list[StoredEntry]]:
         engine = self.engine(space)
-        snapshot = engine.snapshot(templates, max_entries)
+        candidates = engine.candidates(templates)
         chunk = self._config.limits.contents_chunk
-        for start in range(0, len(snapshot), chunk):
-            live = [entry for entry in snapshot[start : start + chunk] if engine.is_live(entry)]
-            if live:
-                yield live
+        left = max_entries or len(candidates)
+        ready: list[StoredEntry] = []
+        for start in range(0, len(candidates), _SLICE):
+            for stored in candidates[start : start + _SLICE]:
+                if engine.visible(templates, stored):
+                    ready.append(stored)
+                    left -= 1
+                    if len(ready) == chunk or not left:
+                        yield ready
+                        ready = []
+                    if not left:
+                        return
+            await asyncio.sleep(0)  # a slice at a time: a large space never holds the loop
+        if ready:
+            yield ready
 
     async def count(self, space: str, templates: Sequence[Template]) -> int:
         return self.engine(space).count(templates)

@@ -370,6 +370,23 @@ class SpaceEngine:
         """The entries matching any template now, in arrival order (contents)."""
         return self._select(templates, max_entries or len(self._entries) or 1)
 
+    def candidates(self, templates: Sequence[Template]) -> list[StoredEntry]:
+        """Every entry that may match one of `templates`, in the space's order, without checking
+        them: a copy of the buckets made at C speed, for callers that filter in slices with
+        `visible` and yield between them (contents of a large space must not hold the loop)."""
+        buckets = [self._bucket(template) for template in templates]
+        lists = [[b] if isinstance(b, StoredEntry) else list(b.values()) for b in buckets if b is not None]
+        if len(lists) == 1:
+            found = lists[0]
+        else:
+            merged = {stored.id: stored for found_list in lists for stored in found_list}
+            found = sorted(merged.values(), key=_arrival)
+        return found if self.settings.fifo else found[::-1]
+
+    def visible(self, templates: Sequence[Template], stored: StoredEntry) -> bool:
+        """Whether a candidate is still in the space, unexpired, and matches a template."""
+        return self.is_live(stored) and any(template.matches(stored) for template in templates)
+
     def is_live(self, stored: StoredEntry) -> bool:
         """Whether a snapshot's entry is still in the space (not taken, cancelled or expired)."""
         return stored.id in self._entries and not self._expired(stored, self._clock.time())

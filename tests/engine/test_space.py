@@ -1016,3 +1016,23 @@ def test_a_write_checks_only_the_waiters_that_could_match(matches_calls: list[in
     assert matches_calls[0] <= 2
     assert recorders[500].ids == [entry_id]
     assert sum(len(recorder.got) for recorder in recorders) == 1
+
+
+def test_candidates_cover_every_match_in_order_and_visible_filters_them() -> None:
+    clock = FakeClock()
+    space = make(clock)
+    a0 = write1(space, new("A", k=0))
+    b1 = write1(space, new("B", "A", k=1), lease=5)
+    a1 = write1(space, new("A", k=1))
+    templates = [tpl("A", k=1), tpl("B"), tpl("A", k=1)]
+    candidates = space.candidates(templates)
+    assert ids(candidates) == [b1, a1]  # union, no duplicates, arrival order
+    clock.advance(5)
+    assert [stored.id for stored in candidates if space.visible(templates, stored)] == [a1]
+    space.find([tpl("A", k=1)], take=True)
+    assert [stored for stored in candidates if space.visible(templates, stored)] == []
+    assert ids(space.candidates([tpl("A")])) == [a0]
+    assert ids(make(fifo=False).candidates([tpl("A")])) == []
+    lifo = make(fifo=False)
+    first, second = write1(lifo, new("A")), write1(lifo, new("A"))
+    assert ids(lifo.candidates([tpl("A"), tpl("A")])) == [second, first]
