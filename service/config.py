@@ -45,6 +45,8 @@ class Limits:
     max_spaces: int = 1024  # named spaces per server
     max_timeout: float = 7 * 24 * 3600.0  # longest a read or take may block
     notify_queue: int = 10_000  # undelivered events per registration before dropping
+    max_waiters: int = 100_000  # blocked reads and takes parked per space
+    max_registrations: int = 10_000  # notify registrations per space
     contents_chunk: int = 256  # entries per contents message
 
 
@@ -93,6 +95,8 @@ _POSITIVE = frozenset(
         "max_spaces",
         "max_timeout",
         "notify_queue",
+        "max_waiters",
+        "max_registrations",
         "contents_chunk",
         "default_lease",
         "max_lease",

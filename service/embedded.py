@@ -148,6 +148,12 @@ class EmbeddedBackend:
             return found
         if self._closing:
             raise ShuttingDownError("the server is shutting down")
+        limit = self._config.limits.max_waiters
+        if engine.waiting >= limit:
+            raise QuotaExceededError(
+                f"space {space!r} has {engine.waiting} blocked reads and takes; "
+                f"the limit is max_waiters={limit}"
+            )
         future: asyncio.Future[list[StoredEntry]] = asyncio.get_running_loop().create_future()
 
         def deliver(entries: list[StoredEntry]) -> bool:
@@ -202,6 +208,12 @@ class EmbeddedBackend:
         self, space: str, templates: Sequence[Template], lease: float | None
     ) -> EmbeddedSubscription:
         engine = self.engine(space)
+        limit = self._config.limits.max_registrations
+        if engine.registered >= limit:
+            raise QuotaExceededError(
+                f"space {space!r} has {engine.registered} notify registrations; "
+                f"the limit is max_registrations={limit}"
+            )
         subscription = EmbeddedSubscription(engine, self._config.limits.notify_queue)
         registration, grant = engine.register(
             tuple(templates), lease, subscription.on_event, subscription.on_end

@@ -479,6 +479,16 @@ class SpaceEngine:
         for registration in list(self._registration_by_id.values()):
             self._end(registration)
 
+    @property
+    def waiting(self) -> int:
+        """How many reads and takes are parked."""
+        return len(self._waiters)
+
+    @property
+    def registered(self) -> int:
+        """How many notify registrations are open."""
+        return len(self._registration_by_id)
+
     def statistics(self) -> SpaceStatistics:
         return SpaceStatistics(
             entries=len(self._entries),

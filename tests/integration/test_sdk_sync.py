@@ -314,3 +314,29 @@ def test_quotas_and_max_lease_from_configuration():
         space.write(Task())
         with pytest.raises(outrig.ResourceExhaustedError, match="max_entries=3"):
             space.write(Task())
+
+
+def test_parked_waiters_and_registrations_are_bounded():
+    import asyncio
+
+    import outrig.aio
+    from outrig.service.config import Limits, ServerConfig
+
+    config = ServerConfig(limits=Limits(max_waiters=2, max_registrations=1))
+
+    async def scenario(address: str) -> None:
+        async with outrig.aio.connect(address) as space:
+            blocked = [asyncio.ensure_future(space.take(Task(), timeout=30.0)) for _ in range(2)]
+            await asyncio.sleep(0.3)
+            with pytest.raises(outrig.ResourceExhaustedError, match="max_waiters=2"):
+                await space.read(Task(), timeout=30.0)
+            assert await space.read_nowait(Task()) is None  # not blocking: still served
+            await space.write_many([Task(n=1), Task(n=2)])
+            assert sorted(t.n for t in await asyncio.gather(*blocked)) == [1, 2]
+            async with space.notify(Task()):
+                with pytest.raises(outrig.ResourceExhaustedError, match="max_registrations=1"):
+                    async with space.notify(Task()):
+                        pass
+
+    with LocalServer(config) as server:
+        asyncio.run(scenario(server.address))
