@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
 import logging
 import sys
 from collections.abc import Sequence
@@ -12,8 +13,16 @@ from pathlib import Path
 from outrig.service.exceptions import ConfigError
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("outrig")
+    except importlib.metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="outrig", description="A JavaSpaces-style tuple space over gRPC.")
+    parser.add_argument("--version", action="version", version=f"outrig {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser(
         "serve",
