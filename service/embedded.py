@@ -172,7 +172,8 @@ class EmbeddedBackend:
             # A delivery may have landed just as the deadline fired: it is ours, return it.
             return future.result() if future.done() and not future.cancelled() else []
         except asyncio.CancelledError:
-            if take and future.done() and not future.cancelled():
+            delivered = future.done() and not future.cancelled() and future.exception() is None
+            if take and delivered:
                 engine.restore(future.result())  # the caller is gone: put the entries back
             raise
         finally:
