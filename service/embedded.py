@@ -22,6 +22,7 @@ from outrig.service.exceptions import QuotaExceededError, ShuttingDownError, Spa
 
 log = logging.getLogger("outrig.service")
 
+_SHUTTING_DOWN = "the server is shutting down"
 # Candidates a contents call checks before it lets other requests run.
 _SLICE = 1024
 
@@ -94,7 +95,7 @@ class EmbeddedBackend:
         engine = self._spaces.get(name)
         if engine is None:
             if self._closing:
-                raise ShuttingDownError("the server is shutting down")
+                raise ShuttingDownError(_SHUTTING_DOWN)
             limit = self._config.limits.max_spaces
             if len(self._spaces) >= limit:
                 raise QuotaExceededError(
@@ -112,7 +113,7 @@ class EmbeddedBackend:
         # of the grace period.
         for future in self._parked:
             if not future.done():
-                future.set_exception(ShuttingDownError("the server is shutting down"))
+                future.set_exception(ShuttingDownError(_SHUTTING_DOWN))
         if self._reaper is not None:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -147,7 +148,7 @@ class EmbeddedBackend:
         if found or if_exists or timeout == 0:
             return found
         if self._closing:
-            raise ShuttingDownError("the server is shutting down")
+            raise ShuttingDownError(_SHUTTING_DOWN)
         limit = self._config.limits.max_waiters
         if engine.waiting >= limit:
             raise QuotaExceededError(

@@ -62,14 +62,6 @@ class LeaseQueue:
         first = self._first_bucket()
         return None if first is None else first[0] * self._granularity
 
-    def has_due(self, now: float) -> bool:
-        """Whether any lease has run out by `now`."""
-        for number in sorted(n for n in self._heap if n * self._granularity <= now):
-            bucket = self._buckets.get(number)
-            if bucket and any(expires_at <= now for expires_at in bucket.values()):
-                return True
-        return False
-
     def pop_due(self, now: float, limit: int) -> list[int]:
         """Remove and return up to `limit` ids whose lease ran out by `now`, soonest bucket first."""
         due: list[int] = []

@@ -327,12 +327,7 @@ class SpaceEngine:
             return []
         found: list[StoredEntry] = []
         expired: list[StoredEntry] = []
-        members: Iterable[StoredEntry]
-        if isinstance(bucket, StoredEntry):
-            members = (bucket,)
-        else:
-            members = bucket.values() if self.settings.fifo else reversed(bucket.values())
-        for stored in members:
+        for stored in self._members(bucket):
             if self._expired(stored, now):
                 if len(expired) < _LAZY_REMOVALS:
                     expired.append(stored)
@@ -348,12 +343,19 @@ class SpaceEngine:
         now = self._clock.time()
         if len(templates) == 1:
             return self._matches(templates[0], limit, now)
-        merged: dict[int, StoredEntry] = {}
-        for template in templates:
-            for stored in self._matches(template, limit, now):
-                merged[stored.id] = stored
-        ordered = sorted(merged.values(), key=_arrival, reverse=not self.settings.fifo)
-        return ordered[:limit]
+        matches = (stored for template in templates for stored in self._matches(template, limit, now))
+        return self._in_space_order(matches)[:limit]
+
+    def _members(self, bucket: Bucket) -> Iterable[StoredEntry]:
+        """A bucket's entries in the space's order (oldest first when FIFO)."""
+        if isinstance(bucket, StoredEntry):
+            return (bucket,)
+        return bucket.values() if self.settings.fifo else reversed(bucket.values())
+
+    def _in_space_order(self, entries: Iterable[StoredEntry]) -> list[StoredEntry]:
+        """Entries gathered from several buckets, each once, in the space's order."""
+        merged = {stored.id: stored for stored in entries}
+        return sorted(merged.values(), key=_arrival, reverse=not self.settings.fifo)
 
     def find(self, templates: Sequence[Template], *, take: bool, max_entries: int = 1) -> list[StoredEntry]:
         """Up to `max_entries` entries matching any template, now; removed from the space if `take`."""
@@ -372,21 +374,18 @@ class SpaceEngine:
         self._waiters.remove(waiter)
 
     def snapshot(self, templates: Sequence[Template], max_entries: int = 0) -> list[StoredEntry]:
-        """The entries matching any template now, in arrival order (contents)."""
-        return self._select(templates, max_entries or len(self._entries) or 1)
+        """The entries matching any template now, in the space's order: what contents streams."""
+        visible = [stored for stored in self.candidates(templates) if self.visible(templates, stored)]
+        return visible[: max_entries or None]
 
     def candidates(self, templates: Sequence[Template]) -> list[StoredEntry]:
         """Every entry that may match one of `templates`, in the space's order, without checking
         them: a copy of the buckets made at C speed, for callers that filter in slices with
         `visible` and yield between them (contents of a large space must not hold the loop)."""
-        buckets = [self._bucket(template) for template in templates]
-        lists = [[b] if isinstance(b, StoredEntry) else list(b.values()) for b in buckets if b is not None]
-        if len(lists) == 1:
-            found = lists[0]
-        else:
-            merged = {stored.id: stored for found_list in lists for stored in found_list}
-            found = sorted(merged.values(), key=_arrival)
-        return found if self.settings.fifo else found[::-1]
+        buckets = [bucket for bucket in map(self._bucket, templates) if bucket is not None]
+        if len(buckets) == 1:
+            return list(self._members(buckets[0]))
+        return self._in_space_order(stored for bucket in buckets for stored in self._members(bucket))
 
     def visible(self, templates: Sequence[Template], stored: StoredEntry) -> bool:
         """Whether a candidate is still in the space, unexpired, and matches a template."""
