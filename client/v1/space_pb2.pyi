@@ -132,14 +132,16 @@ class Lease(_message.Message):
     def __init__(self, id: _Optional[int] = ..., expires_at: _Optional[float] = ..., granted_seconds: _Optional[float] = ...) -> None: ...
 
 class WriteRequest(_message.Message):
-    __slots__ = ("space", "entry", "lease")
+    __slots__ = ("space", "entry", "lease", "request_id")
     SPACE_FIELD_NUMBER: _ClassVar[int]
     ENTRY_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     space: str
     entry: Entry
     lease: LeaseDuration
-    def __init__(self, space: _Optional[str] = ..., entry: _Optional[_Union[Entry, _Mapping]] = ..., lease: _Optional[_Union[LeaseDuration, _Mapping]] = ...) -> None: ...
+    request_id: str
+    def __init__(self, space: _Optional[str] = ..., entry: _Optional[_Union[Entry, _Mapping]] = ..., lease: _Optional[_Union[LeaseDuration, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class WriteReply(_message.Message):
     __slots__ = ("lease",)
@@ -148,14 +150,16 @@ class WriteReply(_message.Message):
     def __init__(self, lease: _Optional[_Union[Lease, _Mapping]] = ...) -> None: ...
 
 class WriteManyRequest(_message.Message):
-    __slots__ = ("space", "entries", "lease")
+    __slots__ = ("space", "entries", "lease", "request_id")
     SPACE_FIELD_NUMBER: _ClassVar[int]
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     space: str
     entries: _containers.RepeatedCompositeFieldContainer[Entry]
     lease: LeaseDuration
-    def __init__(self, space: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ..., lease: _Optional[_Union[LeaseDuration, _Mapping]] = ...) -> None: ...
+    request_id: str
+    def __init__(self, space: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ..., lease: _Optional[_Union[LeaseDuration, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class WriteManyReply(_message.Message):
     __slots__ = ("leases",)
@@ -164,18 +168,20 @@ class WriteManyReply(_message.Message):
     def __init__(self, leases: _Optional[_Iterable[_Union[Lease, _Mapping]]] = ...) -> None: ...
 
 class MatchRequest(_message.Message):
-    __slots__ = ("space", "templates", "timeout", "if_exists", "max_entries")
+    __slots__ = ("space", "templates", "timeout", "if_exists", "max_entries", "request_id")
     SPACE_FIELD_NUMBER: _ClassVar[int]
     TEMPLATES_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     IF_EXISTS_FIELD_NUMBER: _ClassVar[int]
     MAX_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     space: str
     templates: _containers.RepeatedCompositeFieldContainer[Template]
     timeout: float
     if_exists: bool
     max_entries: int
-    def __init__(self, space: _Optional[str] = ..., templates: _Optional[_Iterable[_Union[Template, _Mapping]]] = ..., timeout: _Optional[float] = ..., if_exists: _Optional[bool] = ..., max_entries: _Optional[int] = ...) -> None: ...
+    request_id: str
+    def __init__(self, space: _Optional[str] = ..., templates: _Optional[_Iterable[_Union[Template, _Mapping]]] = ..., timeout: _Optional[float] = ..., if_exists: _Optional[bool] = ..., max_entries: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class MatchReply(_message.Message):
     __slots__ = ("entries",)
@@ -214,14 +220,16 @@ class CountReply(_message.Message):
     def __init__(self, count: _Optional[int] = ...) -> None: ...
 
 class NotifyRequest(_message.Message):
-    __slots__ = ("space", "templates", "lease")
+    __slots__ = ("space", "templates", "lease", "resume")
     SPACE_FIELD_NUMBER: _ClassVar[int]
     TEMPLATES_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FIELD_NUMBER: _ClassVar[int]
     space: str
     templates: _containers.RepeatedCompositeFieldContainer[Template]
     lease: LeaseDuration
-    def __init__(self, space: _Optional[str] = ..., templates: _Optional[_Iterable[_Union[Template, _Mapping]]] = ..., lease: _Optional[_Union[LeaseDuration, _Mapping]] = ...) -> None: ...
+    resume: int
+    def __init__(self, space: _Optional[str] = ..., templates: _Optional[_Iterable[_Union[Template, _Mapping]]] = ..., lease: _Optional[_Union[LeaseDuration, _Mapping]] = ..., resume: _Optional[int] = ...) -> None: ...
 
 class NotifyReply(_message.Message):
     __slots__ = ("registration", "sequence", "entry")
