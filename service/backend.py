@@ -1,6 +1,6 @@
 """The one narrow interface between the gRPC servicer and where a space lives.
 
-The embedded backend (in-memory indexes; SQLite once durability lands) implements it, and so will
+The embedded backend (in-memory indexes, recorded in SQLite) implements it, and so will
 the PostgreSQL backend; tests/conformance runs the same suite against every implementation.
 Arguments are already validated engine objects (outrig.service.codec); results carry the entries'
 opaque payloads back.
@@ -41,10 +41,16 @@ class SpaceBackend(Protocol):
         """Begin background work (lease reaping)."""
 
     async def close(self) -> None:
-        """Stop background work and end every registration."""
+        """Stop background work, end blocked calls and every registration's stream."""
 
-    async def write(self, space: str, entries: Sequence[NewEntry], lease: float | None) -> list[LeaseGrant]:
-        """Store all entries or none; lease in seconds, math.inf = FOREVER, None = the default."""
+    async def shutdown(self) -> None:
+        """The server has stopped (in-flight calls are done): flush and release the store."""
+
+    async def write(
+        self, space: str, entries: Sequence[NewEntry], lease: float | None, *, request_id: str = ""
+    ) -> list[LeaseGrant]:
+        """Store all entries or none; lease in seconds, math.inf = FOREVER, None = the default.
+        A request id seen before (in the window) returns the first call's grants."""
 
     async def match(
         self,
@@ -55,8 +61,10 @@ class SpaceBackend(Protocol):
         max_entries: int,
         timeout: float | None,
         if_exists: bool,
+        request_id: str = "",
     ) -> list[StoredEntry]:
-        """Read or take up to max_entries matches, waiting up to timeout (None: forever) for one."""
+        """Read or take up to max_entries matches, waiting up to timeout (None: forever) for one.
+        A take's request id seen before (in the window) returns the first call's entries."""
 
     def contents(
         self, space: str, templates: Sequence[Template], max_entries: int
@@ -65,8 +73,10 @@ class SpaceBackend(Protocol):
 
     async def count(self, space: str, templates: Sequence[Template]) -> int: ...
 
-    async def subscribe(self, space: str, templates: Sequence[Template], lease: float | None) -> Subscription:
-        """Register for an event per matching write."""
+    async def subscribe(
+        self, space: str, templates: Sequence[Template], lease: float | None, *, resume: int | None = None
+    ) -> Subscription:
+        """Register for an event per matching write, or attach to registration `resume`."""
 
     async def renew(
         self, space: str, renewals: Sequence[tuple[int, float | None]]

@@ -1,4 +1,5 @@
-"""The `outrig` command: `outrig serve` runs a server."""
+"""The `outrig` command: `outrig serve` runs a server; `outrig backup` and `outrig check` copy and
+verify a data dir's store, also while a server is using it."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from outrig.service.exceptions import ConfigError
+from outrig.service.exceptions import ConfigError, StoreError
 
 
-def _version() -> str:
+def software_version() -> str:
     try:
         return importlib.metadata.version("outrig")
     except importlib.metadata.PackageNotFoundError:
@@ -22,7 +23,7 @@ def _version() -> str:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="outrig", description="A JavaSpaces-style tuple space over gRPC.")
-    parser.add_argument("--version", action="version", version=f"outrig {_version()}")
+    parser.add_argument("--version", action="version", version=f"outrig {software_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser(
         "serve",
@@ -32,16 +33,78 @@ def _parser() -> argparse.ArgumentParser:
         "flags win over the environment, which wins over the file.",
     )
     serve.add_argument("--listen", metavar="HOST:PORT", help="address to serve on (default 127.0.0.1:7480)")
-    serve.add_argument("--data-dir", metavar="DIR", help="where the space's data lives")
+    serve.add_argument(
+        "--data-dir",
+        metavar="DIR",
+        help="keep spaces durably in DIR (SQLite); without it they live in memory",
+    )
+    serve.add_argument(
+        "--in-memory",
+        action="store_const",
+        const=True,
+        help="ephemeral spaces, even if a data dir is configured",
+    )
+    serve.add_argument(
+        "--durability",
+        choices=["always", "interval"],
+        help="always (default): reply once a change is on disk; interval: commit every "
+        "--commit-interval-ms and reply at once (a crash loses up to that much)",
+    )
+    serve.add_argument(
+        "--commit-interval-ms", type=int, metavar="MS", help="commit period for --durability interval"
+    )
+    serve.add_argument(
+        "--request-window", type=float, metavar="S", help="seconds a request id is remembered (default 120)"
+    )
     serve.add_argument("--config", metavar="FILE", type=Path, help="a TOML configuration file")
     serve.add_argument("--max-message-bytes", type=int, metavar="N", help="largest request or reply")
     serve.add_argument("--grace-seconds", type=float, metavar="S", help="shutdown grace for in-flight calls")
     serve.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    backup = commands.add_parser(
+        "backup",
+        help="copy a data dir's store, also while a server is using it",
+        description="Copy the store in DATA_DIR to DEST/outrig.db as one consistent snapshot, through "
+        "SQLite's online backup: a server using DATA_DIR goes on serving. DEST is created if missing and "
+        "becomes a data dir a server can start from. The copy is then checked as `outrig check` does. "
+        "Exit status: 0 copied and the copy is ok; 1 copied, but the copy has problems; 2 nothing copied "
+        "(DATA_DIR holds no store or an incompatible one, or DEST already holds a store).",
+    )
+    backup.add_argument("data_dir", metavar="DATA_DIR", type=Path, help="the data dir to copy")
+    backup.add_argument("destination", metavar="DEST", type=Path, help="a directory with no store in it yet")
+    check = commands.add_parser(
+        "check",
+        help="verify a data dir's store without changing it",
+        description="Verify the store in DATA_DIR, also while a server is using it, without changing it: its "
+        "format version, SQLite's integrity check, that every stored entry and notify registration "
+        "decodes, that every row belongs to a known space, and that ids will not be handed out twice. "
+        "Prints what each space holds and a last line `check: ok` or `check: N problem(s)`. Exit status: "
+        "0 ok; 1 problems found; 2 DATA_DIR holds no store, an incompatible one, or cannot be read.",
+    )
+    check.add_argument("data_dir", metavar="DATA_DIR", type=Path, help="the data dir to check")
     return parser
+
+
+def _store_command(args: argparse.Namespace) -> int:
+    """`outrig backup` and `outrig check`: 0 ok, 1 the store has problems, 2 nothing to work on."""
+    from outrig.service.store.admin import backup_store, check_store
+
+    try:
+        if args.command == "check":
+            report = check_store(args.data_dir)
+            print(report)
+            return 0 if report.ok else 1
+        copied = backup_store(args.data_dir, args.destination)
+    except StoreError as err:
+        print(f"outrig {args.command}: {err}", file=sys.stderr)
+        return 2
+    print(copied)
+    return 0 if copied.check.ok else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command != "serve":
+        return _store_command(args)
     try:
         from outrig.service.config import load_config
         from outrig.service.server import serve
@@ -54,6 +117,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             flags={
                 "listen": args.listen,
                 "data_dir": args.data_dir,
+                "in_memory": args.in_memory,
+                "durability": args.durability,
+                "commit_interval_ms": args.commit_interval_ms,
+                "request_window": args.request_window,
                 "max_message_bytes": args.max_message_bytes,
                 "grace_seconds": args.grace_seconds,
                 "log_level": args.log_level,
@@ -65,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             stream=sys.stderr,
         )
         asyncio.run(serve(config))
-    except ConfigError as err:
+    except (ConfigError, StoreError) as err:
         print(f"outrig: {err}", file=sys.stderr)
         return 2
     return 0

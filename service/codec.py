@@ -224,8 +224,79 @@ def max_entries(request: pb.MatchRequest, limits: Limits) -> int:
     return count
 
 
+MAX_REQUEST_ID = 128
+
+
+def request_id(request: pb.WriteRequest | pb.WriteManyRequest | pb.MatchRequest) -> str:
+    """The request's idempotency key ("" when it has none)."""
+    key = request.request_id
+    if len(key) > MAX_REQUEST_ID:
+        raise InvalidArgumentError(f"request_id: {len(key)} characters exceeds the limit of {MAX_REQUEST_ID}")
+    return key
+
+
 def lease_message(grant: LeaseGrant) -> pb.Lease:
     lease = pb.Lease(id=grant.id, expires_at=grant.expires_at or 0.0)
     if grant.granted is not None:
         lease.granted_seconds = grant.granted
     return lease
+
+
+# ---------------------------------------------------------------- the store's encodings
+#
+# The store keeps entries as their protobuf encoding (the payload is the request's own Entry)
+# and registrations' templates as an encoded NotifyRequest, so a restart decodes them with the
+# same validation as a request. Limits are not applied when loading: a stored entry was valid
+# when it was written, and lowering a limit must not make a data dir unreadable.
+
+_NO_LIMITS = Limits(
+    max_fields=1 << 30, max_depth=1 << 30, max_name_length=1 << 30, max_templates=1 << 30, max_batch=1 << 30
+)
+_DTYPE_BY_NAME = {name: number for number, (name, _) in _DTYPES.items()}
+_unpack_double = struct.Struct("<d").unpack
+
+
+def entry_bytes(payload: object) -> bytes:
+    """A stored entry's payload (the pb.Entry it was written as), encoded."""
+    assert isinstance(payload, pb.Entry)
+    return payload.SerializeToString()
+
+
+def stored_entry(data: bytes) -> NewEntry:
+    """An entry read back from the store."""
+    return new_entry(pb.Entry.FromString(data), "stored entry", _NO_LIMITS)
+
+
+def value_message(value: FieldValue) -> pb.Value:
+    """The protobuf form of an engine value (the inverse of `field_value`)."""
+    kind, data = value.kind, value.data
+    if kind == "int":
+        return pb.Value(int_value=data)  # type: ignore[arg-type]
+    if kind == "string":
+        return pb.Value(string_value=data)  # type: ignore[arg-type]
+    if kind == "double":
+        return pb.Value(double_value=_unpack_double(data)[0])  # type: ignore[arg-type]
+    if kind == "bool":
+        return pb.Value(bool_value=data)  # type: ignore[arg-type]
+    if kind == "bytes":
+        return pb.Value(bytes_value=data)  # type: ignore[arg-type]
+    if kind == "null":
+        return pb.Value(null_value=pb.Null())
+    if kind.startswith("array:"):
+        return pb.Value(array_value=pb.TypedArray(dtype=_DTYPE_BY_NAME[kind[6:]], data=data))  # type: ignore[arg-type]
+    return pb.Value.FromString(data)  # type: ignore[arg-type]  # lists and maps: their canonical encoding
+
+
+def templates_bytes(templates: Sequence[Template]) -> bytes:
+    """Templates encoded for the store, as the templates of a NotifyRequest."""
+    request = pb.NotifyRequest()
+    for template in templates:
+        message = request.templates.add(type_name=template.type_name)
+        for name, value in template.fields:
+            message.fields[name].CopyFrom(value_message(value))
+    return request.SerializeToString()
+
+
+def stored_templates(data: bytes) -> tuple[Template, ...]:
+    """Templates read back from the store."""
+    return templates(pb.NotifyRequest.FromString(data).templates, _NO_LIMITS)

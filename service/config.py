@@ -55,7 +55,11 @@ class ServerConfig:
     """Everything `outrig serve` needs."""
 
     listen: str = DEFAULT_LISTEN
-    data_dir: Path | None = None
+    data_dir: Path | None = None  # None: spaces live in memory only
+    in_memory: bool = False  # ignore data_dir: ephemeral spaces
+    durability: str = "always"  # "always": reply once durable; "interval": commit every commit_interval_ms
+    commit_interval_ms: int = 20
+    request_window: float = 120.0  # seconds a request id is remembered for retries
     max_message_bytes: int = 16 * 1024 * 1024
     grace_seconds: float = 5.0
     reap_interval: float = 0.5
@@ -72,6 +76,10 @@ class ServerConfig:
 _SCALARS = (
     "listen",
     "data_dir",
+    "in_memory",
+    "durability",
+    "commit_interval_ms",
+    "request_window",
     "max_message_bytes",
     "grace_seconds",
     "reap_interval",
@@ -85,6 +93,8 @@ _SCALARS = (
 _POSITIVE = frozenset(
     {
         "max_message_bytes",
+        "commit_interval_ms",
+        "request_window",
         "reap_interval",
         "reap_batch",
         "max_fields",
@@ -102,6 +112,7 @@ _POSITIVE = frozenset(
         "max_lease",
     }
 )
+_DURABILITY = ("always", "interval")
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
@@ -136,6 +147,10 @@ def _convert(section: str, name: str, value: Any, current: Any) -> Any:
             return None if value in (None, "") else Path(value)
         if not isinstance(value, str | Path):
             raise ValueError(value)
+        if name == "durability":
+            if value not in _DURABILITY:
+                raise ValueError(value)
+            return value
         if name == "log_level":
             level = str(value).upper()
             if level not in _LOG_LEVELS:
@@ -143,7 +158,10 @@ def _convert(section: str, name: str, value: Any, current: Any) -> Any:
             return level
         return str(value)
     except (TypeError, ValueError):
-        need = "a positive number" if name in _POSITIVE else f"a value like {current!r}"
+        if name == "durability":
+            need = " or ".join(map(repr, _DURABILITY))
+        else:
+            need = "a positive number" if name in _POSITIVE else f"a value like {current!r}"
         raise ConfigError(f"{section}.{name}: invalid value {value!r} (expected {need})") from None
 
 

@@ -1,54 +1,89 @@
-"""The embedded backend: one in-memory `SpaceEngine` per named space, driven from the event loop.
+"""The embedded backend: one in-memory `SpaceEngine` per named space, driven from the event loop,
+with an optional SQLite store in the data dir as the record.
 
 A read or take that finds nothing parks a future in the engine and awaits it, so a blocked call
 holds no thread. A reaper task expires leases in bounded batches, yielding between them, so mass
 expiry never stalls request handling.
+
+Durability: every change is applied in memory at once and submitted to the `Journal`, which
+commits the changes that arrive together in one transaction (group commit). Under the `always`
+policy a call replies only once its batch is durable, and a read, notify event or contents chunk
+that shows an entry whose write is not yet durable waits for it too, so nobody sees what a crash
+could take back. A batch that cannot be written is undone in memory and its callers get
+UNAVAILABLE (see service/store/journal.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import time
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from typing import Any
 
+from outrig.service import codec
 from outrig.service.backend import Event
 from outrig.service.config import ServerConfig
 from outrig.service.engine.clock import Clock, SystemClock
 from outrig.service.engine.model import LeaseGrant, NewEntry, StoredEntry, Template
 from outrig.service.engine.space import Registration, SpaceEngine, Waiter
-from outrig.service.exceptions import QuotaExceededError, ShuttingDownError, SpaceError
+from outrig.service.exceptions import (
+    LeaseNotFoundError,
+    QuotaExceededError,
+    RegistrationBusyError,
+    ShuttingDownError,
+    SpaceError,
+)
+from outrig.service.requests import Outcome, RequestLog
+from outrig.service.store.journal import Journal, Record
+from outrig.service.store.recovery import RecoveryReport, recover
+from outrig.service.store.schema import DataDirLock, database_path, open_store
 
 log = logging.getLogger("outrig.service")
 
 _SHUTTING_DOWN = "the server is shutting down"
 # Candidates a contents call checks before it lets other requests run.
 _SLICE = 1024
+# A registration's sequence number is stored again once it has moved this far, so that after a
+# crash, restarting it at the stored number + 2**31 (recovery.SEQUENCE_JUMP) never reuses a number.
+_SEQUENCE_STEP = 1 << 30
+# Seconds between deletions of expired request ids from the store.
+_PRUNE_EVERY = 10.0
 
 
 class EmbeddedSubscription:
     """Events of one registration, buffered up to a limit; beyond it they are dropped, which the
-    consumer sees as a gap in sequence numbers (a slow reader never grows the server's memory)."""
+    consumer sees as a gap in sequence numbers (a slow reader never grows the server's memory).
 
-    def __init__(self, engine: SpaceEngine, queue_limit: int) -> None:
+    On a durable server a registration outlives a restart; until a listener resumes it, its events
+    are buffered the same way."""
+
+    def __init__(self, backend: EmbeddedBackend, space: str, engine: SpaceEngine) -> None:
+        self._backend = backend
+        self._space = space
         self._engine = engine
-        self._limit = queue_limit
+        self._limit = backend.config.limits.notify_queue
         self._events: deque[Event] = deque()
         self._wake = asyncio.Event()
         self._ended = False
         self.dropped = 0
-        self._registration: Registration | None = None
-        self._lease: LeaseGrant | None = None
-
-    def attach(self, registration: Registration, lease: LeaseGrant) -> None:
-        self._registration = registration
-        self._lease = lease
+        self.attached = False
+        self.stored_sequence = 0
+        self.registration: Registration | None = None
+        self.grant: LeaseGrant | None = None  # as granted when registered in this process
 
     @property
     def lease(self) -> LeaseGrant:
-        assert self._lease is not None
-        return self._lease
+        registration = self.registration
+        assert registration is not None
+        if self.grant is not None and self.grant.expires_at == registration.expires_at:
+            return self.grant
+        expires_at = registration.expires_at
+        granted = None if expires_at is None else max(0.0, expires_at - self._backend.clock.time())
+        return LeaseGrant(registration.seq, expires_at, granted)
 
     def on_event(self, sequence: int, entry: StoredEntry) -> None:
         if len(self._events) < self._limit:
@@ -56,10 +91,16 @@ class EmbeddedSubscription:
             self._wake.set()
         else:
             self.dropped += 1
+        if sequence - self.stored_sequence >= _SEQUENCE_STEP and self.registration is not None:
+            self.stored_sequence = sequence
+            self._backend.note([("sequence", self._space, self.registration.seq, sequence)])
 
     def on_end(self) -> None:
         self._ended = True
         self._wake.set()
+        registration = self.registration
+        if registration is not None:
+            self._backend.forget_subscription(self._space, registration.seq)
 
     def __aiter__(self) -> AsyncIterator[Event]:
         return self._iterate()
@@ -67,48 +108,112 @@ class EmbeddedSubscription:
     async def _iterate(self) -> AsyncIterator[Event]:
         while True:
             while self._events:
-                yield self._events.popleft()
+                event = self._events.popleft()
+                if await self._backend.settled([event.entry]):
+                    yield event
             if self._ended:
+                if self._backend.keeps_registrations and self._backend.closing:
+                    raise ShuttingDownError(
+                        f"{_SHUTTING_DOWN}; resume registration {self.lease.id} after the restart"
+                    )
                 return
             self._wake.clear()
             await self._wake.wait()
 
     def close(self) -> None:
-        if self._registration is not None:
-            self._engine.unregister(self._registration)
-        self.on_end()
+        """The listener went away: the registration ends (unless the server is stopping, when a
+        durable server keeps it for a resume after the restart)."""
+        registration = self.registration
+        if registration is not None and not self._ended:
+            self._engine.unregister(registration)
+            self._backend.forget_subscription(self._space, registration.seq)
+        self._ended = True
+        self._wake.set()
 
 
 class EmbeddedBackend:
-    """In-memory spaces (durability lands with the SQLite store)."""
+    """Spaces in memory, recorded in SQLite when the configuration names a data dir."""
 
     def __init__(self, config: ServerConfig, clock: Clock | None = None) -> None:
-        self._config = config
-        self._clock = clock or SystemClock()
+        self.config = config
+        self.clock = clock or SystemClock()
         self._spaces: dict[str, SpaceEngine] = {}
         self._reaper: asyncio.Task[None] | None = None
-        self._closing = False
+        self.closing = False
         self._parked: set[asyncio.Future[list[StoredEntry]]] = set()
+        self._journal: Journal | None = None
+        self._lock: DataDirLock | None = None
+        self._requests = RequestLog(config.request_window, self.clock)
+        self._subscriptions: dict[tuple[str, int], EmbeddedSubscription] = {}
+        # Entries whose write is not yet durable, with the batch that will make it so.
+        self._unsynced: dict[StoredEntry, asyncio.Future[None]] = {}
+        self.recovery: RecoveryReport | None = None
+
+    @property
+    def keeps_registrations(self) -> bool:
+        """Whether registrations survive a restart (a durable server)."""
+        return self._journal is not None
+
+    @property
+    def journal(self) -> Journal | None:
+        return self._journal
 
     def engine(self, name: str) -> SpaceEngine:
         """The named space, created with its configured settings on first use."""
         engine = self._spaces.get(name)
         if engine is None:
-            if self._closing:
+            if self.closing:
                 raise ShuttingDownError(_SHUTTING_DOWN)
-            limit = self._config.limits.max_spaces
+            limit = self.config.limits.max_spaces
             if len(self._spaces) >= limit:
                 raise QuotaExceededError(
                     f"space {name!r} would be space number {limit + 1}; the limit is max_spaces={limit}"
                 )
-            engine = self._spaces[name] = SpaceEngine(name, self._config.space_settings(name), self._clock)
+            engine = self._spaces[name] = SpaceEngine(name, self.config.space_settings(name), self.clock)
+            if self._journal is not None:
+                engine.on_expired = lambda entry_id: self.note([("delete", name, entry_id)])
         return engine
 
+    # ------------------------------------------------------------------ life cycle
+
     async def start(self) -> None:
+        data_dir = self.config.data_dir
+        if data_dir is not None and not self.config.in_memory:
+            await self._open_store(data_dir)
         self._reaper = asyncio.create_task(self._reap_forever(), name="outrig-reaper")
 
+    async def _open_store(self, data_dir: Any) -> None:
+        from outrig.service.cli import software_version
+
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = DataDirLock(data_dir)
+        self._lock.acquire()
+        try:
+            connection = open_store(data_dir, software_version())
+            self.recovery = recover(connection, self, self.clock.time())
+        except BaseException:
+            self._lock.release()
+            raise
+        interval = self.config.commit_interval_ms / 1000 if self.config.durability == "interval" else 0.0
+        self._journal = Journal(
+            database_path(data_dir),
+            connection,
+            codec.entry_bytes,
+            wait=self.config.durability == "always",
+            interval=interval,
+        )
+        self._journal.start()
+        log.info(
+            "data dir %s: %s; durability %s",
+            data_dir,
+            self.recovery,
+            "always" if interval == 0 else f"interval ({self.config.commit_interval_ms} ms)",
+        )
+
     async def close(self) -> None:
-        self._closing = True
+        """Stop taking work: end blocked calls and notify streams. The store stays open for
+        in-flight calls until `shutdown`."""
+        self.closing = True
         # Blocked reads and takes end now, with UNAVAILABLE, rather than being cut off at the end
         # of the grace period.
         for future in self._parked:
@@ -121,16 +226,172 @@ class EmbeddedBackend:
         for engine in self._spaces.values():
             engine.close()
 
+    async def shutdown(self) -> None:
+        """The server has stopped: write what is queued and close the store."""
+        if self._journal is not None:
+            await self._journal.close()
+            self._journal = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
     async def _reap_forever(self) -> None:
-        batch = self._config.reap_batch
+        batch = self.config.reap_batch
+        last_prune = time.monotonic()
         while True:
-            await asyncio.sleep(self._config.reap_interval)
+            await asyncio.sleep(self.config.reap_interval)
             for engine in list(self._spaces.values()):
                 while engine.reap(batch) >= batch:  # noqa: ASYNC110 - bounded batches, not a wait
                     await asyncio.sleep(0)  # let requests run between batches
+            if time.monotonic() - last_prune >= _PRUNE_EVERY:
+                last_prune = time.monotonic()
+                while self._requests.prune(batch) >= batch:  # noqa: ASYNC110
+                    await asyncio.sleep(0)
+                self.note([("prune_requests", self.clock.time())])
 
-    async def write(self, space: str, entries: Sequence[NewEntry], lease: float | None) -> list[LeaseGrant]:
-        return self.engine(space).write(entries, lease)
+    # ------------------------------------------------------------------ the journal
+
+    def note(self, records: Sequence[Record]) -> None:
+        """Record bookkeeping nobody waits for (expiries, sequence numbers)."""
+        if self._journal is not None:
+            self._journal.note(records)
+
+    def _check_store(self) -> None:
+        if self._journal is not None:
+            self._journal.check()
+
+    async def _commit(
+        self,
+        records: Sequence[Record],
+        undo: Callable[[], None] | None,
+        written: Iterable[StoredEntry] = (),
+        outcome: Outcome | None = None,
+    ) -> None:
+        """Submit a change already made in memory and, under `always`, wait until it is durable.
+        A request id's outcome is settled by the batch, even if the caller is cancelled."""
+        journal = self._journal
+        if journal is None:
+            return
+        future = journal.submit(records, undo)
+        if outcome is not None:
+            outcome.committing = True
+            future.add_done_callback(lambda done: self._settle(outcome, done))
+        if not journal.waits:
+            return
+        unsynced = self._unsynced
+        written = list(written)
+        if written:
+            for stored in written:
+                unsynced[stored] = future
+
+            def synced(_: asyncio.Future[None]) -> None:
+                for stored in written:
+                    if unsynced.get(stored) is future:
+                        del unsynced[stored]
+
+            future.add_done_callback(synced)
+        await asyncio.shield(future)
+
+    async def settled(self, entries: Sequence[StoredEntry]) -> bool:
+        """Wait until the writes of `entries` are durable; False if one of them failed."""
+        if not self._unsynced:
+            return True
+        pending = {self._unsynced[stored] for stored in entries if stored in self._unsynced}
+        for future in pending:
+            try:
+                await asyncio.shield(future)
+            except SpaceError:
+                return False
+        return True
+
+    def _settle(self, outcome: Outcome, batch: asyncio.Future[None]) -> None:
+        if batch.cancelled() or batch.exception() is not None:
+            self._requests.abandon(outcome, store_failed=True)
+        else:
+            self._requests.finish(outcome, None)
+
+    def forget_subscription(self, space: str, registration_id: int) -> None:
+        if self._subscriptions.pop((space, registration_id), None) is not None and not self.closing:
+            self.note([("unregister", space, registration_id)])
+
+    # ------------------------------------------------------------------ request ids
+
+    async def _replay(self, request_id: str, space: str, kind: str) -> Any:
+        """The earlier result of a retried call, or None if this call must act."""
+        while True:
+            outcome = self._requests.find(request_id, space, kind)
+            if outcome is None:
+                return None
+            if outcome.done is not None and not outcome.done.done():
+                await asyncio.shield(outcome.done)  # the first call is still in flight
+                continue
+            if self._journal is None:
+                return outcome.result
+            return await self._stored_result(outcome)
+
+    async def _stored_result(self, outcome: Outcome) -> Any:
+        journal = self._journal
+        assert journal is not None
+        if journal.pending is not None:
+            with contextlib.suppress(SpaceError):
+                await asyncio.shield(journal.pending)
+        rows = await journal.read(
+            "SELECT entry_id, expires_at, granted, payload FROM request_results WHERE request = ? "
+            "ORDER BY position",
+            (outcome.request_id,),
+        )
+        if outcome.kind == "write":
+            return [LeaseGrant(entry_id, expires_at, granted) for entry_id, expires_at, granted, _ in rows]
+        return [
+            StoredEntry(entry_id, codec.stored_entry(payload), expires_at)
+            for entry_id, expires_at, _, payload in rows
+        ]
+
+    def _request_records(self, outcome: Outcome | None, results: list[Record]) -> list[Record]:
+        if outcome is None:
+            return []
+        head: Record = ("request", outcome.request_id, outcome.space, outcome.kind, outcome.expires_at)
+        return [head, *results]
+
+    # ------------------------------------------------------------------ operations
+
+    async def write(
+        self, space: str, entries: Sequence[NewEntry], lease: float | None, *, request_id: str = ""
+    ) -> list[LeaseGrant]:
+        if request_id:
+            earlier = await self._replay(request_id, space, "write")
+            if earlier is not None:
+                return list(earlier)
+        engine = self.engine(space)
+        self._check_store()
+        outcome = self._requests.begin(request_id, space, "write") if request_id else None
+        try:
+            written, granted = engine.write_entries(entries, lease)
+            grants = [LeaseGrant(stored.id, stored.expires_at, granted) for stored in written]
+            if self._journal is not None:
+                records: list[Record] = [
+                    ("put", space, s.id, s.arrival, s.expires_at, s.payload) for s in written
+                ]
+                records += [
+                    ("type", space, name, json.dumps(list(parents)))
+                    for name, parents in engine.declared.items()
+                ]
+                records.append(("next_id", space, engine.next_id))
+                records += self._request_records(
+                    outcome,
+                    [
+                        ("result", request_id, i, g.id, g.expires_at, g.granted, None)
+                        for i, g in enumerate(grants)
+                    ],
+                )
+                await self._commit(records, lambda: engine.revoke(written), written, outcome)
+        except BaseException:
+            if outcome is not None:
+                self._requests.abandon(outcome)
+            raise
+        if outcome is not None:
+            self._requests.finish(outcome, None if self._journal is not None else grants)
+        return grants
 
     async def match(
         self,
@@ -141,18 +402,82 @@ class EmbeddedBackend:
         max_entries: int,
         timeout: float | None,
         if_exists: bool,
+        request_id: str = "",
     ) -> list[StoredEntry]:
+        request_id = request_id if take else ""
+        if request_id:
+            earlier = await self._replay(request_id, space, "take")
+            if earlier is not None:
+                return list(earlier)
         engine = self.engine(space)
+        if take:
+            self._check_store()
+        outcome = self._requests.begin(request_id, space, "take") if request_id else None
+        try:
+            found = await self._find(engine, templates, take, max_entries, timeout, if_exists)
+            if take and found and self._journal is not None:
+                await self._commit_take(space, engine, found, outcome)
+            elif found and not take and not await self.settled(found):
+                self._check_store()
+                return []
+        except BaseException:
+            if outcome is not None:
+                self._requests.abandon(outcome)
+            raise
+        if outcome is not None:
+            self._requests.finish(outcome, None if self._journal is not None else found)
+        return found
+
+    async def _commit_take(
+        self, space: str, engine: SpaceEngine, found: list[StoredEntry], outcome: Outcome | None
+    ) -> None:
+        try:
+            self._check_store()  # a take that waited may resume after the store failed
+        except SpaceError:
+            engine.restore(found)
+            raise
+        records: list[Record] = [("delete", space, stored.id) for stored in found]
+        records += self._request_records(
+            outcome,
+            [
+                ("result", outcome.request_id, i, s.id, s.expires_at, None, s.payload)
+                for i, s in enumerate(found)
+            ]
+            if outcome is not None
+            else [],
+        )
+        try:
+            await self._commit(records, lambda: engine.restore(found), outcome=outcome)
+        except asyncio.CancelledError:
+            # The caller is gone. With a request id its retry gets these entries; without one,
+            # nobody will: put them back, as a cancelled blocked take does.
+            if outcome is None:
+                engine.restore(found)
+                self.note(
+                    [("put", space, s.id, s.arrival, s.expires_at, s.payload) for s in found]
+                    + [("next_id", space, engine.next_id)]
+                )
+            raise
+
+    async def _find(
+        self,
+        engine: SpaceEngine,
+        templates: Sequence[Template],
+        take: bool,
+        max_entries: int,
+        timeout: float | None,
+        if_exists: bool,
+    ) -> list[StoredEntry]:
         found = engine.find(templates, take=take, max_entries=max_entries)
         # Without transactions no entry is ever locked, so *_nowait has nothing to wait for.
         if found or if_exists or timeout == 0:
             return found
-        if self._closing:
+        if self.closing:
             raise ShuttingDownError(_SHUTTING_DOWN)
-        limit = self._config.limits.max_waiters
+        limit = self.config.limits.max_waiters
         if engine.waiting >= limit:
             raise QuotaExceededError(
-                f"space {space!r} has {engine.waiting} blocked reads and takes; "
+                f"space {engine.name!r} has {engine.waiting} blocked reads and takes; "
                 f"the limit is max_waiters={limit}"
             )
         future: asyncio.Future[list[StoredEntry]] = asyncio.get_running_loop().create_future()
@@ -186,7 +511,7 @@ class EmbeddedBackend:
     ) -> AsyncIterator[list[StoredEntry]]:
         engine = self.engine(space)
         candidates = engine.candidates(templates)
-        chunk = self._config.limits.contents_chunk
+        chunk = self.config.limits.contents_chunk
         left = max_entries or len(candidates)
         ready: list[StoredEntry] = []
         for start in range(0, len(candidates), _SLICE):
@@ -195,53 +520,132 @@ class EmbeddedBackend:
                     ready.append(stored)
                     left -= 1
                     if len(ready) == chunk or not left:
+                        await self.settled(ready)
                         yield ready
                         ready = []
                     if not left:
                         return
             await asyncio.sleep(0)  # a slice at a time: a large space never holds the loop
         if ready:
+            await self.settled(ready)
             yield ready
 
     async def count(self, space: str, templates: Sequence[Template]) -> int:
-        return self.engine(space).count(templates)
+        number = self.engine(space).count(templates)
+        journal = self._journal
+        if journal is not None and journal.waits and journal.pending is not None:
+            with contextlib.suppress(SpaceError):
+                await asyncio.shield(journal.pending)  # count nothing a crash could take back
+        return number
 
     async def subscribe(
-        self, space: str, templates: Sequence[Template], lease: float | None
+        self, space: str, templates: Sequence[Template], lease: float | None, *, resume: int | None = None
     ) -> EmbeddedSubscription:
         engine = self.engine(space)
-        limit = self._config.limits.max_registrations
+        if resume is not None:
+            return self._resume(space, engine, resume)
+        self._check_store()
+        limit = self.config.limits.max_registrations
         if engine.registered >= limit:
             raise QuotaExceededError(
                 f"space {space!r} has {engine.registered} notify registrations; "
                 f"the limit is max_registrations={limit}"
             )
-        subscription = EmbeddedSubscription(engine, self._config.limits.notify_queue)
+        subscription = EmbeddedSubscription(self, space, engine)
         registration, grant = engine.register(
             tuple(templates), lease, subscription.on_event, subscription.on_end
         )
-        subscription.attach(registration, grant)
+        subscription.registration = registration
+        subscription.grant = grant
+        subscription.attached = True
+        self._subscriptions[(space, registration.seq)] = subscription
+        if self._journal is not None:
+            records: list[Record] = [
+                ("register", space, grant.id, grant.expires_at, codec.templates_bytes(templates), 0),
+                ("next_id", space, engine.next_id),
+            ]
+            await self._commit(records, subscription.close)
         return subscription
+
+    def _resume(self, space: str, engine: SpaceEngine, registration_id: int) -> EmbeddedSubscription:
+        subscription = self._subscriptions.get((space, registration_id))
+        if subscription is None or engine.registration(registration_id) is None:
+            raise LeaseNotFoundError(
+                f"resume: registration {registration_id} in space {space!r} is unknown or has ended"
+            )
+        if subscription.attached:
+            raise RegistrationBusyError(
+                f"resume: registration {registration_id} in space {space!r} already has a listener"
+            )
+        subscription.attached = True
+        return subscription
+
+    def restore_subscription(
+        self,
+        space: str,
+        registration_id: int,
+        templates: tuple[Template, ...],
+        expires_at: float | None,
+        sequence: int,
+    ) -> None:
+        """Put back a registration recovered from the store, waiting for its listener to resume."""
+        engine = self.engine(space)
+        subscription = EmbeddedSubscription(self, space, engine)
+        subscription.stored_sequence = sequence
+        subscription.registration = engine.restore_registration(
+            registration_id, templates, expires_at, sequence, subscription.on_event, subscription.on_end
+        )
+        self._subscriptions[(space, registration_id)] = subscription
+
+    def restore_request(self, request_id: str, space: str, kind: str, expires_at: float) -> None:
+        self._requests.restore(request_id, space, kind, expires_at)
 
     async def renew(
         self, space: str, renewals: Sequence[tuple[int, float | None]]
     ) -> list[LeaseGrant | SpaceError]:
         engine = self.engine(space)
+        self._check_store()
         results: list[LeaseGrant | SpaceError] = []
+        records: list[Record] = []
+        previous: list[tuple[int, float | None]] = []
         for lease_id, duration in renewals:
             try:
-                results.append(engine.renew(lease_id, duration))
+                old = engine.lease_expiry(lease_id)
+                grant = engine.renew(lease_id, duration)
             except SpaceError as err:
                 results.append(err)
+                continue
+            results.append(grant)
+            previous.append((lease_id, old))
+            kind = "registration_expiry" if engine.registration(lease_id) is not None else "entry_expiry"
+            records.append((kind, space, lease_id, grant.expires_at))
+
+        def undo() -> None:
+            for lease_id, old in reversed(previous):
+                engine.set_expiry(lease_id, old)
+
+        if records:
+            await self._commit(records, undo)
         return results
 
     async def cancel(self, space: str, lease_ids: Sequence[int]) -> list[SpaceError | None]:
         engine = self.engine(space)
+        self._check_store()
         results: list[SpaceError | None] = []
+        records: list[Record] = []
+        removed: list[StoredEntry] = []
         for lease_id in lease_ids:
             try:
-                engine.cancel(lease_id)
-                results.append(None)
+                stored = engine.cancel(lease_id)
             except SpaceError as err:
                 results.append(err)
+                continue
+            results.append(None)
+            if stored is not None:
+                removed.append(stored)
+                records.append(("delete", space, lease_id))
+            else:
+                records.append(("unregister", space, lease_id))
+        if records:
+            await self._commit(records, lambda: engine.restore(removed))
         return results

@@ -6,6 +6,12 @@
     ├── QuotaExceededError        a quota or limit is reached -> RESOURCE_EXHAUSTED
     ├── TypeConflictError         a type redeclared otherwise -> FAILED_PRECONDITION
     ├── ShuttingDownError         the server is stopping      -> UNAVAILABLE
+    ├── RequestConflictError      a request id reused for another call -> FAILED_PRECONDITION
+    ├── RegistrationBusyError     resuming a registration another stream holds -> FAILED_PRECONDITION
+    ├── StoreError                the data dir's store
+    │   ├── StoreUnavailableError a change could not be made durable -> UNAVAILABLE
+    │   ├── StoreLockedError      another server holds the data dir  (the CLI exits 2)
+    │   └── IncompatibleStoreError not an outrig store of this format (the CLI exits 2)
     └── ConfigError               bad start-up configuration  (the CLI exits 2)
 
 The engine raises these; the gRPC servicer maps them to status codes through one table
@@ -41,3 +47,27 @@ class ShuttingDownError(SpaceError):
 
 class ConfigError(SpaceError):
     """The server's configuration (flags, environment, file) is invalid."""
+
+
+class RequestConflictError(SpaceError):
+    """A request id was used again for a different operation or space."""
+
+
+class RegistrationBusyError(SpaceError):
+    """A notify registration to resume already has a stream attached."""
+
+
+class StoreError(SpaceError):
+    """The store in the data dir cannot be used."""
+
+
+class StoreUnavailableError(StoreError):
+    """A change could not be made durable (full disk, failing fsync); nothing was acknowledged."""
+
+
+class StoreLockedError(StoreError):
+    """Another server is using the data dir."""
+
+
+class IncompatibleStoreError(StoreError):
+    """The data dir holds something this outrig cannot read (another format version, not a store)."""

@@ -82,6 +82,7 @@ class OutrigServer:
         await self._health.enter_graceful_shutdown()
         await self.backend.close()
         await self._server.stop(self.config.grace_seconds if grace is None else grace)
+        await self.backend.shutdown()
 
     async def wait(self) -> None:
         await self._server.wait_for_termination()
@@ -91,9 +92,8 @@ async def serve(config: ServerConfig) -> None:
     """Run until SIGTERM or SIGINT, then shut down gracefully."""
     server = OutrigServer(config)
     await server.start()
-    if config.data_dir is not None:
-        config.data_dir.mkdir(parents=True, exist_ok=True)
-        log.warning("data dir %s: entries are kept in memory only until durability lands", config.data_dir)
+    if config.data_dir is None or config.in_memory:
+        log.warning("no data dir (or --in-memory): spaces live in memory only and end with the server")
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

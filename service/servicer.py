@@ -23,8 +23,11 @@ from outrig.service.exceptions import (
     InvalidArgumentError,
     LeaseNotFoundError,
     QuotaExceededError,
+    RegistrationBusyError,
+    RequestConflictError,
     ShuttingDownError,
     SpaceError,
+    StoreUnavailableError,
     TypeConflictError,
 )
 from outrig.v1 import space_pb2 as pb
@@ -38,6 +41,9 @@ STATUS_BY_ERROR: dict[type[SpaceError], grpc.StatusCode] = {
     QuotaExceededError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     TypeConflictError: grpc.StatusCode.FAILED_PRECONDITION,
     ShuttingDownError: grpc.StatusCode.UNAVAILABLE,
+    StoreUnavailableError: grpc.StatusCode.UNAVAILABLE,
+    RequestConflictError: grpc.StatusCode.FAILED_PRECONDITION,
+    RegistrationBusyError: grpc.StatusCode.FAILED_PRECONDITION,
     ConfigError: grpc.StatusCode.INTERNAL,
 }
 
@@ -105,7 +111,9 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
         if not request.HasField("entry"):
             raise InvalidArgumentError("entry: is required")
         entry = codec.new_entry(request.entry, "entry", self._limits)
-        (grant,) = await self._backend.write(space, [entry], codec.lease_duration(request))
+        (grant,) = await self._backend.write(
+            space, [entry], codec.lease_duration(request), request_id=codec.request_id(request)
+        )
         return pb.WriteReply(lease=codec.lease_message(grant))
 
     @unary
@@ -114,7 +122,9 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
     ) -> pb.WriteManyReply:
         space = self._space(request)
         entries = codec.new_entries(request.entries, self._limits)
-        grants = await self._backend.write(space, entries, codec.lease_duration(request))
+        grants = await self._backend.write(
+            space, entries, codec.lease_duration(request), request_id=codec.request_id(request)
+        )
         return pb.WriteManyReply(leases=[codec.lease_message(grant) for grant in grants])
 
     async def _match(self, request: pb.MatchRequest, *, take: bool, many: bool) -> pb.MatchReply:
@@ -127,6 +137,7 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
             max_entries=codec.max_entries(request, self._limits) if many else 1,
             timeout=codec.timeout(request, self._limits),
             if_exists=request.if_exists,
+            request_id=codec.request_id(request) if take else "",
         )
         return pb.MatchReply(entries=_payloads(found))
 
@@ -166,8 +177,11 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
         self, request: pb.NotifyRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.NotifyReply]:
         space = self._space(request)
-        templates = codec.templates(request.templates, self._limits)
-        subscription = await self._backend.subscribe(space, templates, codec.lease_duration(request))
+        if request.HasField("resume"):
+            subscription = await self._backend.subscribe(space, (), None, resume=request.resume)
+        else:
+            templates = codec.templates(request.templates, self._limits)
+            subscription = await self._backend.subscribe(space, templates, codec.lease_duration(request))
         try:
             yield pb.NotifyReply(registration=codec.lease_message(subscription.lease))
             async for event in subscription:

@@ -39,15 +39,27 @@ class ServerProcess:
         return code
 
 
-def start_server(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> ServerProcess:
-    """Start `outrig serve --listen 127.0.0.1:0 ARGS...` and wait for its listening line."""
+def start_server(
+    *args: str,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    preexec_fn: Callable[[], None] | None = None,
+) -> ServerProcess:
+    """Start `outrig serve --listen 127.0.0.1:0 ARGS...` and wait for its listening line.
+    `preexec_fn` runs in the child before outrig starts (to set resource limits)."""
     command = [sys.executable, "-m", "outrig.service", "serve", "--listen", "127.0.0.1:0", *args]
     environment = {k: v for k, v in os.environ.items() if not k.startswith("OUTRIG_")}
     environment.update(env or {})
     log = Path(tempfile.mkstemp(prefix="outrig-server-", suffix=".log")[1])
     with log.open("w") as stderr:
         process = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=environment, cwd=cwd
+            command,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            env=environment,
+            cwd=cwd,
+            preexec_fn=preexec_fn,
         )
     assert process.stdout is not None
     line = process.stdout.readline()

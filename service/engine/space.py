@@ -136,6 +136,36 @@ class SpaceEngine:
         self._registrations: WatcherIndex[Registration] = WatcherIndex()
         self._registration_by_id: dict[int, Registration] = {}
         self._leases = LeaseQueue()
+        # Told the id of every entry dropped because its lease ran out (a store forgets it).
+        self.on_expired: Callable[[int], None] | None = None
+        # The types the last write declared for the first time, with their supertypes.
+        self.declared: dict[str, tuple[str, ...]] = {}
+
+    # ------------------------------------------------------------------ recovery
+
+    def declare(self, type_name: str, supertypes: tuple[str, ...]) -> None:
+        """Know a type and its supertypes (a restart restores the declarations it had)."""
+        self._types[type_name] = supertypes
+
+    def load(self, entry_id: int, arrival: int, new: NewEntry, expires_at: float | None) -> None:
+        """Put back a recovered entry as it was: its id, its place in arrival order, its lease.
+        Call in arrival order; nobody is waiting yet, so nothing is offered or published."""
+        stored = StoredEntry(entry_id, new, expires_at)
+        stored.arrival = arrival
+        lineage = stored.lineage
+        for depth, type_name in enumerate(lineage):
+            self._types.setdefault(type_name, lineage[depth + 1 :])
+        self._insert(stored)
+        self._next_id = max(self._next_id, entry_id + 1, arrival + 1)
+
+    def resume_ids(self, next_id: int) -> None:
+        """Continue numbering at `next_id` or later, so no lease id is ever handed out twice."""
+        self._next_id = max(self._next_id, next_id)
+
+    @property
+    def next_id(self) -> int:
+        """The next id this space will hand out."""
+        return self._next_id
 
     # ------------------------------------------------------------------ ids and leases
 
@@ -172,20 +202,29 @@ class SpaceEngine:
 
         Raises TypeConflictError or QuotaExceededError before storing anything.
         """
+        stored, granted = self.write_entries(entries, lease)
+        return [LeaseGrant(each.id, each.expires_at, granted) for each in stored]
+
+    def write_entries(
+        self, entries: Sequence[NewEntry], lease: float | None
+    ) -> tuple[list[StoredEntry], float | None]:
+        """`write`, returning the stored entries (some perhaps handed straight to a parked take)
+        and the granted lease duration (None: forever)."""
         declared = self._declare_types(entries)
         self._check_quota(len(entries), sum(entry.size for entry in entries))
         # Only now, so that a write refused for its quota leaves no type declared behind it.
         self._types.update(declared)
+        self.declared = declared
         now = self._clock.time()
         expires_at, granted = self._grant(lease, now)
-        grants = []
+        written = []
         for new in entries:
             stored = StoredEntry(self._new_id(), new, expires_at)
-            grants.append(LeaseGrant(stored.id, expires_at, granted))
+            written.append(stored)
             self._publish(stored)
             if not self._offer(stored):
                 self._insert(stored)
-        return grants
+        return written, granted
 
     def _declare_types(self, entries: Sequence[NewEntry]) -> dict[str, tuple[str, ...]]:
         """The types `entries` declare that the space does not know yet; raises on a conflict."""
@@ -336,8 +375,13 @@ class SpaceEngine:
                 if len(found) >= limit:
                     break
         for stored in expired:  # lazily, on access
-            self._remove(stored)
+            self._expire(stored)
         return found
+
+    def _expire(self, stored: StoredEntry) -> None:
+        self._remove(stored)
+        if self.on_expired is not None:
+            self.on_expired(stored.id)
 
     def _select(self, templates: Sequence[Template], limit: int) -> list[StoredEntry]:
         now = self._clock.time()
@@ -423,6 +467,35 @@ class SpaceEngine:
         self._move_expiry(registration.seq, None, expires_at)
         return registration, LeaseGrant(registration.seq, expires_at, granted)
 
+    def restore_registration(
+        self,
+        registration_id: int,
+        templates: tuple[Template, ...],
+        expires_at: float | None,
+        sequence: int,
+        on_event: Callable[[int, StoredEntry], None],
+        on_end: Callable[[], None],
+    ) -> Registration:
+        """Put back a registration recovered after a restart, numbering events from `sequence`."""
+        registration = Registration(registration_id, templates, on_event, on_end, expires_at)
+        registration.sequence = sequence
+        self._registrations.add(registration)
+        self._registration_by_id[registration_id] = registration
+        self._move_expiry(registration_id, None, expires_at)
+        self._next_id = max(self._next_id, registration_id + 1)
+        return registration
+
+    def registration(self, registration_id: int) -> Registration | None:
+        """The live registration with this lease id, if any."""
+        registration = self._registration_by_id.get(registration_id)
+        if registration is None or self._expired_registration(registration, self._clock.time()):
+            return None
+        return registration
+
+    @staticmethod
+    def _expired_registration(registration: Registration, now: float) -> bool:
+        return registration.expires_at is not None and registration.expires_at <= now
+
     def unregister(self, registration: Registration) -> None:
         """End a registration whose listener went away; no end callback."""
         if self._registration_by_id.pop(registration.seq, None) is not None:
@@ -453,17 +526,45 @@ class SpaceEngine:
             registration.expires_at = expires_at
         return LeaseGrant(lease_id, expires_at, granted)
 
-    def cancel(self, lease_id: int) -> None:
-        """End a lease now: its entry leaves the space, or its registration ends."""
+    def cancel(self, lease_id: int) -> StoredEntry | None:
+        """End a lease now: its entry leaves the space (and is returned), or its registration ends."""
         now = self._clock.time()
         stored = self._entries.get(lease_id)
         if stored is not None and not self._expired(stored, now):
             self._remove(stored)
-            return
+            return stored
         registration = self._registration_by_id.get(lease_id)
         if registration is None or (registration.expires_at is not None and registration.expires_at <= now):
             raise LeaseNotFoundError(f"lease {lease_id} in space {self.name!r} is unknown or has ended")
         self._end(registration)
+        return None
+
+    def lease_expiry(self, lease_id: int) -> float | None:
+        """When a live entry's or registration's lease ends (None: forever); LeaseNotFoundError if
+        there is no such lease."""
+        stored = self._entries.get(lease_id)
+        if stored is not None:
+            return stored.expires_at
+        registration = self._registration_by_id.get(lease_id)
+        if registration is None:
+            raise LeaseNotFoundError(f"lease {lease_id} in space {self.name!r} is unknown or has ended")
+        return registration.expires_at
+
+    def set_expiry(self, lease_id: int, expires_at: float | None) -> None:
+        """Put a lease's end back where it was (undoing a renewal that could not be stored)."""
+        holder: StoredEntry | Registration | None = self._entries.get(lease_id)
+        if holder is None:
+            holder = self._registration_by_id.get(lease_id)
+        if holder is not None:
+            self._move_expiry(lease_id, holder.expires_at, expires_at)
+            holder.expires_at = expires_at
+
+    def revoke(self, entries: Iterable[StoredEntry]) -> None:
+        """Undo a write that could not be stored: its entries leave the space and count as expired
+        from the start, so a take that held one cannot put it back."""
+        for stored in entries:
+            self._remove(stored)
+            stored.expires_at = 0.0
 
     def reap(self, limit: int = 1 << 62) -> int:
         """Drop up to `limit` expired entries and registrations; returns how many were due."""
@@ -471,7 +572,7 @@ class SpaceEngine:
         for lease_id in due:
             stored = self._entries.get(lease_id)
             if stored is not None:
-                self._remove(stored)
+                self._expire(stored)
                 continue
             registration = self._registration_by_id.get(lease_id)
             if registration is not None:

@@ -7,9 +7,12 @@ tests see only the `SpaceBackend` protocol, the `clock` they may advance, and th
 
 from __future__ import annotations
 
+import dataclasses
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
@@ -50,6 +53,15 @@ async def embedded(config: ServerConfig, clock: FakeClock) -> AsyncIterator[Spac
         yield backend
     finally:
         await backend.close()
+        await backend.shutdown()
+
+
+@asynccontextmanager
+async def embedded_durable(config: ServerConfig, clock: FakeClock) -> AsyncIterator[SpaceBackend]:
+    """The embedded backend recording every change in a real SQLite store (group commit, always)."""
+    with tempfile.TemporaryDirectory(prefix="outrig-conformance-") as data_dir:
+        async with embedded(dataclasses.replace(config, data_dir=Path(data_dir)), clock) as backend:
+            yield backend
 
 
 def _embedded_parked_waiters(backend: EmbeddedBackend, space: str) -> int:
@@ -62,6 +74,7 @@ PARKED_WAITERS: dict[type, Callable[[Any, str], int]] = {EmbeddedBackend: _embed
 
 BACKENDS: list[object] = [
     pytest.param(embedded, id="embedded"),
+    pytest.param(embedded_durable, id="embedded-durable"),
     # pytest.param(postgresql, id="postgresql"),  # when the PostgreSQL backend lands
 ]
 

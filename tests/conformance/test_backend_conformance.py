@@ -13,17 +13,28 @@ from typing import Any
 
 import pytest
 
+from outrig.service import codec
 from outrig.service.backend import Event, SpaceBackend, Subscription
 from outrig.service.engine import FakeClock, LeaseGrant, NewEntry, StoredEntry, Template
 from outrig.service.exceptions import LeaseNotFoundError, QuotaExceededError, TypeConflictError
+from outrig.v1 import space_pb2 as pb
 
 from ..field_values import value
 
 WAIT = 5.0  # a bound on anything that should happen promptly; a hang fails instead of timing out
 
 
+def message(type_name: str = "Task", *supertypes: str, **fields: object) -> pb.Entry:
+    """The protobuf entry the servicer would store as the payload (backends must keep it)."""
+    return pb.Entry(
+        type_name=type_name,
+        supertypes=supertypes,
+        fields={name: codec.value_message(value(x)) for name, x in fields.items()},
+    )
+
+
 def entry(type_name: str = "Task", *supertypes: str, size: int = 10, **fields: object) -> NewEntry:
-    payload = {"type": type_name, **fields}
+    payload = message(type_name, *supertypes, **fields)
     return NewEntry(type_name, supertypes, {name: value(x) for name, x in fields.items()}, payload, size)
 
 
@@ -91,7 +102,7 @@ async def test_write_then_read_then_take(backend: SpaceBackend, space: str) -> N
     assert len({grant.id for grant in grants}) == 2
     (found,) = await read(backend, space, template(n=1))
     assert found.id == grants[0].id
-    assert found.payload == {"type": "Task", "n": 1}
+    assert found.payload == message("Task", n=1)
     assert found.type_name == "Task"
     assert ids(await read(backend, space, template(n=1))) == [grants[0].id]  # a read leaves it
     assert ids(await take(backend, space, template(n=1))) == [grants[0].id]
@@ -384,7 +395,7 @@ async def test_subscribe_delivers_matching_writes_in_sequence(
     assert [event.entry.id for event in events] == wanted
     # Strictly increasing from 1; with no events dropped (a tiny queue), without gaps.
     assert [event.sequence for event in events] == list(range(1, len(wanted) + 1))
-    assert events[0].entry.payload == {"type": "Dog", "legs": 4}
+    assert events[0].entry.payload == message("Dog", "Animal", legs=4)
 
 
 async def test_two_subscriptions_count_their_own_events(backend: SpaceBackend, space: str) -> None:

@@ -1,0 +1,106 @@
+"""Idempotency keys: a write or take retried with the same request id acts once.
+
+A client may attach a request id to write, write_many, take and take_many. The first call with an
+id is recorded with its result; a retry within the window gets that result instead of acting
+again, and one that arrives while the first is still in flight waits for it. On a durable server
+the id and its result are committed in the same transaction as the change itself, so the answer
+survives a crash, and a restart reloads the ids still inside their window.
+
+Memory: an id costs a small record for its window. Results are kept in memory only on an
+in-memory server (there is nowhere else to keep them); a durable server reads a result back from
+the store in the rare case of a retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Any
+
+from outrig.service.engine.clock import Clock
+from outrig.service.exceptions import RequestConflictError
+
+
+class Outcome:
+    """What is known of one request id: which call made it, and its result once done."""
+
+    __slots__ = ("committing", "done", "expires_at", "kind", "request_id", "result", "space")
+
+    def __init__(self, request_id: str, space: str, kind: str, expires_at: float) -> None:
+        self.request_id = request_id
+        self.space = space
+        self.kind = kind
+        self.expires_at = expires_at
+        self.result: Any = None  # kept only by an in-memory server
+        # Set once the call's change is queued for the store: from then on the batch's outcome,
+        # not the call's (which may be cancelled while it waits), decides the id's fate.
+        self.committing = False
+        # Resolves once the first call has acted (True) or failed without acting (False).
+        self.done: asyncio.Future[bool] | None = None
+
+
+class RequestLog:
+    """Request ids seen within the window, oldest first."""
+
+    def __init__(self, window: float, clock: Clock) -> None:
+        self.window = window
+        self._clock = clock
+        self._outcomes: dict[str, Outcome] = {}
+        self._order: deque[Outcome] = deque()
+
+    def __len__(self) -> int:
+        return len(self._outcomes)
+
+    def find(self, request_id: str, space: str, kind: str) -> Outcome | None:
+        """The earlier call with this id, if it is still remembered; a conflict if it was another call."""
+        outcome = self._outcomes.get(request_id)
+        if outcome is None or outcome.expires_at <= self._clock.time():
+            return None
+        if outcome.space != space or outcome.kind != kind:
+            raise RequestConflictError(
+                f"request_id: {request_id!r} was used for a {outcome.kind} in space {outcome.space!r}; "
+                f"a retry must repeat the same call (this is a {kind} in space {space!r})"
+            )
+        return outcome
+
+    def begin(self, request_id: str, space: str, kind: str) -> Outcome:
+        """Record a first call now in flight."""
+        outcome = Outcome(request_id, space, kind, self._clock.time() + self.window)
+        outcome.done = asyncio.get_running_loop().create_future()
+        self._add(outcome)
+        return outcome
+
+    def restore(self, request_id: str, space: str, kind: str, expires_at: float) -> None:
+        """Remember an id recovered from the store (its result stays there)."""
+        self._add(Outcome(request_id, space, kind, expires_at))
+
+    def _add(self, outcome: Outcome) -> None:
+        self._outcomes[outcome.request_id] = outcome
+        self._order.append(outcome)
+
+    def finish(self, outcome: Outcome, result: Any) -> None:
+        """The first call acted; `result` is kept for retries when there is no store."""
+        outcome.result = result
+        if outcome.done is not None and not outcome.done.done():
+            outcome.done.set_result(True)
+
+    def abandon(self, outcome: Outcome, *, store_failed: bool = False) -> None:
+        """The first call failed without acting: forget the id, so a retry acts afresh. Once its
+        change is queued for the store, only the store's failure counts as not acting."""
+        if outcome.committing and not store_failed:
+            return
+        if self._outcomes.get(outcome.request_id) is outcome:
+            del self._outcomes[outcome.request_id]
+        if outcome.done is not None and not outcome.done.done():
+            outcome.done.set_result(False)
+
+    def prune(self, limit: int = 10_000) -> int:
+        """Forget up to `limit` ids whose window has passed; returns how many."""
+        now = self._clock.time()
+        order, pruned = self._order, 0
+        while order and pruned < limit and order[0].expires_at <= now:
+            outcome = order.popleft()
+            if self._outcomes.get(outcome.request_id) is outcome:
+                del self._outcomes[outcome.request_id]
+            pruned += 1
+        return pruned

@@ -1,0 +1,476 @@
+"""`outrig backup` and `outrig check`: copy a store and verify one, while a server may be using it.
+
+Neither takes the data dir's lock, and neither writes to the store. Both read inside one read
+transaction, which in WAL mode is a snapshot that never blocks the server's commits: the server
+goes on writing to the WAL while the copy or the check sees the store as it was when they began.
+
+The backup copies that snapshot through SQLite's backup API a step of `pages` pages at a time.
+The steps share the one read transaction on purpose: between steps without it, SQLite restarts a
+backup from the first page whenever another process (the server) has committed, so against a
+busy server a large store would never finish copying.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from outrig.service import codec
+from outrig.service.exceptions import IncompatibleStoreError, StoreError
+from outrig.service.store.schema import DB_NAME, check_format, database_path
+
+# Pages copied per backup step (4 MiB with SQLite's default 4 KiB pages).
+BACKUP_STEP_PAGES = 1024
+# How many problems of each kind the check lists by name; it counts all of them.
+_LISTED_PER_KIND = 5
+_SIDE_FILES = ("-journal", "-wal", "-shm")
+
+
+@dataclass(frozen=True, slots=True)
+class SpaceReport:
+    """What the check counted in one space."""
+
+    name: str
+    entries: int
+    expired: int  # entries whose lease has run out but that the server has not deleted yet
+    registrations: int
+
+
+@dataclass(frozen=True, slots=True)
+class CheckReport:
+    """What `check_store` found: the store's shape, and its problems (none if `ok`)."""
+
+    path: Path
+    format_version: int
+    file_bytes: int
+    wal_bytes: int
+    spaces: tuple[SpaceReport, ...]
+    requests: int
+    problem_count: int
+    problems: tuple[str, ...]  # the first few of each kind, then how many more of it there are
+
+    @property
+    def ok(self) -> bool:
+        return self.problem_count == 0
+
+    @property
+    def entries(self) -> int:
+        return sum(space.entries for space in self.spaces)
+
+    @property
+    def verdict(self) -> str:
+        return "check: ok" if self.ok else f"check: {self.problem_count} problem(s)"
+
+    def lines(self) -> list[str]:
+        wal = f" (+ {self.wal_bytes:,} bytes of WAL)" if self.wal_bytes else ""
+        lines = [f"{self.path}: store format {self.format_version}, {self.file_bytes:,} bytes{wal}"]
+        lines += [
+            f"space {space.name!r}: {space.entries} entries ({space.expired} expired, not yet deleted), "
+            f"{space.registrations} registrations"
+            for space in self.spaces
+        ]
+        lines.append(f"request ids: {self.requests}")
+        lines += [f"problem: {problem}" for problem in self.problems]
+        lines.append(self.verdict)
+        return lines
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
+
+
+@dataclass(frozen=True, slots=True)
+class BackupReport:
+    """What `backup_store` copied, and what the check of the copy found."""
+
+    source: Path
+    destination: Path
+    copied_bytes: int
+    seconds: float
+    check: CheckReport
+
+    def __str__(self) -> str:
+        summary = (
+            f"backup: copied {self.copied_bytes:,} bytes ({self.check.entries} entries) from {self.source} "
+            f"to {self.destination} in {self.seconds:.2f} s"
+        )
+        if self.check.ok:
+            return f"{summary}; {self.check.verdict}"
+        return "\n".join(
+            [summary, *(f"problem: {problem}" for problem in self.check.problems), self.check.verdict]
+        )
+
+
+# ---------------------------------------------------------------------- opening without changing
+
+
+def _store_path(data_dir: Path) -> Path:
+    data_dir = Path(data_dir)
+    if not data_dir.exists():
+        raise StoreError(f"{data_dir}: no such data dir")
+    if not data_dir.is_dir():
+        raise StoreError(f"{data_dir} is not a directory; give the data dir that holds {DB_NAME}")
+    path = database_path(data_dir)
+    if not path.is_file():
+        raise StoreError(f"{data_dir} holds no outrig store (no {DB_NAME})")
+    return path
+
+
+def _open_unchanging(path: Path) -> sqlite3.Connection:
+    """A connection that cannot change the store, whether or not a server is using it.
+
+    With a server running, the -wal and -shm files exist and a read-only open reads the latest
+    commits through them. Without them, a read-only open would create both and, being read-only,
+    leave them behind; a read-write connection made query_only creates them and, as the last
+    connection, removes them again when it closes.
+    """
+    modes = ("ro", "rw") if Path(f"{path}-shm").exists() else ("rw",)
+    failure: sqlite3.OperationalError | None = None
+    for mode in modes:
+        connection: sqlite3.Connection | None = None
+        try:
+            # A URI, so that mode=rw never creates a missing file; as_uri() escapes '?' and '#'.
+            uri = f"{path.absolute().as_uri()}?mode={mode}"
+            connection = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=10.0)
+            connection.execute("PRAGMA query_only = ON")
+            connection.execute("PRAGMA schema_version").fetchone()
+        except sqlite3.OperationalError as err:  # cannot open, cannot map the -shm, locked ...
+            if connection is not None:
+                connection.close()
+            failure = err
+            continue
+        except sqlite3.DatabaseError as err:
+            if connection is not None:
+                connection.close()
+            raise IncompatibleStoreError(f"{path} is not an outrig store ({err})") from err
+        return connection
+    raise StoreError(f"cannot read {path}: {failure}") from failure
+
+
+def _verified_format(connection: sqlite3.Connection, path: Path) -> int:
+    """The store's format version, once `check_format` has accepted it."""
+    try:
+        check_format(connection, path)
+        version: int = connection.execute("PRAGMA user_version").fetchone()[0]
+    except sqlite3.OperationalError as err:
+        raise StoreError(f"cannot read {path}: {err}") from err
+    except sqlite3.DatabaseError as err:
+        raise IncompatibleStoreError(f"{path} is not an outrig store ({err})") from err
+    return version
+
+
+# ---------------------------------------------------------------------- check
+
+
+def check_store(data_dir: Path, *, now: float | None = None) -> CheckReport:
+    """Verify the store in `data_dir` without changing it (see `_Checker` for what is verified).
+
+    Raises StoreError (IncompatibleStoreError for another format or a file that is not a store)
+    when there is no store to check; problems found in a store are in the report.
+    """
+    path = _store_path(data_dir)
+    connection = _open_unchanging(path)
+    try:
+        connection.execute("BEGIN")  # one snapshot for every pass, while a server goes on writing
+        version = _verified_format(connection, path)
+        checker = _Checker(connection, time.time() if now is None else now)
+        checker.run()
+        if connection.in_transaction:  # a corrupt page may have ended it already
+            connection.execute("ROLLBACK")
+    finally:
+        connection.close()
+    wal = Path(f"{path}-wal")
+    return CheckReport(
+        path=path,
+        format_version=version,
+        file_bytes=path.stat().st_size,
+        wal_bytes=wal.stat().st_size if wal.exists() else 0,
+        spaces=tuple(
+            SpaceReport(tally.name, tally.entries, tally.expired, tally.registrations)
+            for tally in sorted(checker.spaces.values(), key=lambda tally: tally.name)
+        ),
+        requests=checker.requests,
+        problem_count=checker.problems.count,
+        problems=tuple(checker.problems.listed()),
+    )
+
+
+@dataclass(slots=True)
+class _SpaceTally:
+    name: str
+    next_id: int
+    entries: int = 0
+    expired: int = 0
+    registrations: int = 0
+    max_entry_id: int = 0
+    max_registration_id: int = 0
+
+
+@dataclass(slots=True)
+class _Problems:
+    """Counts every problem; keeps the first few of each kind to name them in the report."""
+
+    count: int = 0
+    _by_kind: dict[str, int] = field(default_factory=dict)
+    _listed: list[str] = field(default_factory=list)
+
+    def add(self, kind: str, message: str) -> None:
+        self.count += 1
+        seen = self._by_kind.get(kind, 0)
+        self._by_kind[kind] = seen + 1
+        if seen < _LISTED_PER_KIND:
+            self._listed.append(message)
+
+    def listed(self) -> Iterator[str]:
+        yield from self._listed
+        for kind, seen in self._by_kind.items():
+            if seen > _LISTED_PER_KIND:
+                yield f"... and {seen - _LISTED_PER_KIND} more {kind}"
+
+
+def _why(err: Exception) -> str:
+    text = str(err)
+    return f"{type(err).__name__}: {text[:120]}{'...' if len(text) > 120 else ''}"
+
+
+class _Checker:
+    """One pass over each table, decoding rows as they stream by; it keeps only per-space counts.
+
+    Verified: SQLite's own integrity_check; every entry payload and every registration's
+    templates decode as the server would decode them at start-up, and so does every stored
+    request result; every row's space number is in `spaces`; each space's next_id is above every
+    entry id and registration id in it (or a restarted server would hand out an id twice); every
+    request result belongs to a request; every type's supertypes are a JSON list of names.
+    """
+
+    def __init__(self, connection: sqlite3.Connection, now: float) -> None:
+        self.execute = connection.execute
+        self.now = now
+        self.spaces: dict[int, _SpaceTally] = {}
+        self.requests = 0
+        self.problems = _Problems()
+
+    def run(self) -> None:
+        passes: list[tuple[str, Callable[[], None]]] = [
+            ("integrity_check did not finish", self._integrity),
+            ("table spaces could not be read to the end", self._scan_spaces),
+            ("table types could not be read to the end", self._scan_types),
+            ("table entries could not be read to the end", self._scan_entries),
+            ("table registrations could not be read to the end", self._scan_registrations),
+            ("table requests could not be read", self._scan_requests),
+            ("table request_results could not be read to the end", self._scan_request_results),
+        ]
+        for failure, scan in passes:
+            try:
+                scan()
+            except sqlite3.DatabaseError as err:  # a corrupt page, a missing table ...
+                self.problems.add("unreadable tables", f"{failure} ({err})")
+        self._check_next_ids()
+
+    def _space(self, number: int, what: str) -> _SpaceTally | None:
+        tally = self.spaces.get(number)
+        if tally is None:
+            self.problems.add(
+                "rows of unknown spaces", f"{what} belongs to space number {number}, not in spaces"
+            )
+        return tally
+
+    def _integrity(self) -> None:
+        for (message,) in self.execute("PRAGMA integrity_check"):
+            if message != "ok":
+                self.problems.add("integrity errors", f"integrity_check: {message}")
+
+    def _scan_spaces(self) -> None:
+        for number, name, next_id in self.execute("SELECT no, name, next_id FROM spaces"):
+            self.spaces[number] = _SpaceTally(name, next_id)
+
+    def _scan_types(self) -> None:
+        for number, name, supertypes in self.execute("SELECT space, name, supertypes FROM types"):
+            tally = self._space(number, f"type {name!r}")
+            try:
+                parents = json.loads(supertypes)
+                valid = isinstance(parents, list) and all(isinstance(parent, str) for parent in parents)
+            except (TypeError, ValueError):
+                valid = False
+            if not valid:
+                where = f" in space {tally.name!r}" if tally is not None else ""
+                self.problems.add(
+                    "bad type rows",
+                    f"type {name!r}{where}: supertypes {supertypes!r:.60} is not a list of names",
+                )
+
+    def _scan_entries(self) -> None:
+        for number, entry_id, expires_at, payload in self.execute(
+            "SELECT space, id, expires_at, payload FROM entries"
+        ):
+            tally = self._space(number, f"entry {entry_id}")
+            if tally is None:
+                continue
+            tally.entries += 1
+            if expires_at is not None and expires_at <= self.now:
+                tally.expired += 1
+            tally.max_entry_id = max(tally.max_entry_id, entry_id)
+            try:
+                codec.stored_entry(payload)
+            # Whatever a bad payload makes the decoder raise, the check reports it and goes on.
+            except Exception as err:
+                self.problems.add(
+                    "undecodable entries",
+                    f"entry {entry_id} in space {tally.name!r}: payload does not decode ({_why(err)})",
+                )
+
+    def _scan_registrations(self) -> None:
+        for number, registration_id, templates in self.execute(
+            "SELECT space, id, templates FROM registrations"
+        ):
+            tally = self._space(number, f"registration {registration_id}")
+            if tally is None:
+                continue
+            tally.registrations += 1
+            tally.max_registration_id = max(tally.max_registration_id, registration_id)
+            try:
+                codec.stored_templates(templates)
+            except Exception as err:  # as for entries
+                self.problems.add(
+                    "undecodable registrations",
+                    f"registration {registration_id} in space {tally.name!r}: "
+                    f"templates do not decode ({_why(err)})",
+                )
+
+    def _scan_requests(self) -> None:
+        (self.requests,) = self.execute("SELECT count(*) FROM requests").fetchone()
+
+    def _scan_request_results(self) -> None:
+        for request_id, position, payload, orphan in self.execute(
+            "SELECT r.request, r.position, r.payload, q.id IS NULL "
+            "FROM request_results AS r LEFT JOIN requests AS q ON q.id = r.request"
+        ):
+            if orphan:
+                self.problems.add(
+                    "orphaned request results", f"request result {request_id!r}#{position} has no request row"
+                )
+            if payload is None:
+                continue
+            try:
+                codec.stored_entry(payload)
+            except Exception as err:  # as for entries
+                self.problems.add(
+                    "undecodable request results",
+                    f"request result {request_id!r}#{position}: payload does not decode ({_why(err)})",
+                )
+
+    def _check_next_ids(self) -> None:
+        for tally in self.spaces.values():
+            for kind, highest in (("entry", tally.max_entry_id), ("registration", tally.max_registration_id)):
+                if highest >= tally.next_id:
+                    self.problems.add(
+                        "spaces behind their ids",
+                        f"space {tally.name!r}: next_id is {tally.next_id} but {kind} {highest} exists "
+                        "(a restarted server could hand out an id twice)",
+                    )
+
+
+# ---------------------------------------------------------------------- backup
+
+
+def backup_store(
+    data_dir: Path,
+    destination: Path,
+    *,
+    pages: int = BACKUP_STEP_PAGES,
+    progress: Callable[[int, int], object] | None = None,
+) -> BackupReport:
+    """Copy the store in `data_dir` to `destination`/outrig.db, then check the copy.
+
+    Safe while a server uses `data_dir` (see the module docstring). `destination` is created if
+    missing and must not already hold a store. The copy is written under a temporary name and
+    appears as outrig.db only once complete, so an interrupted backup leaves no half store.
+    `progress(copied, total)` is called with page counts after each step of `pages` pages.
+    """
+    destination = Path(destination)
+    target = database_path(destination)
+    for suffix in ("", *_SIDE_FILES):
+        if Path(f"{target}{suffix}").exists():
+            raise StoreError(
+                f"{destination} already holds an outrig store ({DB_NAME}{suffix}); back up to a new directory"
+            )
+    path = _store_path(data_dir)
+    started = time.perf_counter()
+    source = _open_unchanging(path)
+    try:
+        source.execute("BEGIN")  # the snapshot every step copies from
+        _verified_format(source, path)
+        try:
+            destination.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise StoreError(f"cannot create {destination}: {err}") from err
+        _copy(source, path, target, pages, progress)
+    finally:
+        source.close()
+    seconds = time.perf_counter() - started
+    return BackupReport(path, target, target.stat().st_size, seconds, check_store(destination))
+
+
+def _copy(
+    source: sqlite3.Connection,
+    path: Path,
+    target: Path,
+    pages: int,
+    progress: Callable[[int, int], object] | None,
+) -> None:
+    """Copy into a temporary file beside `target`, then link it to `target` (never over a file)."""
+    try:
+        fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{DB_NAME}.", suffix=".partial")
+    except OSError as err:
+        raise StoreError(f"cannot write in {target.parent}: {err}") from err
+    os.close(fd)
+    partial = Path(name)
+    try:
+        os.chmod(partial, path.stat().st_mode & 0o777)
+        copy = sqlite3.connect(partial, isolation_level=None)
+        try:
+            copy.execute("PRAGMA synchronous = FULL")  # the copy is on disk when backup() returns
+            source.backup(copy, pages=pages, progress=_pages_copied(progress))
+        finally:
+            copy.close()
+        _publish(partial, target)
+    except FileExistsError:
+        raise StoreError(
+            f"{target.parent} already holds an outrig store ({DB_NAME}); nothing was copied"
+        ) from None
+    except (OSError, sqlite3.Error) as err:
+        raise StoreError(f"backup of {path} to {target} failed: {err}") from err
+    finally:
+        for suffix in ("", *_SIDE_FILES):
+            Path(f"{partial}{suffix}").unlink(missing_ok=True)
+    directory = os.open(target.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)  # the new name survives a power cut too
+    finally:
+        os.close(directory)
+
+
+def _publish(partial: Path, target: Path) -> None:
+    """Give the finished copy its name; never replace a store that appeared there meanwhile."""
+    try:
+        os.link(partial, target)  # fails if target exists, atomically
+    except FileExistsError:
+        raise
+    except OSError:  # a file system without hard links: check, then rename
+        if target.exists():
+            raise FileExistsError(target) from None
+        os.rename(partial, target)
+
+
+def _pages_copied(
+    progress: Callable[[int, int], object] | None,
+) -> Callable[[int, int, int], object] | None:
+    """sqlite3's progress(status, remaining, total) as progress(copied, total)."""
+    if progress is None:
+        return None
+    return lambda status, remaining, total: progress(total - remaining, total)

@@ -1,0 +1,383 @@
+"""Group commit: changes applied in memory are written to SQLite together, one fsync per batch.
+
+Each change to a space (a write, a take, a renewal ...) is applied to the in-memory engine at
+once, on the event loop, and submitted here as records. Records submitted while the previous
+batch is being written join the next batch, so one transaction and one fsync serve every change
+that arrived meanwhile: the busier the server, the fuller the batches. With the `always` policy
+the caller awaits its batch before replying, so nothing is acknowledged before it is durable; with
+`interval` the caller replies at once and batches are written every `interval` seconds (a crash
+loses the last interval's acknowledged changes, as documented).
+
+A batch that cannot be written (full disk, failing fsync) is rolled back by SQLite, and the
+changes of that batch and of every later one are undone in memory, newest first, so memory again
+equals the store; their callers get UNAVAILABLE. Until a probe transaction succeeds again (tried
+every `probe_interval`), `check()` refuses new changes with UNAVAILABLE while reads go on. The
+connection is reopened before each probe: after a failed fsync the file's state in the page cache
+cannot be trusted (the PostgreSQL "fsyncgate" lesson), so nothing retries on the old handle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from outrig.service.exceptions import StoreUnavailableError
+from outrig.service.store.schema import connect, transaction
+
+log = logging.getLogger("outrig.service.store")
+
+Record = tuple[Any, ...]
+"""(kind, *arguments); the kinds are the methods of `_Writer` named `_<kind>`."""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchStatistics:
+    """How group commit has gone: batches written, the operations and records (rows changed) in
+    them, and the time spent writing them."""
+
+    batches: int
+    operations: int
+    records: int
+    commit_seconds: float
+
+
+class _Writer:
+    """Applies records to the database: the statements on the event loop, the COMMIT (and its
+    fsync) on the journal's thread, never both at once.
+
+    Statements only change SQLite's page cache and take microseconds; running them on the loop
+    avoids a GIL hand-over per statement, which under load costs the store thread up to a whole
+    switch interval (5 ms) each time it wants the GIL back. The COMMIT is one hand-over per batch.
+    """
+
+    def __init__(self, connection: sqlite3.Connection, dump: Callable[[object], bytes]) -> None:
+        self.connection = connection
+        self._dump = dump
+        self._space_numbers: dict[str, int] = {}
+
+    def space_number(self, name: str) -> int:
+        number = self._space_numbers.get(name)
+        if number is None:
+            execute = self.connection.execute
+            execute("INSERT OR IGNORE INTO spaces (name, next_id) VALUES (?, 1)", (name,))
+            number = execute("SELECT no FROM spaces WHERE name = ?", (name,)).fetchone()[0]
+            self._space_numbers[name] = number
+        return number
+
+    def apply(self, records: Sequence[Record]) -> None:
+        """Begin a transaction and run the records' statements (on the loop)."""
+        self.connection.execute("BEGIN IMMEDIATE")
+        try:
+            for kind, *args in records:
+                getattr(self, "_" + kind)(*args)
+        except BaseException:
+            self.rollback()
+            raise
+
+    def commit(self) -> None:
+        """Commit, which writes and fsyncs the WAL (on the journal's thread)."""
+        try:
+            self.connection.execute("COMMIT")
+        except BaseException:
+            self.rollback()
+            raise
+
+    def rollback(self) -> None:
+        with contextlib.suppress(sqlite3.Error):
+            if self.connection.in_transaction:
+                self.connection.execute("ROLLBACK")
+
+    # One method per record kind.
+
+    def _put(
+        self, space: str, entry_id: int, arrival: int, expires_at: float | None, payload: object
+    ) -> None:
+        self.connection.execute(
+            "INSERT OR REPLACE INTO entries (space, id, arrival, expires_at, payload) VALUES (?, ?, ?, ?, ?)",
+            (self.space_number(space), entry_id, arrival, expires_at, self._dump(payload)),
+        )
+
+    def _delete(self, space: str, entry_id: int) -> None:
+        self.connection.execute(
+            "DELETE FROM entries WHERE space = ? AND id = ?", (self.space_number(space), entry_id)
+        )
+
+    def _entry_expiry(self, space: str, entry_id: int, expires_at: float | None) -> None:
+        self.connection.execute(
+            "UPDATE entries SET expires_at = ? WHERE space = ? AND id = ?",
+            (expires_at, self.space_number(space), entry_id),
+        )
+
+    def _next_id(self, space: str, next_id: int) -> None:
+        self.connection.execute(
+            "UPDATE spaces SET next_id = max(next_id, ?) WHERE no = ?", (next_id, self.space_number(space))
+        )
+
+    def _type(self, space: str, name: str, supertypes: str) -> None:
+        self.connection.execute(
+            "INSERT OR IGNORE INTO types (space, name, supertypes) VALUES (?, ?, ?)",
+            (self.space_number(space), name, supertypes),
+        )
+
+    def _register(
+        self, space: str, registration_id: int, expires_at: float | None, templates: bytes, sequence: int
+    ) -> None:
+        self.connection.execute(
+            "INSERT OR REPLACE INTO registrations (space, id, expires_at, templates, sequence) "
+            "VALUES (?, ?, ?, ?, ?)",
+            (self.space_number(space), registration_id, expires_at, templates, sequence),
+        )
+
+    def _unregister(self, space: str, registration_id: int) -> None:
+        self.connection.execute(
+            "DELETE FROM registrations WHERE space = ? AND id = ?",
+            (self.space_number(space), registration_id),
+        )
+
+    def _registration_expiry(self, space: str, registration_id: int, expires_at: float | None) -> None:
+        self.connection.execute(
+            "UPDATE registrations SET expires_at = ? WHERE space = ? AND id = ?",
+            (expires_at, self.space_number(space), registration_id),
+        )
+
+    def _sequence(self, space: str, registration_id: int, sequence: int) -> None:
+        self.connection.execute(
+            "UPDATE registrations SET sequence = max(sequence, ?) WHERE space = ? AND id = ?",
+            (sequence, self.space_number(space), registration_id),
+        )
+
+    def _request(self, request_id: str, space: str, kind: str, expires_at: float) -> None:
+        self.connection.execute(
+            "INSERT OR REPLACE INTO requests (id, space, kind, expires_at) VALUES (?, ?, ?, ?)",
+            (request_id, space, kind, expires_at),
+        )
+
+    def _result(
+        self,
+        request_id: str,
+        position: int,
+        entry_id: int,
+        expires_at: float | None,
+        granted: float | None,
+        payload: object | None,
+    ) -> None:
+        self.connection.execute(
+            "INSERT OR REPLACE INTO request_results "
+            "(request, position, entry_id, expires_at, granted, payload) VALUES (?, ?, ?, ?, ?, ?)",
+            (
+                request_id,
+                position,
+                entry_id,
+                expires_at,
+                granted,
+                None if payload is None else self._dump(payload),
+            ),
+        )
+
+    def _prune_requests(self, now: float) -> None:
+        execute = self.connection.execute
+        execute(
+            "DELETE FROM request_results WHERE request IN (SELECT id FROM requests WHERE expires_at <= ?)",
+            (now,),
+        )
+        execute("DELETE FROM requests WHERE expires_at <= ?", (now,))
+
+
+class _Batch:
+    """Changes that will be committed together, and the future their callers await."""
+
+    __slots__ = ("future", "operations", "records", "undos")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.records: list[Record] = []
+        self.operations = 0
+        self.undos: list[Callable[[], None]] = []
+        self.future: asyncio.Future[None] = loop.create_future()
+        # A batch nobody awaits (interval policy) must not log "exception never retrieved".
+        self.future.add_done_callback(_retrieve)
+
+
+def _retrieve(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+class Journal:
+    """The group committer of one store (see the module docstring)."""
+
+    def __init__(
+        self,
+        path: Path,
+        connection: sqlite3.Connection,
+        dump: Callable[[object], bytes],
+        *,
+        wait: bool = True,
+        interval: float = 0.0,
+        probe_interval: float = 1.0,
+    ) -> None:
+        self._path = path
+        self._dump = dump
+        self.waits = wait
+        self._interval = interval
+        self._probe_interval = probe_interval
+        self._writer = _Writer(connection, dump)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="outrig-store")
+        self._open: _Batch | None = None  # accepting records
+        self._writing: _Batch | None = None  # being written
+        self._connection_lock = asyncio.Lock()  # the loop's turn to use the connection
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self._failure: StoreUnavailableError | None = None
+        self._batches = 0
+        self._changes = 0
+        self._operations = 0
+        self._commit_seconds = 0.0
+
+    # ------------------------------------------------------------------ the loop side
+
+    def check(self) -> None:
+        """Raise StoreUnavailableError while the store cannot take changes."""
+        if self._failure is not None:
+            raise self._failure
+
+    def submit(
+        self, records: Sequence[Record], undo: Callable[[], None] | None = None
+    ) -> asyncio.Future[None]:
+        """Queue a change already applied in memory; the future resolves once it is durable (or
+        fails with StoreUnavailableError, after `undo` has reverted it in memory)."""
+        self.check()
+        batch = self._open
+        if batch is None:
+            batch = self._open = _Batch(asyncio.get_running_loop())
+            self._wake.set()
+        batch.records.extend(records)
+        batch.operations += 1
+        if undo is not None:
+            batch.undos.append(undo)
+        return batch.future
+
+    def note(self, records: Sequence[Record]) -> None:
+        """Queue bookkeeping nobody waits for (expired leases, pruning); dropped while failed."""
+        if self._failure is None:
+            self.submit(records)
+
+    @property
+    def pending(self) -> asyncio.Future[None] | None:
+        """The future of the last batch not yet durable, if any."""
+        batch = self._open or self._writing
+        return None if batch is None else batch.future
+
+    async def read(self, sql: str, parameters: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Run a query between batches (for the rare reads made while serving: a retry's result)."""
+        async with self._connection_lock:
+            return self._writer.connection.execute(sql, parameters).fetchall()
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="outrig-journal")
+
+    async def close(self) -> None:
+        """Write what is queued, then stop and close the connection."""
+        self._closing = True
+        self._wake.set()
+        if self._task is not None:
+            await self._task
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, self._writer.connection.close)
+        self._executor.shutdown(wait=True)
+        stats = self.statistics()
+        if stats.batches:
+            log.info(
+                "store closed: %d batches, %d operations (%.1f per batch), %.2f ms per batch",
+                stats.batches,
+                stats.operations,
+                stats.operations / stats.batches,
+                1000 * stats.commit_seconds / stats.batches,
+            )
+
+    def statistics(self) -> BatchStatistics:
+        return BatchStatistics(self._batches, self._operations, self._changes, self._commit_seconds)
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if self._interval and not self._closing:
+                await asyncio.sleep(self._interval)
+            if self._failure is not None:
+                if self._closing:
+                    return
+                await self._probe()
+                continue
+            batch = self._open
+            if batch is not None:
+                await self._write(batch)
+            if self._closing and self._open is None:
+                return
+
+    async def _write(self, batch: _Batch) -> None:
+        self._open, self._writing = None, batch
+        loop = asyncio.get_running_loop()
+        started = time.perf_counter()
+        try:
+            async with self._connection_lock:
+                writer = self._writer
+                writer.apply(batch.records)
+                await loop.run_in_executor(self._executor, writer.commit)
+        except Exception as err:  # sqlite3.Error, OSError, or a bug: never acknowledge the batch
+            self._fail(batch, err)
+        else:
+            self._batches += 1
+            self._operations += batch.operations
+            self._changes += len(batch.records)
+            self._commit_seconds += time.perf_counter() - started
+            batch.future.set_result(None)
+        finally:
+            self._writing = None
+            if self._open is not None:
+                self._wake.set()
+
+    def _fail(self, batch: _Batch, err: Exception) -> None:
+        self._failure = StoreUnavailableError(
+            f"the store in {self._path.parent} cannot persist changes ({err}); nothing of them was "
+            f"acknowledged. Reads go on; changes resume once the store is writable again."
+        )
+        log.error("store write failed, changes refused until the store is writable again: %s", err)
+        later, self._open = self._open, None
+        failed = [batch] if later is None else [batch, later]
+        for each in reversed(failed):
+            for undo in reversed(each.undos):
+                undo()
+        for each in failed:
+            each.future.set_exception(self._failure)
+        self._wake.set()  # start probing
+
+    async def _probe(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._failure is not None and not self._closing:
+            await asyncio.sleep(self._probe_interval)
+            try:
+                await loop.run_in_executor(self._executor, self._reopen_and_probe)
+            except sqlite3.Error as err:
+                log.warning("store still not writable: %s", err)
+                continue
+            log.warning("store writable again; accepting changes")
+            self._failure = None
+
+    def _reopen_and_probe(self) -> None:
+        with contextlib.suppress(sqlite3.Error):
+            self._writer.connection.close()
+        connection = connect(self._path)
+        self._writer = _Writer(connection, self._dump)
+        with transaction(connection):
+            connection.execute(
+                "INSERT OR REPLACE INTO meta (key, value) VALUES ('last_probe', ?)", (f"{time.time():.3f}",)
+            )

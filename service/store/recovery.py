@@ -1,0 +1,119 @@
+"""Start-up: rebuild the in-memory spaces from the store.
+
+Entries are loaded in arrival order, so each space's buckets come back in the order they had.
+Entries and registrations whose leases ran out while the server was down are deleted, not loaded.
+Registrations restart their sequence numbers 2**31 above the stored one, so a listener that
+resumes sees a jump and knows events may have been missed. Request ids still inside their window
+are remembered again (their results stay in the store).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from google.protobuf.message import DecodeError
+
+from outrig.service import codec
+from outrig.service.exceptions import SpaceError, StoreError
+from outrig.service.store.schema import transaction
+
+if TYPE_CHECKING:
+    from outrig.service.embedded import EmbeddedBackend
+
+SEQUENCE_JUMP = 1 << 31
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryReport:
+    """What a start-up found in the store."""
+
+    spaces: int
+    entries: int
+    expired: int
+    registrations: int
+    requests: int
+    seconds: float
+
+    def __str__(self) -> str:
+        return (
+            f"recovered {self.entries} entries in {self.spaces} spaces, {self.registrations} notify "
+            f"registrations and {self.requests} request ids in {self.seconds:.2f} s "
+            f"({self.expired} expired while the server was down)"
+        )
+
+
+def recover(connection: sqlite3.Connection, backend: EmbeddedBackend, now: float) -> RecoveryReport:
+    """Load everything the store holds into `backend`'s spaces; delete what has expired.
+
+    A store that cannot be loaded (a row that does not decode, a broken reference) is a
+    StoreError naming the data dir, never a traceback: `outrig check` tells what is wrong."""
+    try:
+        return _recover(connection, backend, now)
+    except StoreError:
+        raise
+    except (sqlite3.DatabaseError, KeyError, ValueError, DecodeError, SpaceError) as err:
+        path = connection.execute("PRAGMA database_list").fetchone()[2]
+        raise StoreError(
+            f"the store {path} cannot be loaded ({type(err).__name__}: {err}); "
+            f"`outrig check` on its data dir lists its problems"
+        ) from err
+
+
+def _recover(connection: sqlite3.Connection, backend: EmbeddedBackend, now: float) -> RecoveryReport:
+    started = time.perf_counter()
+    execute = connection.execute
+    names: dict[int, str] = {}
+    for number, name, next_id in execute("SELECT no, name, next_id FROM spaces"):
+        names[number] = name
+        backend.engine(name).resume_ids(next_id)
+    for number, name, supertypes in execute("SELECT space, name, supertypes FROM types"):
+        backend.engine(names[number]).declare(name, tuple(json.loads(supertypes)))
+    loaded = expired = 0
+    engine = None
+    current = -1
+    rows = execute(
+        "SELECT space, id, arrival, expires_at, payload FROM entries "
+        "WHERE expires_at IS NULL OR expires_at > ? ORDER BY space, arrival",
+        (now,),
+    )
+    for number, entry_id, arrival, expires_at, payload in rows:
+        if number != current:
+            current, engine = number, backend.engine(names[number])
+        assert engine is not None
+        engine.load(entry_id, arrival, codec.stored_entry(payload), expires_at)
+        loaded += 1
+    registrations = 0
+    for number, registration_id, expires_at, templates, sequence in execute(
+        "SELECT space, id, expires_at, templates, sequence FROM registrations "
+        "WHERE expires_at IS NULL OR expires_at > ?",
+        (now,),
+    ):
+        backend.restore_subscription(
+            names[number],
+            registration_id,
+            codec.stored_templates(templates),
+            expires_at,
+            sequence + SEQUENCE_JUMP,
+        )
+        registrations += 1
+    requests = 0
+    for request_id, space, kind, expires_at in execute(
+        "SELECT id, space, kind, expires_at FROM requests WHERE expires_at > ? ORDER BY expires_at", (now,)
+    ):
+        backend.restore_request(request_id, space, kind, expires_at)
+        requests += 1
+    with transaction(connection):
+        expired = execute("DELETE FROM entries WHERE expires_at <= ?", (now,)).rowcount
+        execute("DELETE FROM registrations WHERE expires_at <= ?", (now,))
+        # The jump is stored at once, so a second crash before any event jumps again from here.
+        execute("UPDATE registrations SET sequence = sequence + ?", (SEQUENCE_JUMP,))
+        execute(
+            "DELETE FROM request_results WHERE request IN (SELECT id FROM requests WHERE expires_at <= ?)",
+            (now,),
+        )
+        execute("DELETE FROM requests WHERE expires_at <= ?", (now,))
+    return RecoveryReport(len(names), loaded, expired, registrations, requests, time.perf_counter() - started)

@@ -1,0 +1,178 @@
+"""The data directory: one SQLite database in WAL mode, its schema, its version and its lock.
+
+    DATA_DIR/outrig.db        the record (SQLite, WAL mode; -wal and -shm beside it)
+    DATA_DIR/outrig.lock      held (flock) by the one server using the directory
+
+The in-memory indexes serve every request; this database is what they are rebuilt from at start.
+Tables (the `space` columns hold a space's number from `spaces`, except in `requests`, which
+names the space):
+
+    meta(key, value)                       format version, who created the store and when
+    spaces(no, name, next_id)              each space, and the id it hands out next
+    types(space, name, supertypes)         declared types (supertypes as a JSON list)
+    entries(space, id, arrival, expires_at, payload)       live entries; payload is the
+                                           protobuf-encoded outrig.v1.Entry
+    registrations(space, id, expires_at, templates, sequence)  notify registrations; templates
+                                           is a protobuf-encoded outrig.v1.NotifyRequest
+    requests(id, space, kind, expires_at)  idempotency keys within their window
+    request_results(request, position, entry_id, expires_at, granted, payload)
+                                           what the first call answered, row by row
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import sqlite3
+import time
+from pathlib import Path
+
+from outrig.service.exceptions import IncompatibleStoreError, StoreLockedError
+
+DB_NAME = "outrig.db"
+LOCK_NAME = "outrig.lock"
+# 'outr': marks the file as an outrig store (SQLite's application_id header field).
+APPLICATION_ID = 0x6F757472
+# Bump on any change a server of the previous version could not read; say what changed here.
+# 1: the first durable format.
+FORMAT_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE spaces (no INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, next_id INTEGER NOT NULL);
+CREATE TABLE types (
+    space INTEGER NOT NULL, name TEXT NOT NULL, supertypes TEXT NOT NULL,
+    PRIMARY KEY (space, name)
+) WITHOUT ROWID;
+CREATE TABLE entries (
+    space INTEGER NOT NULL, id INTEGER NOT NULL, arrival INTEGER NOT NULL,
+    expires_at REAL, payload BLOB NOT NULL,
+    PRIMARY KEY (space, id)
+);
+CREATE TABLE registrations (
+    space INTEGER NOT NULL, id INTEGER NOT NULL, expires_at REAL,
+    templates BLOB NOT NULL, sequence INTEGER NOT NULL,
+    PRIMARY KEY (space, id)
+);
+CREATE TABLE requests (
+    id TEXT PRIMARY KEY, space TEXT NOT NULL, kind TEXT NOT NULL, expires_at REAL NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX requests_by_expiry ON requests (expires_at);
+CREATE TABLE request_results (
+    request TEXT NOT NULL, position INTEGER NOT NULL, entry_id INTEGER NOT NULL,
+    expires_at REAL, granted REAL, payload BLOB,
+    PRIMARY KEY (request, position)
+);
+"""
+
+
+def database_path(data_dir: Path) -> Path:
+    return Path(data_dir) / DB_NAME
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    """A connection with outrig's settings: WAL, fsync at every commit, explicit transactions."""
+    connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=10.0)
+    connection.execute("PRAGMA journal_mode = WAL")
+    # FULL: a commit returns only once the WAL is fsynced, so an acknowledged change survives a
+    # power cut, not only a crash of the server.
+    connection.execute("PRAGMA synchronous = FULL")
+    connection.execute("PRAGMA foreign_keys = OFF")
+    return connection
+
+
+def check_format(connection: sqlite3.Connection, path: Path) -> None:
+    """Refuse a file that is not an outrig store of this format version."""
+    application_id = connection.execute("PRAGMA application_id").fetchone()[0]
+    version = connection.execute("PRAGMA user_version").fetchone()[0]
+    if application_id != APPLICATION_ID:
+        raise IncompatibleStoreError(f"{path} is not an outrig store (application_id {application_id:#x})")
+    if version != FORMAT_VERSION:
+        newer = "a newer" if version > FORMAT_VERSION else "an older"
+        raise IncompatibleStoreError(
+            f"{path} has store format {version}, written by {newer} outrig; this outrig reads format "
+            f"{FORMAT_VERSION}. Use the matching outrig version, or start from an empty data dir."
+        )
+
+
+def open_store(data_dir: Path, software_version: str) -> sqlite3.Connection:
+    """Open (creating if new) the store in `data_dir`, checking that this outrig can read it."""
+    path = database_path(data_dir)
+    try:
+        connection = connect(path)
+    except sqlite3.DatabaseError as err:
+        raise IncompatibleStoreError(f"{path} is not an outrig store ({err})") from err
+    try:
+        tables = connection.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+        if tables == 0 and connection.execute("PRAGMA application_id").fetchone()[0] == 0:
+            # One transaction: a crash during the first start leaves an empty file, not a store
+            # without its marks (the header PRAGMAs are transactional).
+            connection.executescript(
+                "BEGIN IMMEDIATE;"
+                + _SCHEMA
+                + f"PRAGMA application_id = {APPLICATION_ID};"
+                + f"PRAGMA user_version = {FORMAT_VERSION};"
+                + "COMMIT;"
+            )
+            with transaction(connection):
+                connection.executemany(
+                    "INSERT INTO meta (key, value) VALUES (?, ?)",
+                    [("created_by", f"outrig {software_version}"), ("created_at", f"{time.time():.3f}")],
+                )
+        check_format(connection, path)
+    except sqlite3.DatabaseError as err:
+        connection.close()
+        raise IncompatibleStoreError(f"{path}: {err}") from err
+    except BaseException:
+        connection.close()
+        raise
+    return connection
+
+
+@contextlib.contextmanager
+def transaction(connection: sqlite3.Connection):  # type: ignore[no-untyped-def]
+    """BEGIN IMMEDIATE ... COMMIT, or ROLLBACK on any error."""
+    if not connection.in_transaction:
+        connection.execute("BEGIN IMMEDIATE")
+    try:
+        yield connection
+    except BaseException:
+        if connection.in_transaction:
+            connection.execute("ROLLBACK")
+        raise
+    if connection.in_transaction:
+        connection.execute("COMMIT")
+
+
+class DataDirLock:
+    """An exclusive lock on a data directory, so a second server cannot open the same store.
+
+    flock is released by the kernel when the holder dies, so a SIGKILLed server never leaves a
+    stale lock behind.
+    """
+
+    def __init__(self, data_dir: Path) -> None:
+        self.path = Path(data_dir) / LOCK_NAME
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise StoreLockedError(
+                f"data dir {self.path.parent} is in use by another outrig server (pid {holder}); "
+                "one data dir serves one server at a time"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
