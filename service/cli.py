@@ -86,7 +86,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _store_command(args: argparse.Namespace) -> int:
     """`outrig backup` and `outrig check`: 0 ok, 1 the store has problems, 2 nothing to work on."""
-    from outrig.service.store.admin import backup_store, check_store
+    from outrig.service.store.backup import backup_store
+    from outrig.service.store.check import check_store
 
     try:
         if args.command == "check":

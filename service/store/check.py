@@ -1,21 +1,14 @@
-"""`outrig backup` and `outrig check`: copy a store and verify one, while a server may be using it.
+"""`outrig check`: verify a store without changing it, while a server may be using it.
 
-Neither takes the data dir's lock, and neither writes to the store. Both read inside one read
+It does not take the data dir's lock and never writes to the store. It reads inside one read
 transaction, which in WAL mode is a snapshot that never blocks the server's commits: the server
-goes on writing to the WAL while the copy or the check sees the store as it was when they began.
-
-The backup copies that snapshot through SQLite's backup API a step of `pages` pages at a time.
-The steps share the one read transaction on purpose: between steps without it, SQLite restarts a
-backup from the first page whenever another process (the server) has committed, so against a
-busy server a large store would never finish copying.
+goes on writing to the WAL while the check sees the store as it was when it began.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -25,11 +18,8 @@ from outrig.service import codec
 from outrig.service.exceptions import IncompatibleStoreError, StoreError
 from outrig.service.store.schema import DB_NAME, check_format, database_path
 
-# Pages copied per backup step (4 MiB with SQLite's default 4 KiB pages).
-BACKUP_STEP_PAGES = 1024
 # How many problems of each kind the check lists by name; it counts all of them.
 _LISTED_PER_KIND = 5
-_SIDE_FILES = ("-journal", "-wal", "-shm")
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,32 +74,10 @@ class CheckReport:
         return "\n".join(self.lines())
 
 
-@dataclass(frozen=True, slots=True)
-class BackupReport:
-    """What `backup_store` copied, and what the check of the copy found."""
-
-    source: Path
-    destination: Path
-    copied_bytes: int
-    seconds: float
-    check: CheckReport
-
-    def __str__(self) -> str:
-        summary = (
-            f"backup: copied {self.copied_bytes:,} bytes ({self.check.entries} entries) from {self.source} "
-            f"to {self.destination} in {self.seconds:.2f} s"
-        )
-        if self.check.ok:
-            return f"{summary}; {self.check.verdict}"
-        return "\n".join(
-            [summary, *(f"problem: {problem}" for problem in self.check.problems), self.check.verdict]
-        )
-
-
 # ---------------------------------------------------------------------- opening without changing
 
 
-def _store_path(data_dir: Path) -> Path:
+def store_path(data_dir: Path) -> Path:
     data_dir = Path(data_dir)
     if not data_dir.exists():
         raise StoreError(f"{data_dir}: no such data dir")
@@ -121,7 +89,7 @@ def _store_path(data_dir: Path) -> Path:
     return path
 
 
-def _open_unchanging(path: Path) -> sqlite3.Connection:
+def open_unchanging(path: Path) -> sqlite3.Connection:
     """A connection that cannot change the store, whether or not a server is using it.
 
     With a server running, the -wal and -shm files exist and a read-only open reads the latest
@@ -152,7 +120,7 @@ def _open_unchanging(path: Path) -> sqlite3.Connection:
     raise StoreError(f"cannot read {path}: {failure}") from failure
 
 
-def _verified_format(connection: sqlite3.Connection, path: Path) -> int:
+def verified_format(connection: sqlite3.Connection, path: Path) -> int:
     """The store's format version, once `check_format` has accepted it."""
     try:
         check_format(connection, path)
@@ -173,11 +141,11 @@ def check_store(data_dir: Path, *, now: float | None = None) -> CheckReport:
     Raises StoreError (IncompatibleStoreError for another format or a file that is not a store)
     when there is no store to check; problems found in a store are in the report.
     """
-    path = _store_path(data_dir)
-    connection = _open_unchanging(path)
+    path = store_path(data_dir)
+    connection = open_unchanging(path)
     try:
         connection.execute("BEGIN")  # one snapshot for every pass, while a server goes on writing
-        version = _verified_format(connection, path)
+        version = verified_format(connection, path)
         checker = _Checker(connection, time.time() if now is None else now)
         checker.run()
         if connection.in_transaction:  # a corrupt page may have ended it already
@@ -373,104 +341,3 @@ class _Checker:
                         f"space {tally.name!r}: next_id is {tally.next_id} but {kind} {highest} exists "
                         "(a restarted server could hand out an id twice)",
                     )
-
-
-# ---------------------------------------------------------------------- backup
-
-
-def backup_store(
-    data_dir: Path,
-    destination: Path,
-    *,
-    pages: int = BACKUP_STEP_PAGES,
-    progress: Callable[[int, int], object] | None = None,
-) -> BackupReport:
-    """Copy the store in `data_dir` to `destination`/outrig.db, then check the copy.
-
-    Safe while a server uses `data_dir` (see the module docstring). `destination` is created if
-    missing and must not already hold a store. The copy is written under a temporary name and
-    appears as outrig.db only once complete, so an interrupted backup leaves no half store.
-    `progress(copied, total)` is called with page counts after each step of `pages` pages.
-    """
-    destination = Path(destination)
-    target = database_path(destination)
-    for suffix in ("", *_SIDE_FILES):
-        if Path(f"{target}{suffix}").exists():
-            raise StoreError(
-                f"{destination} already holds an outrig store ({DB_NAME}{suffix}); back up to a new directory"
-            )
-    path = _store_path(data_dir)
-    started = time.perf_counter()
-    source = _open_unchanging(path)
-    try:
-        source.execute("BEGIN")  # the snapshot every step copies from
-        _verified_format(source, path)
-        try:
-            destination.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            raise StoreError(f"cannot create {destination}: {err}") from err
-        _copy(source, path, target, pages, progress)
-    finally:
-        source.close()
-    seconds = time.perf_counter() - started
-    return BackupReport(path, target, target.stat().st_size, seconds, check_store(destination))
-
-
-def _copy(
-    source: sqlite3.Connection,
-    path: Path,
-    target: Path,
-    pages: int,
-    progress: Callable[[int, int], object] | None,
-) -> None:
-    """Copy into a temporary file beside `target`, then link it to `target` (never over a file)."""
-    try:
-        fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{DB_NAME}.", suffix=".partial")
-    except OSError as err:
-        raise StoreError(f"cannot write in {target.parent}: {err}") from err
-    os.close(fd)
-    partial = Path(name)
-    try:
-        os.chmod(partial, path.stat().st_mode & 0o777)
-        copy = sqlite3.connect(partial, isolation_level=None)
-        try:
-            copy.execute("PRAGMA synchronous = FULL")  # the copy is on disk when backup() returns
-            source.backup(copy, pages=pages, progress=_pages_copied(progress))
-        finally:
-            copy.close()
-        _publish(partial, target)
-    except FileExistsError:
-        raise StoreError(
-            f"{target.parent} already holds an outrig store ({DB_NAME}); nothing was copied"
-        ) from None
-    except (OSError, sqlite3.Error) as err:
-        raise StoreError(f"backup of {path} to {target} failed: {err}") from err
-    finally:
-        for suffix in ("", *_SIDE_FILES):
-            Path(f"{partial}{suffix}").unlink(missing_ok=True)
-    directory = os.open(target.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)  # the new name survives a power cut too
-    finally:
-        os.close(directory)
-
-
-def _publish(partial: Path, target: Path) -> None:
-    """Give the finished copy its name; never replace a store that appeared there meanwhile."""
-    try:
-        os.link(partial, target)  # fails if target exists, atomically
-    except FileExistsError:
-        raise
-    except OSError:  # a file system without hard links: check, then rename
-        if target.exists():
-            raise FileExistsError(target) from None
-        os.rename(partial, target)
-
-
-def _pages_copied(
-    progress: Callable[[int, int], object] | None,
-) -> Callable[[int, int, int], object] | None:
-    """sqlite3's progress(status, remaining, total) as progress(copied, total)."""
-    if progress is None:
-        return None
-    return lambda status, remaining, total: progress(total - remaining, total)

@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 import outrig
-from outrig.service.store.admin import backup_store, check_store
+from outrig.service.store.backup import backup_store
+from outrig.service.store.check import check_store
 from outrig.service.store.schema import FORMAT_VERSION
 
 from ..conftest import ServerProcess, start_server
