@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any
@@ -50,8 +49,6 @@ _SLICE = 1024
 # A registration's sequence number is stored again once it has moved this far, so that after a
 # crash, restarting it at the stored number + 2**31 (recovery.SEQUENCE_JUMP) never reuses a number.
 _SEQUENCE_STEP = 1 << 30
-# Seconds between deletions of expired request ids from the store.
-_PRUNE_EVERY = 10.0
 
 
 class EmbeddedSubscription:
@@ -237,16 +234,16 @@ class EmbeddedBackend:
 
     async def _reap_forever(self) -> None:
         batch = self.config.reap_batch
-        last_prune = time.monotonic()
         while True:
             await asyncio.sleep(self.config.reap_interval)
             for engine in list(self._spaces.values()):
                 while engine.reap(batch) >= batch:  # noqa: ASYNC110 - bounded batches, not a wait
                     await asyncio.sleep(0)  # let requests run between batches
-            if time.monotonic() - last_prune >= _PRUNE_EVERY:
-                last_prune = time.monotonic()
-                while self._requests.prune(batch) >= batch:  # noqa: ASYNC110
-                    await asyncio.sleep(0)
+            pruned = 0
+            while (step := self._requests.prune(batch)) >= batch:
+                pruned += step
+                await asyncio.sleep(0)
+            if pruned + step:
                 self.note([("prune_requests", self.clock.time())])
 
     # ------------------------------------------------------------------ the journal

@@ -34,6 +34,9 @@ from outrig.service.store.schema import connect, transaction
 
 log = logging.getLogger("outrig.service.store")
 
+# Request ids deleted from the store per batch at most (their window has passed).
+PRUNE_LIMIT = 5000
+
 Record = tuple[Any, ...]
 """(kind, *arguments); the kinds are the methods of `_Writer` named `_<kind>`."""
 
@@ -62,6 +65,7 @@ class _Writer:
         self.connection = connection
         self._dump = dump
         self._space_numbers: dict[str, int] = {}
+        self._prune_before: float | None = None
 
     def space_number(self, name: str) -> int:
         number = self._space_numbers.get(name)
@@ -75,6 +79,7 @@ class _Writer:
     def apply(self, records: Sequence[Record]) -> None:
         """Begin a transaction and run the records' statements (on the loop)."""
         self.connection.execute("BEGIN IMMEDIATE")
+        self._prune_before: float | None = None
         try:
             for kind, *args in records:
                 getattr(self, "_" + kind)(*args)
@@ -83,8 +88,12 @@ class _Writer:
             raise
 
     def commit(self) -> None:
-        """Commit, which writes and fsyncs the WAL (on the journal's thread)."""
+        """Commit, which writes and fsyncs the WAL (on the journal's thread). Bulk deletions run
+        here too: each is one SQLite step, in C with the GIL released, so it costs the loop
+        nothing however many rows it removes."""
         try:
+            if self._prune_before is not None:
+                self._delete_expired_requests(self._prune_before)
             self.connection.execute("COMMIT")
         except BaseException:
             self.rollback()
@@ -183,12 +192,13 @@ class _Writer:
         )
 
     def _prune_requests(self, now: float) -> None:
+        self._prune_before = now  # done by commit(), on the store thread
+
+    def _delete_expired_requests(self, now: float) -> None:
+        expired = "SELECT id FROM requests WHERE expires_at <= ? ORDER BY expires_at, id LIMIT ?"
         execute = self.connection.execute
-        execute(
-            "DELETE FROM request_results WHERE request IN (SELECT id FROM requests WHERE expires_at <= ?)",
-            (now,),
-        )
-        execute("DELETE FROM requests WHERE expires_at <= ?", (now,))
+        execute(f"DELETE FROM request_results WHERE request IN ({expired})", (now, PRUNE_LIMIT))
+        execute(f"DELETE FROM requests WHERE id IN ({expired})", (now, PRUNE_LIMIT))
 
 
 class _Batch:

@@ -268,6 +268,29 @@ async def test_request_ids_are_forgotten_after_their_window(config: ServerConfig
         assert numbers(await read_all(backend)) == [1, 1]
 
 
+async def test_the_reaper_deletes_request_ids_past_their_window(
+    config: ServerConfig, clock: FakeClock
+) -> None:
+    config = dataclasses.replace(config, request_window=30.0)
+    path = database_path(config.data_dir)  # type: ignore[arg-type]
+    async with running(config, clock) as backend:
+        await backend.write(SPACE, [entry(n=1)], None, request_id="w-1")
+        await take(backend, request_id="t-1")
+        with sqlite3.connect(path) as db:
+            assert db.execute("SELECT count(*) FROM request_results").fetchone()[0] == 2
+        clock.advance(60.0)
+        for _ in range(500):  # the reaper passes every 10 ms of real time
+            await asyncio.sleep(0.01)
+            with sqlite3.connect(path) as db:
+                left = db.execute(
+                    "SELECT (SELECT count(*) FROM requests) + (SELECT count(*) FROM request_results)"
+                )
+                if left.fetchone()[0] == 0:
+                    break
+        else:
+            raise AssertionError("request ids past their window are still in the store after 5 s")
+
+
 async def test_request_ids_work_in_memory_too(clock: FakeClock) -> None:
     async with running(ServerConfig(in_memory=True, data_dir=None), clock) as backend:
         first = await backend.write(SPACE, [entry(n=1)], None, request_id="w-1")
