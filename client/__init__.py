@@ -14,7 +14,10 @@
         lease = space.write(Task(job="resize", n=1), lease=60.0)
         task = space.take(Task(job="resize"), timeout=5.0)  # None if nothing came in 5 s
 
-The asyncio twin is `outrig.aio`. Every error a call raises is an `OutrigError`.
+The asyncio twin is `outrig.aio`. Every error a call raises is an `OutrigError`. A call that
+fails because the server is unreachable or restarting is retried for up to ``retry_deadline``
+seconds (an argument of `connect`, 30 by default) before it raises `UnavailableError`; writes and
+takes are not done twice. `Space.retries` counts the retried attempts.
 """
 
 from importlib.metadata import PackageNotFoundError, version

@@ -3,26 +3,31 @@
 `BaseSpace` builds every request message, the functions below decode every reply, and
 `rpc_errors` is the one place where gRPC errors become `OutrigError` subclasses. The sync and
 asyncio clients only add the calls themselves, so each of their methods is: build, call, decode.
+How a call is retried (`outrig._retry`) is decided here too; the clients only sleep.
 """
 
 from __future__ import annotations
 
+import copy
 import enum
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Final, Generic, TypeAlias, TypeVar
+from typing import Any, Final, Generic, Self, TypeAlias, TypeVar
 
 import grpc
+from google.protobuf.message import Message
 
 from outrig._codec import AnyEntry, decode_entry, encode_entry_into, encode_template_into, iter_templates
 from outrig._exceptions import InternalError, OutrigError, error_from_code, error_from_rpc
+from outrig._retry import DEFAULT_RETRY_DEADLINE, Attempts, RetryCounter, RetryPolicy, new_request_id
 from outrig.v1 import space_pb2 as pb
 from outrig.v1.space_pb2_grpc import SpaceStub
 
 __all__ = [
     "ANY",
     "DEFAULT_MAX_MESSAGE_BYTES",
+    "DEFAULT_RETRY_DEADLINE",
     "FOREVER",
     "BaseLease",
     "BaseSpace",
@@ -32,6 +37,7 @@ __all__ = [
     "LeaseTerm",
     "Templates",
     "channel_options",
+    "check_connect_args",
     "event_of",
     "first_entry",
     "lease_results",
@@ -126,6 +132,7 @@ class BaseLease:
 
 
 L = TypeVar("L", bound=BaseLease)
+M = TypeVar("M", bound=Message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,15 +177,33 @@ class _RpcErrors:
 rpc_errors: Final = _RpcErrors()
 
 
+#: gRPC waits 1 s, then up to 120 s, between attempts to reconnect a channel whose server went
+#: away; a retried call would find the channel still waiting long after a restart.
+_RECONNECT_OPTIONS: Final = (
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+)
+
+
 def channel_options(max_message_bytes: int, options: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
-    """gRPC channel options: the message size limits, then the caller's own options."""
+    """gRPC channel options: message size limits and quick reconnects, then the caller's own (which win)."""
     if isinstance(max_message_bytes, bool) or not isinstance(max_message_bytes, int):
         raise TypeError(f"max_message_bytes must be an int, got {type(max_message_bytes).__name__}")
-    return [
+    options = list(options)
+    named = {name for name, _ in options}
+    defaults = [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
-        *options,
+        *_RECONNECT_OPTIONS,
     ]
+    return [(name, value) for name, value in defaults if name not in named] + options
+
+
+def check_connect_args(space: object, retry_deadline: object) -> None:
+    """Check `connect`'s arguments before it makes a channel, which a failed check would leak."""
+    _check_name(space)
+    RetryPolicy.with_deadline(retry_deadline)
 
 
 def _check_seconds(value: object, what: str) -> float:
@@ -209,30 +234,71 @@ def _fill_lease(target: pb.LeaseDuration, lease: LeaseArg, what: str = "lease") 
 class BaseSpace:
     """The request-building half of a space client; see `Space` and `AsyncSpace`."""
 
-    def __init__(self, channel: Any, name: str = "default", *, owns_channel: bool = False) -> None:
-        if not isinstance(name, str):
-            raise TypeError(f"the space name must be a str, got {type(name).__name__}")
+    def __init__(
+        self,
+        channel: Any,
+        name: str = "default",
+        *,
+        owns_channel: bool = False,
+        retry_deadline: float = DEFAULT_RETRY_DEADLINE,
+    ) -> None:
         self._channel = channel
         self._stub = SpaceStub(channel)
-        self._name = name
+        self._name = _check_name(name)
         self._owns_channel = owns_channel
+        self._retry_policy = RetryPolicy.with_deadline(retry_deadline)
+        self._retry_counter = RetryCounter()
 
     @property
     def name(self) -> str:
         """The name of the space this object talks to."""
         return self._name
 
+    @property
+    def retries(self) -> int:
+        """How many times calls on this connection were retried after UNAVAILABLE.
+
+        One per retried attempt (a call that succeeded at its third attempt counts 2; a notify
+        stream that reattached at once counts 1), summed over every space made from this one with
+        ``with_space``; 0 when the server never went away. A load test can read it to tell how
+        much of its traffic a server restart cost.
+        """
+        return self._retry_counter.value
+
+    def _on_same_connection(self, name: str) -> Self:
+        """The space ``name`` on this space's channel, retry policy and retry counter (not owning them)."""
+        space = copy.copy(self)
+        space._name = _check_name(name)
+        space._owns_channel = False
+        return space
+
+    def _may_reattach(self) -> bool:
+        """Whether a broken notify stream may be reattached; if so, that counts as a retry."""
+        if self._retry_policy.deadline <= 0:
+            return False
+        self._retry_counter.add()
+        return True
+
+    def _attempts(self, request: M) -> Attempts[M]:
+        """The retry schedule of one logical call that sends ``request``."""
+        return Attempts(request, self._retry_policy, self._retry_counter)
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self._name!r})"
 
+    def _request_id(self) -> str:
+        """A fresh idempotency key for a call that changes the space, if it may be retried (with
+        retries off nobody could repeat it, and the server would keep its result for nothing)."""
+        return new_request_id() if self._retry_policy.deadline > 0 else ""
+
     def _write_request(self, entry: AnyEntry, lease: LeaseArg) -> pb.WriteRequest:
-        request = pb.WriteRequest(space=self._name)
+        request = pb.WriteRequest(space=self._name, request_id=self._request_id())
         encode_entry_into(request.entry, entry)
         _fill_lease(request.lease, lease)
         return request
 
     def _write_many_request(self, entries: Iterable[AnyEntry], lease: LeaseArg) -> pb.WriteManyRequest:
-        request = pb.WriteManyRequest(space=self._name)
+        request = pb.WriteManyRequest(space=self._name, request_id=self._request_id())
         for entry in entries:
             encode_entry_into(request.entries.add(), entry)
         _fill_lease(request.lease, lease)
@@ -255,6 +321,20 @@ class BaseSpace:
         _fill_templates(request.templates, templates)
         return request
 
+    def _take_request(
+        self,
+        templates: Templates,
+        timeout: float | None,
+        *,
+        if_exists: bool = False,
+        max_entries: int = 0,
+    ) -> pb.MatchRequest:
+        # A take changes the space, so a retry must not take a second entry: the id lets the
+        # server answer it with the entry the first attempt took.
+        request = self._match_request(templates, timeout, if_exists=if_exists, max_entries=max_entries)
+        request.request_id = self._request_id()
+        return request
+
     def _contents_request(self, templates: Templates, max_entries: int) -> pb.ContentsRequest:
         request = pb.ContentsRequest(space=self._name, max_entries=_check_count(max_entries, "max_entries"))
         _fill_templates(request.templates, templates)
@@ -270,6 +350,9 @@ class BaseSpace:
         _fill_templates(request.templates, templates)
         _fill_lease(request.lease, lease)
         return request
+
+    def _resume_request(self, registration: BaseLease) -> pb.NotifyRequest:
+        return pb.NotifyRequest(space=self._name, resume=self._own_lease_id(registration))
 
     def _renew_request(self, leases: Sequence[BaseLease], duration: LeaseArg) -> pb.RenewLeasesRequest:
         request = pb.RenewLeasesRequest(space=self._name)
@@ -288,6 +371,12 @@ class BaseSpace:
         if lease._space_name != self._name:
             raise ValueError(f"{lease!r} belongs to space {lease._space_name!r}, not {self._name!r}")
         return lease.id
+
+
+def _check_name(name: object) -> str:
+    if not isinstance(name, str):
+        raise TypeError(f"the space name must be a str, got {type(name).__name__}")
+    return name
 
 
 def _fill_templates(target: Any, templates: Templates) -> None:

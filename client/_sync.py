@@ -6,15 +6,18 @@ asyncio twin in `outrig.aio` shares.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterable, Sequence
+import time
+from collections.abc import Callable, Generator, Iterable, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.message import Message
 
 from outrig._base import (
     ANY,
     DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_RETRY_DEADLINE,
     BaseLease,
     BaseSpace,
     Event,
@@ -22,6 +25,7 @@ from outrig._base import (
     LeaseResult,
     Templates,
     channel_options,
+    check_connect_args,
     event_of,
     first_entry,
     lease_results,
@@ -29,10 +33,13 @@ from outrig._base import (
     rpc_errors,
 )
 from outrig._codec import AnyEntry, decode_entries
-from outrig._exceptions import CallCancelledError
+from outrig._exceptions import CallCancelledError, UnavailableError
 from outrig.v1 import space_pb2 as pb
 
 __all__ = ["Lease", "Notification", "Space", "connect"]
+
+Request = TypeVar("Request", bound=Message)
+Reply = TypeVar("Reply")
 
 
 def connect(
@@ -41,6 +48,7 @@ def connect(
     space: str = "default",
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     options: Iterable[tuple[str, Any]] = (),
+    retry_deadline: float = DEFAULT_RETRY_DEADLINE,
 ) -> Space:
     """Open a (plaintext) connection to an outrig server and return the named space.
 
@@ -48,22 +56,39 @@ def connect(
         target: the server's address, such as ``"127.0.0.1:7766"``.
         space: the space to use; a server creates a space on first use.
         max_message_bytes: the largest message sent or received (default 64 MiB).
-        options: further gRPC channel options, as ``(name, value)`` pairs.
+        options: further gRPC channel options, as ``(name, value)`` pairs. They win over the
+            client's own: the message size limits, and a channel that tries to reconnect every
+            0.1 s to 1 s (``grpc.initial_reconnect_backoff_ms``, ``grpc.min_reconnect_backoff_ms``,
+            ``grpc.max_reconnect_backoff_ms``) rather than gRPC's 1 s to 120 s.
+        retry_deadline: for how many seconds, from its first failure, a call that fails with
+            `UnavailableError` (server unreachable, restarting or unable to store) is retried,
+            with exponential backoff and full jitter (0.05 s doubling up to 2 s); then the last
+            `UnavailableError` is raised. 0 disables retries. See `Space` for what is retried.
 
     The returned `Space` owns the connection: use it as a context manager, or call
     ``close()``. Connecting is lazy, so an unreachable server shows up at the first call, as
-    `UnavailableError`.
+    `UnavailableError` once ``retry_deadline`` has passed.
     """
+    check_connect_args(space, retry_deadline)
     channel = grpc.insecure_channel(target, options=channel_options(max_message_bytes, options))
-    return Space(channel, space, owns_channel=True)
+    return Space(channel, space, owns_channel=True, retry_deadline=retry_deadline)
 
 
 class Space(BaseSpace):
     """A named space on an outrig server, with blocking calls.
 
     Get one from `outrig.connect`, or wrap a channel you made yourself (say, with TLS):
-    ``Space(grpc.secure_channel(...), "jobs")``. ``close()`` (or leaving the ``with`` block)
-    closes the channel only if ``owns_channel`` is true, as it is for `connect`.
+    ``Space(grpc.secure_channel(...), "jobs", retry_deadline=30.0)``. ``close()`` (or leaving the
+    ``with`` block) closes the channel only if ``owns_channel`` is true, as it is for `connect`.
+
+    Retries: a call that fails with `UnavailableError` is sent again until ``retry_deadline``
+    seconds after its first failure (see `outrig.connect`). Reads, counts, renewals and
+    cancellations are safe to repeat. Writes and takes carry a request id, the same for every
+    retry of one call, with which the server answers a retry of something it already did with
+    the first reply: a write is not stored twice and a take does not remove a second entry.
+    A read or take with a timeout waits, over all its attempts, no longer than the timeout.
+    `contents` is retried only until its first entries arrive, and a `Notification` whose stream
+    breaks reattaches to its registration. `retries` counts the retried attempts.
 
     Templates: every method that matches takes one template or a list of them, of which any may
     match. A template is an entry whose ``None`` fields are wildcards; it matches entries of its
@@ -85,23 +110,25 @@ class Space(BaseSpace):
             self._channel.close()
 
     def with_space(self, name: str) -> Space:
-        """Return the space ``name`` on the same connection (closing it leaves the connection open)."""
-        return Space(self._channel, name)
+        """Return the space ``name`` on the same connection (closing it leaves the connection open).
+
+        It shares this space's retry deadline and `retries` counter.
+        """
+        return self._on_same_connection(name)
 
     def write(self, entry: AnyEntry, lease: LeaseArg = ANY) -> Lease:
         """Store a copy of ``entry`` and return its lease.
 
         ``lease`` is seconds, `outrig.FOREVER` or `outrig.ANY` (the space's default); the space
-        may grant less. If the call fails in transit the write may or may not have happened.
+        may grant less. If the call fails in transit and its retries run out, the write may or
+        may not have happened.
         """
-        with rpc_errors:
-            reply: pb.WriteReply = self._stub.Write(self._write_request(entry, lease))
+        reply: pb.WriteReply = self._call(self._stub.Write, self._write_request(entry, lease))
         return Lease(self, reply.lease)
 
     def write_many(self, entries: Iterable[AnyEntry], lease: LeaseArg = ANY) -> list[Lease]:
         """Store all of ``entries``, or none of them; return their leases, in order."""
-        with rpc_errors:
-            reply: pb.WriteManyReply = self._stub.WriteMany(self._write_many_request(entries, lease))
+        reply: pb.WriteManyReply = self._call(self._stub.WriteMany, self._write_many_request(entries, lease))
         return [Lease(self, message) for message in reply.leases]
 
     def read(self, templates: Templates, timeout: float | None = None) -> AnyEntry | None:
@@ -109,14 +136,12 @@ class Space(BaseSpace):
 
         ``timeout=None`` waits without limit. Returns None if nothing matched in time.
         """
-        with rpc_errors:
-            reply: pb.MatchReply = self._stub.Read(self._match_request(templates, timeout))
+        reply: pb.MatchReply = self._call(self._stub.Read, self._match_request(templates, timeout))
         return first_entry(reply)
 
     def read_nowait(self, templates: Templates) -> AnyEntry | None:
         """Return a copy of an entry that matches now, or None (JavaSpaces ``readIfExists``)."""
-        with rpc_errors:
-            reply: pb.MatchReply = self._stub.Read(self._match_request(templates, 0, if_exists=True))
+        reply: pb.MatchReply = self._call(self._stub.Read, self._match_request(templates, 0, if_exists=True))
         return first_entry(reply)
 
     def take(self, templates: Templates, timeout: float | None = None) -> AnyEntry | None:
@@ -125,14 +150,12 @@ class Space(BaseSpace):
         ``timeout=None`` waits without limit. Returns None if nothing matched in time. Two takes
         never return the same entry.
         """
-        with rpc_errors:
-            reply: pb.MatchReply = self._stub.Take(self._match_request(templates, timeout))
+        reply: pb.MatchReply = self._call(self._stub.Take, self._take_request(templates, timeout))
         return first_entry(reply)
 
     def take_nowait(self, templates: Templates) -> AnyEntry | None:
         """Remove and return an entry that matches now, or None (JavaSpaces ``takeIfExists``)."""
-        with rpc_errors:
-            reply: pb.MatchReply = self._stub.Take(self._match_request(templates, 0, if_exists=True))
+        reply: pb.MatchReply = self._call(self._stub.Take, self._take_request(templates, 0, if_exists=True))
         return first_entry(reply)
 
     def read_many(
@@ -144,8 +167,7 @@ class Space(BaseSpace):
         list if none appeared in time.
         """
         request = self._match_request(templates, timeout, max_entries=max_entries)
-        with rpc_errors:
-            reply: pb.MatchReply = self._stub.ReadMany(request)
+        reply: pb.MatchReply = self._call(self._stub.ReadMany, request)
         return decode_entries(reply.entries)
 
     def take_many(
@@ -156,36 +178,43 @@ class Space(BaseSpace):
         Waits up to ``timeout`` seconds (None: without limit) for at least one; returns an empty
         list if none appeared in time.
         """
-        request = self._match_request(templates, timeout, max_entries=max_entries)
-        with rpc_errors:
-            reply: pb.MatchReply = self._stub.TakeMany(request)
+        request = self._take_request(templates, timeout, max_entries=max_entries)
+        reply: pb.MatchReply = self._call(self._stub.TakeMany, request)
         return decode_entries(reply.entries)
 
     def contents(self, templates: Templates, *, max_entries: int = 0) -> Generator[AnyEntry, None, None]:
         """Iterate over copies of the matching entries (at most ``max_entries``; 0: all).
 
         The entries stream in as the iteration proceeds; closing the generator early
-        (``close()``, or letting it go) cancels the stream.
+        (``close()``, or letting it go) cancels the stream. A stream that breaks before its first
+        entries arrive is retried; one that breaks later raises `UnavailableError`, since
+        starting again would repeat entries.
         """
         # Built here, not in the generator, so that a bad template raises at the call.
         return self._contents(self._contents_request(templates, max_entries))
 
     def _contents(self, request: pb.ContentsRequest) -> Generator[AnyEntry, None, None]:
-        call = self._stub.Contents(request)
+        call, reply = self._call(self._open_contents, request)
         try:
-            while True:
-                with rpc_errors:
-                    reply: pb.ContentsReply | None = next(call, None)
-                if reply is None:
-                    return
+            while reply is not None:
                 yield from decode_entries(reply.entries)
+                with rpc_errors:
+                    reply = next(call, None)
         finally:
             call.cancel()  # a no-op once the stream has ended
 
+    def _open_contents(self, request: pb.ContentsRequest) -> tuple[Any, pb.ContentsReply | None]:
+        """Open a contents stream and wait for its first message; `_call` retries this part only."""
+        call = self._stub.Contents(request)
+        try:
+            return call, next(call, None)
+        except BaseException:
+            call.cancel()
+            raise
+
     def count(self, templates: Templates) -> int:
         """Return how many entries match now."""
-        with rpc_errors:
-            reply: pb.CountReply = self._stub.Count(self._count_request(templates))
+        reply: pb.CountReply = self._call(self._stub.Count, self._count_request(templates))
         return reply.count
 
     def notify(self, templates: Templates, lease: LeaseArg = ANY) -> Notification:
@@ -198,7 +227,8 @@ class Space(BaseSpace):
                     ...
 
         The registration is leased: renew or cancel ``events.lease`` to extend or end it; the
-        iteration ends when the lease does.
+        iteration ends when the lease does. If the stream breaks with `UnavailableError` (say,
+        the server restarts), the iteration reattaches to the registration and goes on.
         """
         return Notification(self, self._notify_request(templates, lease))
 
@@ -209,20 +239,32 @@ class Space(BaseSpace):
         result carries the error. Renewed leases are updated in place.
         """
         leases = list(leases)
-        with rpc_errors:
-            reply: pb.RenewLeasesReply = self._stub.RenewLeases(self._renew_request(leases, duration))
+        reply: pb.RenewLeasesReply = self._call(self._stub.RenewLeases, self._renew_request(leases, duration))
         return lease_results(leases, reply.results, renewed=True)
 
     def cancel_many(self, leases: Sequence[Lease]) -> list[LeaseResult[Lease]]:
         """Cancel several leases of this space in one call; return one `LeaseResult` per lease.
 
         A lease that cannot be cancelled (unknown or expired: `NotFoundError`) does not raise:
-        its result carries the error.
+        its result carries the error. That includes a lease the call did cancel, if the reply was
+        lost and the retry found it gone.
         """
         leases = list(leases)
-        with rpc_errors:
-            reply: pb.CancelLeasesReply = self._stub.CancelLeases(self._cancel_request(leases))
+        reply: pb.CancelLeasesReply = self._call(self._stub.CancelLeases, self._cancel_request(leases))
         return lease_results(leases, reply.results, renewed=False)
+
+    def _call(self, method: Callable[[Request], Reply], request: Request) -> Reply:
+        """Make a unary call, retrying it on UNAVAILABLE as long as the retry policy allows."""
+        attempts = self._attempts(request)
+        while True:
+            try:
+                with rpc_errors:
+                    return method(attempts.request)
+            except UnavailableError:
+                delay = attempts.backoff()
+                if delay is None:
+                    raise
+                time.sleep(delay)
 
 
 class Lease(BaseLease):
@@ -261,6 +303,12 @@ class Notification:
     Entering it starts the registration and waits for the server to grant its `lease`. Iteration
     ends when the registration's lease ends (expired or cancelled) or after `close`. Events that
     a too-slow consumer missed show as a gap in `Event.sequence`.
+
+    Registering is retried on `UnavailableError` like any call. When the stream fails with
+    `UnavailableError` later, the iteration reattaches to the registration (retrying as the
+    space's ``retry_deadline`` allows) and goes on. A server that kept the registration across a
+    restart numbers its later events from 2^31 higher, a gap that says events may have been
+    missed meanwhile. If the registration is gone, `NotFoundError` is raised.
     """
 
     def __init__(self, space: Space, request: pb.NotifyRequest) -> None:
@@ -291,13 +339,22 @@ class Notification:
             return
         if self._closed:
             raise RuntimeError("the notification is closed")
-        self._call = self._space._stub.Notify(self._request)
         try:
-            with rpc_errors:
-                first: pb.NotifyReply | None = next(self._call, None)
+            first = self._space._call(self._open, self._request)
             self._lease = Lease(self._space, registration_of(first))
         except BaseException:
             self.close()
+            raise
+
+    def _open(self, request: pb.NotifyRequest) -> pb.NotifyReply | None:
+        """Open a notify stream and return its first message, which carries the registration."""
+        self._call = call = self._space._stub.Notify(request)
+        if self._closed:  # close() from another thread may have cancelled the previous call only
+            call.cancel()
+        try:
+            return next(call, None)
+        except BaseException:
+            call.cancel()
             raise
 
     def __iter__(self) -> Notification:
@@ -305,18 +362,33 @@ class Notification:
 
     def __next__(self) -> Event:
         self._start()
-        if self._closed:
-            raise StopIteration
+        while not self._closed:
+            try:
+                with rpc_errors:
+                    reply: pb.NotifyReply | None = next(self._call, None)
+            except CallCancelledError:
+                if self._closed:  # close() from another thread ends the iteration quietly
+                    break
+                raise
+            except UnavailableError:
+                if not self._space._may_reattach():
+                    raise
+                self._resume()
+                continue
+            if reply is None:
+                break
+            return event_of(reply)
+        raise StopIteration
+
+    def _resume(self) -> None:
+        """Attach a new stream to the registration (NotFoundError if it has ended meanwhile)."""
         try:
-            with rpc_errors:
-                reply: pb.NotifyReply | None = next(self._call, None)
+            first = self._space._call(self._open, self._space._resume_request(self.lease))
         except CallCancelledError:
-            if self._closed:  # close() from another thread ends the iteration quietly
-                raise StopIteration from None
+            if self._closed:
+                return
             raise
-        if reply is None:
-            raise StopIteration
-        return event_of(reply)
+        self.lease._update(registration_of(first))
 
     def close(self) -> None:
         """Stop receiving events by cancelling the stream (safe to call from another thread)."""

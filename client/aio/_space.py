@@ -7,16 +7,18 @@ by `outrig._base`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Iterable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 import grpc.aio
+from google.protobuf.message import Message
 
 from outrig._base import (
     ANY,
     DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_RETRY_DEADLINE,
     BaseLease,
     BaseSpace,
     Event,
@@ -24,6 +26,7 @@ from outrig._base import (
     LeaseResult,
     Templates,
     channel_options,
+    check_connect_args,
     event_of,
     first_entry,
     lease_results,
@@ -31,10 +34,13 @@ from outrig._base import (
     rpc_errors,
 )
 from outrig._codec import AnyEntry, decode_entries
-from outrig._exceptions import CallCancelledError
+from outrig._exceptions import CallCancelledError, UnavailableError
 from outrig.v1 import space_pb2 as pb
 
 __all__ = ["AsyncLease", "AsyncNotification", "AsyncSpace", "connect"]
+
+Request = TypeVar("Request", bound=Message)
+Reply = TypeVar("Reply")
 
 
 def connect(
@@ -43,14 +49,18 @@ def connect(
     space: str = "default",
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     options: Iterable[tuple[str, Any]] = (),
+    retry_deadline: float = DEFAULT_RETRY_DEADLINE,
 ) -> AsyncSpace:
     """Open a (plaintext) asyncio connection to an outrig server and return the named space.
 
-    Call it from a running event loop. The arguments are those of `outrig.connect`. Use the
-    result with ``async with``, or ``await space.close()`` when done.
+    Call it from a running event loop. The arguments are those of `outrig.connect`, including
+    ``retry_deadline``: for how many seconds from its first failure a call that fails with
+    `UnavailableError` is retried (0: never). Use the result with ``async with``, or
+    ``await space.close()`` when done.
     """
+    check_connect_args(space, retry_deadline)
     channel = grpc.aio.insecure_channel(target, options=channel_options(max_message_bytes, options))
-    return AsyncSpace(channel, space, owns_channel=True)
+    return AsyncSpace(channel, space, owns_channel=True, retry_deadline=retry_deadline)
 
 
 class AsyncSpace(BaseSpace):
@@ -58,6 +68,8 @@ class AsyncSpace(BaseSpace):
 
     Every method is awaited, except `contents` (``async for``) and `notify` (``async with``).
     ``AsyncSpace(grpc.aio.secure_channel(...), "jobs")`` wraps a channel you made yourself.
+    Calls that fail with `UnavailableError` are retried as `outrig.Space` describes, and
+    `retries` counts the retried attempts.
     """
 
     async def __aenter__(self) -> AsyncSpace:
@@ -74,19 +86,21 @@ class AsyncSpace(BaseSpace):
             await self._channel.close()
 
     def with_space(self, name: str) -> AsyncSpace:
-        """Return the space ``name`` on the same connection (closing it leaves the connection open)."""
-        return AsyncSpace(self._channel, name)
+        """Return the space ``name`` on the same connection (closing it leaves the connection open).
+
+        It shares this space's retry deadline and `retries` counter.
+        """
+        return self._on_same_connection(name)
 
     async def write(self, entry: AnyEntry, lease: LeaseArg = ANY) -> AsyncLease:
         """Store a copy of ``entry`` and return its lease; see `outrig.Space.write`."""
-        with rpc_errors:
-            reply: pb.WriteReply = await self._stub.Write(self._write_request(entry, lease))
+        reply: pb.WriteReply = await self._call(self._stub.Write, self._write_request(entry, lease))
         return AsyncLease(self, reply.lease)
 
     async def write_many(self, entries: Iterable[AnyEntry], lease: LeaseArg = ANY) -> list[AsyncLease]:
         """Store all of ``entries``, or none of them; return their leases, in order."""
-        with rpc_errors:
-            reply: pb.WriteManyReply = await self._stub.WriteMany(self._write_many_request(entries, lease))
+        request = self._write_many_request(entries, lease)
+        reply: pb.WriteManyReply = await self._call(self._stub.WriteMany, request)
         return [AsyncLease(self, message) for message in reply.leases]
 
     async def read(self, templates: Templates, timeout: float | None = None) -> AnyEntry | None:
@@ -94,14 +108,13 @@ class AsyncSpace(BaseSpace):
 
         Returns None if nothing matched in time.
         """
-        with rpc_errors:
-            reply: pb.MatchReply = await self._stub.Read(self._match_request(templates, timeout))
+        reply: pb.MatchReply = await self._call(self._stub.Read, self._match_request(templates, timeout))
         return first_entry(reply)
 
     async def read_nowait(self, templates: Templates) -> AnyEntry | None:
         """Return a copy of an entry that matches now, or None."""
-        with rpc_errors:
-            reply: pb.MatchReply = await self._stub.Read(self._match_request(templates, 0, if_exists=True))
+        request = self._match_request(templates, 0, if_exists=True)
+        reply: pb.MatchReply = await self._call(self._stub.Read, request)
         return first_entry(reply)
 
     async def take(self, templates: Templates, timeout: float | None = None) -> AnyEntry | None:
@@ -109,14 +122,13 @@ class AsyncSpace(BaseSpace):
 
         Returns None if nothing matched in time.
         """
-        with rpc_errors:
-            reply: pb.MatchReply = await self._stub.Take(self._match_request(templates, timeout))
+        reply: pb.MatchReply = await self._call(self._stub.Take, self._take_request(templates, timeout))
         return first_entry(reply)
 
     async def take_nowait(self, templates: Templates) -> AnyEntry | None:
         """Remove and return an entry that matches now, or None."""
-        with rpc_errors:
-            reply: pb.MatchReply = await self._stub.Take(self._match_request(templates, 0, if_exists=True))
+        request = self._take_request(templates, 0, if_exists=True)
+        reply: pb.MatchReply = await self._call(self._stub.Take, request)
         return first_entry(reply)
 
     async def read_many(
@@ -124,44 +136,49 @@ class AsyncSpace(BaseSpace):
     ) -> list[AnyEntry]:
         """Return copies of up to ``max_entries`` matching entries; see `outrig.Space.read_many`."""
         request = self._match_request(templates, timeout, max_entries=max_entries)
-        with rpc_errors:
-            reply: pb.MatchReply = await self._stub.ReadMany(request)
+        reply: pb.MatchReply = await self._call(self._stub.ReadMany, request)
         return decode_entries(reply.entries)
 
     async def take_many(
         self, templates: Templates, *, max_entries: int, timeout: float | None = None
     ) -> list[AnyEntry]:
         """Remove and return up to ``max_entries`` matching entries; see `outrig.Space.take_many`."""
-        request = self._match_request(templates, timeout, max_entries=max_entries)
-        with rpc_errors:
-            reply: pb.MatchReply = await self._stub.TakeMany(request)
+        request = self._take_request(templates, timeout, max_entries=max_entries)
+        reply: pb.MatchReply = await self._call(self._stub.TakeMany, request)
         return decode_entries(reply.entries)
 
     def contents(self, templates: Templates, *, max_entries: int = 0) -> AsyncGenerator[AnyEntry, None]:
         """Iterate (``async for``) over copies of the matching entries (at most ``max_entries``; 0: all).
 
-        Closing the iterator early (``aclose()``) cancels the stream.
+        Closing the iterator early (``aclose()``) cancels the stream. As with `outrig.Space.contents`,
+        only a stream that breaks before its first entries arrive is retried.
         """
         # Built here, not in the generator, so that a bad template raises at the call.
         return self._contents(self._contents_request(templates, max_entries))
 
     async def _contents(self, request: pb.ContentsRequest) -> AsyncGenerator[AnyEntry, None]:
-        call = self._stub.Contents(request)
+        call, reply = await self._call(self._open_contents, request)
         try:
-            while True:
-                with rpc_errors:
-                    reply = await call.read()
-                if reply is grpc.aio.EOF:
-                    return
+            while reply is not grpc.aio.EOF:
                 for entry in decode_entries(reply.entries):
                     yield entry
+                with rpc_errors:
+                    reply = await call.read()
         finally:
             call.cancel()  # a no-op once the stream has ended
 
+    async def _open_contents(self, request: pb.ContentsRequest) -> tuple[Any, Any]:
+        """Open a contents stream and wait for its first message (or EOF); `_call` retries this part."""
+        call = self._stub.Contents(request)
+        try:
+            return call, await call.read()
+        except BaseException:
+            call.cancel()
+            raise
+
     async def count(self, templates: Templates) -> int:
         """Return how many entries match now."""
-        with rpc_errors:
-            reply: pb.CountReply = await self._stub.Count(self._count_request(templates))
+        reply: pb.CountReply = await self._call(self._stub.Count, self._count_request(templates))
         return reply.count
 
     def notify(self, templates: Templates, lease: LeaseArg = ANY) -> AsyncNotification:
@@ -183,8 +200,8 @@ class AsyncSpace(BaseSpace):
         See `outrig.Space.renew_many`.
         """
         leases = list(leases)
-        with rpc_errors:
-            reply: pb.RenewLeasesReply = await self._stub.RenewLeases(self._renew_request(leases, duration))
+        request = self._renew_request(leases, duration)
+        reply: pb.RenewLeasesReply = await self._call(self._stub.RenewLeases, request)
         return lease_results(leases, reply.results, renewed=True)
 
     async def cancel_many(self, leases: Sequence[AsyncLease]) -> list[LeaseResult[AsyncLease]]:
@@ -193,9 +210,21 @@ class AsyncSpace(BaseSpace):
         See `outrig.Space.cancel_many`.
         """
         leases = list(leases)
-        with rpc_errors:
-            reply: pb.CancelLeasesReply = await self._stub.CancelLeases(self._cancel_request(leases))
+        reply: pb.CancelLeasesReply = await self._call(self._stub.CancelLeases, self._cancel_request(leases))
         return lease_results(leases, reply.results, renewed=False)
+
+    async def _call(self, method: Callable[[Request], Awaitable[Reply]], request: Request) -> Reply:
+        """Make a unary call, retrying it on UNAVAILABLE as long as the retry policy allows."""
+        attempts = self._attempts(request)
+        while True:
+            try:
+                with rpc_errors:
+                    return await method(attempts.request)
+            except UnavailableError:
+                delay = attempts.backoff()
+                if delay is None:
+                    raise
+                await asyncio.sleep(delay)
 
 
 class AsyncLease(BaseLease):
@@ -227,8 +256,9 @@ class AsyncLease(BaseLease):
 class AsyncNotification:
     """A notify registration: an async context manager and async iterator of `Event` objects.
 
-    The twin of `outrig.Notification`: entering it waits for the registration's `lease`, and the
-    iteration ends when that lease ends or after `close`.
+    The twin of `outrig.Notification`: entering it waits for the registration's `lease`, the
+    iteration ends when that lease ends or after `close`, and registering and a stream that fails
+    with `UnavailableError` are retried as there.
     """
 
     def __init__(self, space: AsyncSpace, request: pb.NotifyRequest) -> None:
@@ -259,34 +289,59 @@ class AsyncNotification:
             return
         if self._closed:
             raise RuntimeError("the notification is closed")
-        self._call = self._space._stub.Notify(self._request)
         try:
-            with rpc_errors:
-                first = await self._call.read()
-            self._lease = AsyncLease(self._space, registration_of(None if first is grpc.aio.EOF else first))
+            first = await self._space._call(self._open, self._request)
+            self._lease = AsyncLease(self._space, registration_of(first))
         except BaseException:
             await self.close()
             raise
+
+    async def _open(self, request: pb.NotifyRequest) -> pb.NotifyReply | None:
+        """Open a notify stream and return its first message, which carries the registration."""
+        if self._closed:  # close() from another task while a retry slept
+            raise CallCancelledError("the notification was closed")
+        self._call = call = self._space._stub.Notify(request)
+        try:
+            first = await call.read()
+        except BaseException:
+            call.cancel()
+            raise
+        return None if first is grpc.aio.EOF else first
 
     def __aiter__(self) -> AsyncNotification:
         return self
 
     async def __anext__(self) -> Event:
         await self._start()
-        if self._closed:
-            raise StopAsyncIteration
+        while not self._closed:
+            try:
+                with rpc_errors:
+                    reply = await self._call.read()
+            except (CallCancelledError, asyncio.CancelledError):
+                # close() from another task cancels the call under us: end quietly, unless it is
+                # this task that is being cancelled.
+                if self._closed and not _being_cancelled():
+                    break
+                raise
+            except UnavailableError:
+                if not self._space._may_reattach():
+                    raise
+                await self._resume()
+                continue
+            if reply is grpc.aio.EOF:
+                break
+            return event_of(reply)
+        raise StopAsyncIteration
+
+    async def _resume(self) -> None:
+        """Attach a new stream to the registration (NotFoundError if it has ended meanwhile)."""
         try:
-            with rpc_errors:
-                reply = await self._call.read()
+            first = await self._space._call(self._open, self._space._resume_request(self.lease))
         except (CallCancelledError, asyncio.CancelledError):
-            # close() from another task cancels the call under us: end quietly, unless it is
-            # this task that is being cancelled.
             if self._closed and not _being_cancelled():
-                raise StopAsyncIteration from None
+                return
             raise
-        if reply is grpc.aio.EOF:
-            raise StopAsyncIteration
-        return event_of(reply)
+        self.lease._update(registration_of(first))
 
     async def close(self) -> None:
         """Stop receiving events by cancelling the stream."""

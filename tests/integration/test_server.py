@@ -192,7 +192,11 @@ def test_sigterm_ends_blocked_takes_and_notify_streams_cleanly(server_factory):
     from .entries import Task
 
     running = server_factory("--grace-seconds", "10")
-    with outrig.connect(running.address, space="s") as space, space.notify(Task()) as events:
+    # No SDK retries: the take must show the server's own answer, not a retry's "connection refused".
+    with (
+        outrig.connect(running.address, space="s", retry_deadline=0) as space,
+        space.notify(Task()) as events,
+    ):
         threading.Timer(0.5, running.process.send_signal, [signal.SIGTERM]).start()
         started = time.monotonic()
         with pytest.raises(outrig.UnavailableError, match="shutting down"):
