@@ -79,7 +79,7 @@ class _Writer:
     def apply(self, records: Sequence[Record]) -> None:
         """Begin a transaction and run the records' statements (on the loop)."""
         self.connection.execute("BEGIN IMMEDIATE")
-        self._prune_before: float | None = None
+        self._prune_before = None
         try:
             for kind, *args in records:
                 getattr(self, "_" + kind)(*args)

@@ -341,7 +341,7 @@ async def test_a_store_with_a_row_that_does_not_decode_is_refused_clearly(
         await backend.write(SPACE, [entry(n=1)], None)
     with sqlite3.connect(database_path(config.data_dir)) as db:  # type: ignore[arg-type]
         db.execute("UPDATE entries SET payload = x'ff00ff'")
-    with pytest.raises(StoreError, match="cannot be loaded .*outrig check"):
+    with pytest.raises(StoreError, match=r"cannot be loaded .*outrig check"):
         await EmbeddedBackend(config, clock).start()
 
 
