@@ -49,6 +49,13 @@ _SLICE = 1024
 # A registration's sequence number is stored again once it has moved this far, so that after a
 # crash, restarting it at the stored number + 2**31 (recovery.SEQUENCE_JUMP) never reuses a number.
 _SEQUENCE_STEP = 1 << 30
+# Ids reserved in the store at a time (a restart skips at most this many).
+_ID_BLOCK = 1024
+
+
+def _retrieve(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 class EmbeddedSubscription:
@@ -145,6 +152,8 @@ class EmbeddedBackend:
         # Entries whose write is not yet durable, with the batch that will make it so.
         self._unsynced: dict[StoredEntry, asyncio.Future[None]] = {}
         self.recovery: RecoveryReport | None = None
+        # Per space, the id the store has reserved up to (see _id_records).
+        self._reserved: dict[str, int] = {}
 
     @property
     def keeps_registrations(self) -> bool:
@@ -269,11 +278,12 @@ class EmbeddedBackend:
         journal = self._journal
         if journal is None:
             return
-        future = journal.submit(records, undo)
+        future, waiter = journal.submit(records, undo)
         if outcome is not None:
             outcome.committing = True
             future.add_done_callback(lambda done: self._settle(outcome, done))
         if not journal.waits:
+            waiter.add_done_callback(_retrieve)
             return
         unsynced = self._unsynced
         written = list(written)
@@ -287,7 +297,7 @@ class EmbeddedBackend:
                         del unsynced[stored]
 
             future.add_done_callback(synced)
-        await asyncio.shield(future)
+        await waiter  # its own future: cancelling this call cancels nothing shared
 
     async def settled(self, entries: Sequence[StoredEntry]) -> bool:
         """Wait until the writes of `entries` are durable; False if one of them failed."""
@@ -332,23 +342,32 @@ class EmbeddedBackend:
         if journal.pending is not None:
             with contextlib.suppress(SpaceError):
                 await asyncio.shield(journal.pending)
+        if outcome.kind == "write":
+            ((first_id, count, expires_at, granted),) = await journal.read(
+                "SELECT first_id, count, lease_expires_at, granted FROM requests WHERE id = ?",
+                (outcome.request_id,),
+            )
+            return [LeaseGrant(first_id + i, expires_at, granted) for i in range(count)]
         rows = await journal.read(
-            "SELECT entry_id, expires_at, granted, payload FROM request_results WHERE request = ? "
-            "ORDER BY position",
+            "SELECT id, expires_at, payload FROM entries WHERE taken_by = ? ORDER BY taken_position",
             (outcome.request_id,),
         )
-        if outcome.kind == "write":
-            return [LeaseGrant(entry_id, expires_at, granted) for entry_id, expires_at, granted, _ in rows]
         return [
             StoredEntry(entry_id, codec.stored_entry(payload), expires_at)
-            for entry_id, expires_at, _, payload in rows
+            for entry_id, expires_at, payload in rows
         ]
 
-    def _request_records(self, outcome: Outcome | None, results: list[Record]) -> list[Record]:
-        if outcome is None:
+    @staticmethod
+    def _request_head(outcome: Outcome) -> Record:
+        return ("request", outcome.request_id, outcome.space, outcome.kind, outcome.expires_at)
+
+    def _id_records(self, space: str, engine: SpaceEngine) -> list[Record]:
+        """Reserve ids in blocks: the store learns a new high-water mark only when the space's ids
+        pass the last one, so a write rarely pays for it; a restart resumes above the mark."""
+        if engine.next_id <= self._reserved.get(space, 0):
             return []
-        head: Record = ("request", outcome.request_id, outcome.space, outcome.kind, outcome.expires_at)
-        return [head, *results]
+        mark = self._reserved[space] = engine.next_id + _ID_BLOCK
+        return [("next_id", space, mark)]
 
     # ------------------------------------------------------------------ operations
 
@@ -373,14 +392,14 @@ class EmbeddedBackend:
                     ("type", space, name, json.dumps(list(parents)))
                     for name, parents in engine.declared.items()
                 ]
-                records.append(("next_id", space, engine.next_id))
-                records += self._request_records(
-                    outcome,
-                    [
-                        ("result", request_id, i, g.id, g.expires_at, g.granted, None)
-                        for i, g in enumerate(grants)
-                    ],
-                )
+                records += self._id_records(space, engine)
+                if outcome is not None:
+                    # Ids of one write are consecutive, with one lease: four numbers say it all.
+                    first = grants[0]
+                    assert grants[-1].id == first.id + len(grants) - 1
+                    records.append(
+                        (*self._request_head(outcome), first.id, len(grants), first.expires_at, granted)
+                    )
                 await self._commit(records, lambda: engine.revoke(written), written, outcome)
         except BaseException:
             if outcome is not None:
@@ -433,16 +452,11 @@ class EmbeddedBackend:
         except SpaceError:
             engine.restore(found)
             raise
-        records: list[Record] = [("delete", space, stored.id) for stored in found]
-        records += self._request_records(
-            outcome,
-            [
-                ("result", outcome.request_id, i, s.id, s.expires_at, None, s.payload)
-                for i, s in enumerate(found)
-            ]
-            if outcome is not None
-            else [],
-        )
+        if outcome is None:
+            records: list[Record] = [("delete", space, stored.id) for stored in found]
+        else:  # the rows stay, marked, to answer a retry until the request window passes
+            records = [("take", space, s.id, outcome.request_id, i) for i, s in enumerate(found)]
+            records.append((*self._request_head(outcome), None, len(found), None, None))
         try:
             await self._commit(records, lambda: engine.restore(found), outcome=outcome)
         except asyncio.CancelledError:
@@ -452,7 +466,7 @@ class EmbeddedBackend:
                 engine.restore(found)
                 self.note(
                     [("put", space, s.id, s.arrival, s.expires_at, s.payload) for s in found]
-                    + [("next_id", space, engine.next_id)]
+                    + self._id_records(space, engine)
                 )
             raise
 
@@ -559,7 +573,7 @@ class EmbeddedBackend:
         if self._journal is not None:
             records: list[Record] = [
                 ("register", space, grant.id, grant.expires_at, codec.templates_bytes(templates), 0),
-                ("next_id", space, engine.next_id),
+                *self._id_records(space, engine),
             ]
             await self._commit(records, subscription.close)
         return subscription
@@ -593,6 +607,10 @@ class EmbeddedBackend:
             registration_id, templates, expires_at, sequence, subscription.on_event, subscription.on_end
         )
         self._subscriptions[(space, registration_id)] = subscription
+
+    def reserve_ids(self, space: str, mark: int) -> None:
+        """The store has reserved ids below `mark` for `space` (recovery)."""
+        self._reserved[space] = mark
 
     def restore_request(self, request_id: str, space: str, kind: str, expires_at: float) -> None:
         self._requests.restore(request_id, space, kind, expires_at)

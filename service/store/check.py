@@ -42,6 +42,7 @@ class CheckReport:
     wal_bytes: int
     spaces: tuple[SpaceReport, ...]
     requests: int
+    taken: int  # entries taken by a request id, kept until its window passes to answer a retry
     problem_count: int
     problems: tuple[str, ...]  # the first few of each kind, then how many more of it there are
 
@@ -65,7 +66,7 @@ class CheckReport:
             f"{space.registrations} registrations"
             for space in self.spaces
         ]
-        lines.append(f"request ids: {self.requests}")
+        lines.append(f"request ids: {self.requests} ({self.taken} taken entries kept for their retries)")
         lines += [f"problem: {problem}" for problem in self.problems]
         lines.append(self.verdict)
         return lines
@@ -163,6 +164,7 @@ def check_store(data_dir: Path, *, now: float | None = None) -> CheckReport:
             for tally in sorted(checker.spaces.values(), key=lambda tally: tally.name)
         ),
         requests=checker.requests,
+        taken=checker.taken,
         problem_count=checker.problems.count,
         problems=tuple(checker.problems.listed()),
     )
@@ -210,10 +212,10 @@ class _Checker:
     """One pass over each table, decoding rows as they stream by; it keeps only per-space counts.
 
     Verified: SQLite's own integrity_check; every entry payload and every registration's
-    templates decode as the server would decode them at start-up, and so does every stored
-    request result; every row's space number is in `spaces`; each space's next_id is above every
-    entry id and registration id in it (or a restarted server would hand out an id twice); every
-    request result belongs to a request; every type's supertypes are a JSON list of names.
+    templates decode as the server would decode them at start-up; every row's space number is in
+    `spaces`; each space's next_id is above every entry id and registration id in it (or a
+    restarted server would hand out an id twice); every taken entry belongs to a request; every
+    type's supertypes are a JSON list of names.
     """
 
     def __init__(self, connection: sqlite3.Connection, now: float) -> None:
@@ -221,6 +223,7 @@ class _Checker:
         self.now = now
         self.spaces: dict[int, _SpaceTally] = {}
         self.requests = 0
+        self.taken = 0
         self.problems = _Problems()
 
     def run(self) -> None:
@@ -231,7 +234,7 @@ class _Checker:
             ("table entries could not be read to the end", self._scan_entries),
             ("table registrations could not be read to the end", self._scan_registrations),
             ("table requests could not be read", self._scan_requests),
-            ("table request_results could not be read to the end", self._scan_request_results),
+            ("taken entries could not be read to the end", self._scan_taken_entries),
         ]
         for failure, scan in passes:
             try:
@@ -273,15 +276,18 @@ class _Checker:
                 )
 
     def _scan_entries(self) -> None:
-        for number, entry_id, expires_at, payload in self.execute(
-            "SELECT space, id, expires_at, payload FROM entries"
+        for number, entry_id, expires_at, payload, taken_by in self.execute(
+            "SELECT space, id, expires_at, payload, taken_by FROM entries"
         ):
             tally = self._space(number, f"entry {entry_id}")
             if tally is None:
                 continue
-            tally.entries += 1
-            if expires_at is not None and expires_at <= self.now:
-                tally.expired += 1
+            if taken_by is not None:
+                self.taken += 1  # taken, kept to answer its request's retry
+            else:
+                tally.entries += 1
+                if expires_at is not None and expires_at <= self.now:
+                    tally.expired += 1
             tally.max_entry_id = max(tally.max_entry_id, entry_id)
             try:
                 codec.stored_entry(payload)
@@ -313,24 +319,16 @@ class _Checker:
     def _scan_requests(self) -> None:
         (self.requests,) = self.execute("SELECT count(*) FROM requests").fetchone()
 
-    def _scan_request_results(self) -> None:
-        for request_id, position, payload, orphan in self.execute(
-            "SELECT r.request, r.position, r.payload, q.id IS NULL "
-            "FROM request_results AS r LEFT JOIN requests AS q ON q.id = r.request"
+    def _scan_taken_entries(self) -> None:
+        for number, entry_id, request_id in self.execute(
+            "SELECT e.space, e.id, e.taken_by FROM entries AS e LEFT JOIN requests AS q ON q.id = e.taken_by "
+            "WHERE e.taken_by IS NOT NULL AND q.id IS NULL"
         ):
-            if orphan:
-                self.problems.add(
-                    "orphaned request results", f"request result {request_id!r}#{position} has no request row"
-                )
-            if payload is None:
-                continue
-            try:
-                codec.stored_entry(payload)
-            except Exception as err:  # as for entries
-                self.problems.add(
-                    "undecodable request results",
-                    f"request result {request_id!r}#{position}: payload does not decode ({_why(err)})",
-                )
+            self.problems.add(
+                "taken entries without their request",
+                f"entry {entry_id} of space number {number} was taken by request {request_id!r}, "
+                "which has no requests row",
+            )
 
     def _check_next_ids(self) -> None:
         for tally in self.spaces.values():

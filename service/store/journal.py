@@ -163,32 +163,29 @@ class _Writer:
             (sequence, self.space_number(space), registration_id),
         )
 
-    def _request(self, request_id: str, space: str, kind: str, expires_at: float) -> None:
+    def _take(self, space: str, entry_id: int, request_id: str, position: int) -> None:
+        """A take with a request id keeps the row, marked, to answer the take's retry."""
         self.connection.execute(
-            "INSERT OR REPLACE INTO requests (id, space, kind, expires_at) VALUES (?, ?, ?, ?)",
-            (request_id, space, kind, expires_at),
+            "UPDATE entries SET taken_by = ?, taken_position = ? WHERE space = ? AND id = ?",
+            (request_id, position, self.space_number(space), entry_id),
         )
 
-    def _result(
+    def _request(
         self,
         request_id: str,
-        position: int,
-        entry_id: int,
-        expires_at: float | None,
+        space: str,
+        kind: str,
+        expires_at: float,
+        first_id: int | None,
+        count: int,
+        lease_expires_at: float | None,
         granted: float | None,
-        payload: object | None,
     ) -> None:
         self.connection.execute(
-            "INSERT OR REPLACE INTO request_results "
-            "(request, position, entry_id, expires_at, granted, payload) VALUES (?, ?, ?, ?, ?, ?)",
-            (
-                request_id,
-                position,
-                entry_id,
-                expires_at,
-                granted,
-                None if payload is None else self._dump(payload),
-            ),
+            "INSERT OR REPLACE INTO requests "
+            "(id, space, kind, expires_at, first_id, count, lease_expires_at, granted) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (request_id, space, kind, expires_at, first_id, count, lease_expires_at, granted),
         )
 
     def _prune_requests(self, now: float) -> None:
@@ -197,22 +194,34 @@ class _Writer:
     def _delete_expired_requests(self, now: float) -> None:
         expired = "SELECT id FROM requests WHERE expires_at <= ? ORDER BY expires_at, id LIMIT ?"
         execute = self.connection.execute
-        execute(f"DELETE FROM request_results WHERE request IN ({expired})", (now, PRUNE_LIMIT))
+        execute(f"DELETE FROM entries WHERE taken_by IN ({expired})", (now, PRUNE_LIMIT))
         execute(f"DELETE FROM requests WHERE id IN ({expired})", (now, PRUNE_LIMIT))
 
 
 class _Batch:
-    """Changes that will be committed together, and the future their callers await."""
+    """Changes that will be committed together: their records, their undos, the future readers
+    of not-yet-durable entries wait on, and one future per waiting caller."""
 
-    __slots__ = ("future", "operations", "records", "undos")
+    __slots__ = ("future", "operations", "records", "undos", "waiters")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.records: list[Record] = []
         self.operations = 0
         self.undos: list[Callable[[], None]] = []
+        self.waiters: list[asyncio.Future[None]] = []
         self.future: asyncio.Future[None] = loop.create_future()
         # A batch nobody awaits (interval policy) must not log "exception never retrieved".
         self.future.add_done_callback(_retrieve)
+
+    def resolve(self, error: BaseException | None) -> None:
+        futures = [self.future, *self.waiters]
+        for future in futures:
+            if future.done():  # a caller that was cancelled meanwhile
+                continue
+            if error is None:
+                future.set_result(None)
+            else:
+                future.set_exception(error)
 
 
 def _retrieve(future: asyncio.Future[None]) -> None:
@@ -221,7 +230,12 @@ def _retrieve(future: asyncio.Future[None]) -> None:
 
 
 class Journal:
-    """The group committer of one store (see the module docstring)."""
+    """The group committer of one store (see the module docstring).
+
+    It is driven by callbacks, not a task: the store thread hands a finished commit back with
+    one `call_soon_threadsafe`, whose callback resolves the callers' futures and starts the next
+    batch at once. Under load every loop iteration is long, so each hop saved is latency saved.
+    """
 
     def __init__(
         self,
@@ -240,11 +254,13 @@ class Journal:
         self._probe_interval = probe_interval
         self._writer = _Writer(connection, dump)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="outrig-store")
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._open: _Batch | None = None  # accepting records
         self._writing: _Batch | None = None  # being written
-        self._connection_lock = asyncio.Lock()  # the loop's turn to use the connection
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._scheduled = False  # a start of the open batch is due
+        self._idle = asyncio.Event()  # nothing open, nothing being written
+        self._idle.set()
+        self._probing: asyncio.Task[None] | None = None
         self._closing = False
         self._failure: StoreUnavailableError | None = None
         self._batches = 0
@@ -261,24 +277,31 @@ class Journal:
 
     def submit(
         self, records: Sequence[Record], undo: Callable[[], None] | None = None
-    ) -> asyncio.Future[None]:
-        """Queue a change already applied in memory; the future resolves once it is durable (or
-        fails with StoreUnavailableError, after `undo` has reverted it in memory)."""
+    ) -> tuple[asyncio.Future[None], asyncio.Future[None]]:
+        """Queue a change already applied in memory. Returns (the batch's future, the caller's
+        own future): both resolve once the change is durable, or fail with StoreUnavailableError
+        after `undo` has reverted it in memory. Await only your own; the batch's is shared."""
         self.check()
         batch = self._open
         if batch is None:
-            batch = self._open = _Batch(asyncio.get_running_loop())
-            self._wake.set()
+            loop = self._loop = asyncio.get_running_loop()
+            batch = self._open = _Batch(loop)
+            self._idle.clear()
+            self._schedule()
         batch.records.extend(records)
         batch.operations += 1
         if undo is not None:
             batch.undos.append(undo)
-        return batch.future
+        assert self._loop is not None
+        waiter: asyncio.Future[None] = self._loop.create_future()
+        batch.waiters.append(waiter)
+        return batch.future, waiter
 
     def note(self, records: Sequence[Record]) -> None:
         """Queue bookkeeping nobody waits for (expired leases, pruning); dropped while failed."""
         if self._failure is None:
-            self.submit(records)
+            _, waiter = self.submit(records)
+            waiter.add_done_callback(_retrieve)
 
     @property
     def pending(self) -> asyncio.Future[None] | None:
@@ -288,18 +311,24 @@ class Journal:
 
     async def read(self, sql: str, parameters: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """Run a query between batches (for the rare reads made while serving: a retry's result)."""
-        async with self._connection_lock:
-            return self._writer.connection.execute(sql, parameters).fetchall()
+        while self._writing is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._writing.future)
+        return self._writer.connection.execute(sql, parameters).fetchall()
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="outrig-journal")
+        self._loop = asyncio.get_running_loop()
 
     async def close(self) -> None:
         """Write what is queued, then stop and close the connection."""
         self._closing = True
-        self._wake.set()
-        if self._task is not None:
-            await self._task
+        if self._open is not None and self._writing is None and self._failure is None:
+            self._begin()
+        await self._idle.wait()
+        if self._probing is not None:
+            self._probing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._probing
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._executor, self._writer.connection.close)
         self._executor.shutdown(wait=True)
@@ -316,44 +345,57 @@ class Journal:
     def statistics(self) -> BatchStatistics:
         return BatchStatistics(self._batches, self._operations, self._changes, self._commit_seconds)
 
-    async def _run(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            if self._interval and not self._closing:
-                await asyncio.sleep(self._interval)
-            if self._failure is not None:
-                if self._closing:
-                    return
-                await self._probe()
-                continue
-            batch = self._open
-            if batch is not None:
-                await self._write(batch)
-            if self._closing and self._open is None:
-                return
+    def _schedule(self) -> None:
+        """Start the open batch soon: after this loop iteration, so the changes that arrive in it
+        join; or after the interval under the `interval` policy."""
+        if self._scheduled or self._writing is not None or self._loop is None:
+            return
+        self._scheduled = True
+        if self._interval and not self._closing:
+            self._loop.call_later(self._interval, self._begin)
+        else:
+            self._loop.call_soon(self._begin)
 
-    async def _write(self, batch: _Batch) -> None:
+    def _begin(self) -> None:
+        """Run the open batch's statements here, on the loop, and hand its COMMIT to the thread."""
+        self._scheduled = False
+        batch = self._open
+        if batch is None or self._writing is not None or self._failure is not None:
+            return
         self._open, self._writing = None, batch
-        loop = asyncio.get_running_loop()
         started = time.perf_counter()
+        writer = self._writer
         try:
-            async with self._connection_lock:
-                writer = self._writer
-                writer.apply(batch.records)
-                await loop.run_in_executor(self._executor, writer.commit)
+            writer.apply(batch.records)
         except Exception as err:  # sqlite3.Error, OSError, or a bug: never acknowledge the batch
-            self._fail(batch, err)
+            self._finished(batch, started, err)
+            return
+        self._executor.submit(self._commit, writer, batch, started)
+
+    def _commit(self, writer: _Writer, batch: _Batch, started: float) -> None:
+        """On the store thread: COMMIT (and fsync), then hand the outcome back to the loop."""
+        error: Exception | None = None
+        try:
+            writer.commit()
+        except Exception as err:
+            error = err
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._finished, batch, started, error)
+
+    def _finished(self, batch: _Batch, started: float, error: Exception | None) -> None:
+        self._writing = None
+        if error is not None:
+            self._fail(batch, error)
         else:
             self._batches += 1
             self._operations += batch.operations
             self._changes += len(batch.records)
             self._commit_seconds += time.perf_counter() - started
-            batch.future.set_result(None)
-        finally:
-            self._writing = None
-            if self._open is not None:
-                self._wake.set()
+            batch.resolve(None)
+        if self._open is not None and self._failure is None:
+            self._schedule()
+        elif self._open is None:
+            self._idle.set()
 
     def _fail(self, batch: _Batch, err: Exception) -> None:
         self._failure = StoreUnavailableError(
@@ -367,12 +409,14 @@ class Journal:
             for undo in reversed(each.undos):
                 undo()
         for each in failed:
-            each.future.set_exception(self._failure)
-        self._wake.set()  # start probing
+            each.resolve(self._failure)
+        self._idle.set()
+        if not self._closing:
+            self._probing = asyncio.get_running_loop().create_task(self._probe(), name="outrig-store-probe")
 
     async def _probe(self) -> None:
         loop = asyncio.get_running_loop()
-        while self._failure is not None and not self._closing:
+        while self._failure is not None:
             await asyncio.sleep(self._probe_interval)
             try:
                 await loop.run_in_executor(self._executor, self._reopen_and_probe)

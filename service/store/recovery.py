@@ -70,6 +70,7 @@ def _recover(connection: sqlite3.Connection, backend: EmbeddedBackend, now: floa
     for number, name, next_id in execute("SELECT no, name, next_id FROM spaces"):
         names[number] = name
         backend.engine(name).resume_ids(next_id)
+        backend.reserve_ids(name, next_id)
     for number, name, supertypes in execute("SELECT space, name, supertypes FROM types"):
         backend.engine(names[number]).declare(name, tuple(json.loads(supertypes)))
     loaded = expired = 0
@@ -77,7 +78,7 @@ def _recover(connection: sqlite3.Connection, backend: EmbeddedBackend, now: floa
     current = -1
     rows = execute(
         "SELECT space, id, arrival, expires_at, payload FROM entries "
-        "WHERE expires_at IS NULL OR expires_at > ? ORDER BY space, arrival",
+        "WHERE taken_by IS NULL AND (expires_at IS NULL OR expires_at > ?) ORDER BY space, arrival",
         (now,),
     )
     for number, entry_id, arrival, expires_at, payload in rows:
@@ -107,13 +108,12 @@ def _recover(connection: sqlite3.Connection, backend: EmbeddedBackend, now: floa
         backend.restore_request(request_id, space, kind, expires_at)
         requests += 1
     with transaction(connection):
-        expired = execute("DELETE FROM entries WHERE expires_at <= ?", (now,)).rowcount
+        expired = execute("DELETE FROM entries WHERE taken_by IS NULL AND expires_at <= ?", (now,)).rowcount
         execute("DELETE FROM registrations WHERE expires_at <= ?", (now,))
         # The jump is stored at once, so a second crash before any event jumps again from here.
         execute("UPDATE registrations SET sequence = sequence + ?", (SEQUENCE_JUMP,))
         execute(
-            "DELETE FROM request_results WHERE request IN (SELECT id FROM requests WHERE expires_at <= ?)",
-            (now,),
+            "DELETE FROM entries WHERE taken_by IN (SELECT id FROM requests WHERE expires_at <= ?)", (now,)
         )
         execute("DELETE FROM requests WHERE expires_at <= ?", (now,))
     return RecoveryReport(len(names), loaded, expired, registrations, requests, time.perf_counter() - started)

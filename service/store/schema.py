@@ -8,15 +8,19 @@ Tables (the `space` columns hold a space's number from `spaces`, except in `requ
 names the space):
 
     meta(key, value)                       format version, who created the store and when
-    spaces(no, name, next_id)              each space, and the id it hands out next
+    spaces(no, name, next_id)              each space, and an id above every id it has handed out
+                                           (reserved in blocks, so not written at every write)
     types(space, name, supertypes)         declared types (supertypes as a JSON list)
-    entries(space, id, arrival, expires_at, payload)       live entries; payload is the
-                                           protobuf-encoded outrig.v1.Entry
+    entries(space, id, arrival, expires_at, payload, taken_by, taken_position)
+                                           entries; payload is the protobuf-encoded
+                                           outrig.v1.Entry. A row with taken_by set was taken by
+                                           that request id and is kept only to answer its retry
     registrations(space, id, expires_at, templates, sequence)  notify registrations; templates
                                            is a protobuf-encoded outrig.v1.NotifyRequest
-    requests(id, space, kind, expires_at)  idempotency keys within their window
-    request_results(request, position, entry_id, expires_at, granted, payload)
-                                           what the first call answered, row by row
+    requests(id, space, kind, expires_at, first_id, count, lease_expires_at, granted)
+                                           idempotency keys within their window; a write's
+                                           answer is its leases (ids first_id .. first_id+count-1,
+                                           one expiry and duration), a take's is its taken rows
 """
 
 from __future__ import annotations
@@ -47,23 +51,20 @@ CREATE TABLE types (
 ) WITHOUT ROWID;
 CREATE TABLE entries (
     space INTEGER NOT NULL, id INTEGER NOT NULL, arrival INTEGER NOT NULL,
-    expires_at REAL, payload BLOB NOT NULL,
+    expires_at REAL, payload BLOB NOT NULL, taken_by TEXT, taken_position INTEGER,
     PRIMARY KEY (space, id)
 );
+CREATE INDEX entries_by_taker ON entries (taken_by) WHERE taken_by IS NOT NULL;
 CREATE TABLE registrations (
     space INTEGER NOT NULL, id INTEGER NOT NULL, expires_at REAL,
     templates BLOB NOT NULL, sequence INTEGER NOT NULL,
     PRIMARY KEY (space, id)
 );
 CREATE TABLE requests (
-    id TEXT PRIMARY KEY, space TEXT NOT NULL, kind TEXT NOT NULL, expires_at REAL NOT NULL
+    id TEXT PRIMARY KEY, space TEXT NOT NULL, kind TEXT NOT NULL, expires_at REAL NOT NULL,
+    first_id INTEGER, count INTEGER NOT NULL, lease_expires_at REAL, granted REAL
 ) WITHOUT ROWID;
 CREATE INDEX requests_by_expiry ON requests (expires_at);
-CREATE TABLE request_results (
-    request TEXT NOT NULL, position INTEGER NOT NULL, entry_id INTEGER NOT NULL,
-    expires_at REAL, granted REAL, payload BLOB,
-    PRIMARY KEY (request, position)
-);
 """
 
 

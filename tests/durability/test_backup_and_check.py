@@ -233,8 +233,8 @@ def test_check_names_rows_that_a_server_could_not_load(store_copy: Path) -> None
     with sqlite3.connect(store_copy / "outrig.db") as connection:
         connection.execute("UPDATE entries SET payload = x'ffffffff' WHERE id = 7")
         connection.execute("UPDATE registrations SET templates = x'1200'")  # a template with no type name
-        connection.execute("INSERT INTO entries VALUES (99, 3, 3, NULL, x'')")  # a space that does not exist
-        connection.execute("INSERT INTO request_results VALUES ('gone', 0, 1, NULL, NULL, NULL)")
+        connection.execute("INSERT INTO entries VALUES (99, 3, 3, NULL, x'', NULL, NULL)")  # no such space
+        connection.execute("UPDATE entries SET taken_by = 'gone', taken_position = 0 WHERE id = 8")
         connection.execute("UPDATE spaces SET next_id = 40")
     connection.close()
     checked = outrig_command("check", store_copy)
@@ -243,7 +243,7 @@ def test_check_names_rows_that_a_server_could_not_load(store_copy: Path) -> None
     assert f"problem: entry 7 in space {SPACE!r}: payload does not decode" in out
     assert re.search(rf"problem: registration \d+ in space {SPACE!r}: templates do not decode", out)
     assert "problem: entry 3 belongs to space number 99, not in spaces" in out
-    assert "problem: request result 'gone'#0 has no request row" in out
+    assert "problem: entry 8 of space number 1 was taken by request 'gone', which has no requests row" in out
     assert re.search(rf"problem: space {SPACE!r}: next_id is 40 but entry \d+ exists", out)
     assert re.search(rf"problem: space {SPACE!r}: next_id is 40 but registration \d+ exists", out)
     assert out.splitlines()[-1] == "check: 6 problem(s)"

@@ -277,13 +277,15 @@ async def test_the_reaper_deletes_request_ids_past_their_window(
         await backend.write(SPACE, [entry(n=1)], None, request_id="w-1")
         await take(backend, request_id="t-1")
         with sqlite3.connect(path) as db:
-            assert db.execute("SELECT count(*) FROM request_results").fetchone()[0] == 2
+            assert db.execute("SELECT count(*) FROM requests").fetchone()[0] == 2
+            assert db.execute("SELECT count(*) FROM entries WHERE taken_by = 't-1'").fetchone()[0] == 1
         clock.advance(60.0)
         for _ in range(500):  # the reaper passes every 10 ms of real time
             await asyncio.sleep(0.01)
             with sqlite3.connect(path) as db:
                 left = db.execute(
-                    "SELECT (SELECT count(*) FROM requests) + (SELECT count(*) FROM request_results)"
+                    "SELECT (SELECT count(*) FROM requests)"
+                    " + (SELECT count(*) FROM entries WHERE taken_by IS NOT NULL)"
                 )
                 if left.fetchone()[0] == 0:
                     break
