@@ -56,9 +56,9 @@ class _Writer:
     """Applies records to the database: the statements on the event loop, the COMMIT (and its
     fsync) on the journal's thread, never both at once.
 
-    Statements only change SQLite's page cache and take microseconds; running them on the loop
-    avoids a GIL hand-over per statement, which under load costs the store thread up to a whole
-    switch interval (5 ms) each time it wants the GIL back. The COMMIT is one hand-over per batch.
+    Statements only change SQLite's page cache and take microseconds each, so they run on the
+    loop; the store thread then needs the interpreter once per batch, not once per statement.
+    Only the COMMIT, which waits for the disk, runs off the loop.
     """
 
     def __init__(self, connection: sqlite3.Connection, dump: Callable[[object], bytes]) -> None:

@@ -9,6 +9,7 @@ are remembered again (their results stay in the store).
 
 from __future__ import annotations
 
+import gc
 import json
 import sqlite3
 import time
@@ -51,8 +52,14 @@ def recover(connection: sqlite3.Connection, backend: EmbeddedBackend, now: float
 
     A store that cannot be loaded (a row that does not decode, a broken reference) is a
     StoreError naming the data dir, never a traceback: `outrig check` tells what is wrong."""
+    # Loading builds millions of objects that all live on; the cyclic collector would walk the
+    # growing heap again and again meanwhile (measured: over 40% of a restart). Loading makes no
+    # garbage cycles to collect, and what it loaded is frozen, so later full collections skip it.
+    gc.disable()
     try:
-        return _recover(connection, backend, now)
+        report = _recover(connection, backend, now)
+        gc.freeze()
+        return report
     except StoreError:
         raise
     except (sqlite3.DatabaseError, KeyError, ValueError, DecodeError, SpaceError) as err:
@@ -61,6 +68,8 @@ def recover(connection: sqlite3.Connection, backend: EmbeddedBackend, now: float
             f"the store {path} cannot be loaded ({type(err).__name__}: {err}); "
             f"`outrig check` on its data dir lists its problems"
         ) from err
+    finally:
+        gc.enable()
 
 
 def _recover(connection: sqlite3.Connection, backend: EmbeddedBackend, now: float) -> RecoveryReport:

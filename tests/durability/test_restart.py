@@ -170,6 +170,26 @@ async def test_a_crash_keeps_what_was_acknowledged(config: ServerConfig, clock: 
         assert numbers(await read_all(backend)) == [2]
 
 
+async def test_interval_replies_at_once_and_commits_within_the_interval(
+    config: ServerConfig, clock: FakeClock
+) -> None:
+    config = dataclasses.replace(config, durability="interval", commit_interval_ms=50)
+    path = database_path(config.data_dir)  # type: ignore[arg-type]
+    async with running(config, clock) as backend:
+        journal = backend.journal
+        assert journal is not None
+        await backend.write(SPACE, [entry(n=1)], None)
+        assert journal.pending is not None  # acknowledged, not yet durable
+        for _ in range(100):
+            await asyncio.sleep(0.02)
+            if journal.pending is None:
+                break
+        else:
+            raise AssertionError("an interval of 50 ms had not committed after 2 s")
+        with sqlite3.connect(path) as db:
+            assert db.execute("SELECT count(*) FROM entries").fetchone()[0] == 1
+
+
 # ---------------------------------------------------------------- notify registrations
 
 

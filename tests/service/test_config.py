@@ -130,6 +130,13 @@ def test_unknown_flag_is_named() -> None:
         ({"OUTRIG_GRACE_SECONDS": "nan"}, "grace_seconds"),
         ({"OUTRIG_GRACE_SECONDS": "-2"}, "grace_seconds"),
         ({"OUTRIG_REAP_INTERVAL": "soon"}, "reap_interval"),
+        (
+            {"OUTRIG_DURABILITY": "sometimes"},
+            "durability: invalid value 'sometimes' .*'always' or 'interval'",
+        ),
+        ({"OUTRIG_COMMIT_INTERVAL_MS": "0"}, "commit_interval_ms"),
+        ({"OUTRIG_REQUEST_WINDOW": "-1"}, "request_window"),
+        ({"OUTRIG_IN_MEMORY": "perhaps"}, "in_memory"),
     ],
 )
 def test_bad_environment_values(environ: dict[str, str], named: str) -> None:
@@ -209,6 +216,16 @@ def test_settings_that_must_be_positive(toml: Path, text: str) -> None:
     toml.write_text(text)
     with pytest.raises(ConfigError):
         load_config(toml, environ={})
+
+
+def test_durability_settings_from_each_source(toml: Path) -> None:
+    toml.write_text('data_dir = "/srv/outrig"\ndurability = "interval"\ncommit_interval_ms = 50\n')
+    config = load_config(toml, environ={"OUTRIG_REQUEST_WINDOW": "30"}, flags={"in_memory": True})
+    assert config.data_dir == Path("/srv/outrig")
+    assert config.durability == "interval"
+    assert config.commit_interval_ms == 50
+    assert config.request_window == 30.0
+    assert config.in_memory is True
 
 
 def test_log_level_must_be_a_level() -> None:
