@@ -55,6 +55,7 @@ def recover(connection: sqlite3.Connection, backend: EmbeddedBackend, now: float
     # Loading builds millions of objects that all live on; the cyclic collector would walk the
     # growing heap again and again meanwhile (measured: over 40% of a restart). Loading makes no
     # garbage cycles to collect, and what it loaded is frozen, so later full collections skip it.
+    collecting = gc.isenabled()
     gc.disable()
     try:
         report = _recover(connection, backend, now)
@@ -69,7 +70,8 @@ def recover(connection: sqlite3.Connection, backend: EmbeddedBackend, now: float
             f"`outrig check` on its data dir lists its problems"
         ) from err
     finally:
-        gc.enable()
+        if collecting:
+            gc.enable()
 
 
 def _recover(connection: sqlite3.Connection, backend: EmbeddedBackend, now: float) -> RecoveryReport:
