@@ -5,12 +5,9 @@ A read or take that finds nothing parks a future in the engine and awaits it, so
 holds no thread. A reaper task expires leases in bounded batches, yielding between them, so mass
 expiry never stalls request handling.
 
-Durability: every change is applied in memory at once and submitted to the `Journal`, which
-commits the changes that arrive together in one transaction (group commit). Under the `always`
-policy a call replies only once its batch is durable, and a read, notify event or contents chunk
-that shows an entry whose write is not yet durable waits for it too, so nobody sees what a crash
-could take back. A batch that cannot be written is undone in memory and its callers get
-UNAVAILABLE (see service/store/journal.py).
+Durability: with a data dir, every change is applied in memory at once and handed, as records
+with an undo, to the `Recorder` (service/recorder.py), whose journal commits the changes that
+arrive together in one transaction (group commit).
 """
 
 from __future__ import annotations
@@ -19,16 +16,14 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any
 
 from outrig.service import codec
-from outrig.service.backend import Event
 from outrig.service.config import ServerConfig
 from outrig.service.engine.clock import Clock, SystemClock
 from outrig.service.engine.model import LeaseGrant, NewEntry, StoredEntry, Template
-from outrig.service.engine.space import Registration, SpaceEngine, Waiter
+from outrig.service.engine.space import SpaceEngine, Waiter
 from outrig.service.exceptions import (
     LeaseNotFoundError,
     QuotaExceededError,
@@ -36,103 +31,18 @@ from outrig.service.exceptions import (
     ShuttingDownError,
     SpaceError,
 )
+from outrig.service.recorder import Recorder
 from outrig.service.requests import Outcome, RequestLog
 from outrig.service.store.journal import Journal, Record
 from outrig.service.store.recovery import RecoveryReport, recover
 from outrig.service.store.schema import DataDirLock, database_path, open_store
+from outrig.service.subscription import SHUTTING_DOWN, EmbeddedSubscription
 
 log = logging.getLogger("outrig.service")
 
-_SHUTTING_DOWN = "the server is shutting down"
+_SHUTTING_DOWN = SHUTTING_DOWN
 # Candidates a contents call checks before it lets other requests run.
 _SLICE = 1024
-# A registration's sequence number is stored again once it has moved this far, so that after a
-# crash, restarting it at the stored number + 2**31 (recovery.SEQUENCE_JUMP) never reuses a number.
-_SEQUENCE_STEP = 1 << 30
-# Ids reserved in the store at a time (a restart skips at most this many).
-_ID_BLOCK = 1024
-
-
-def _retrieve(future: asyncio.Future[None]) -> None:
-    if not future.cancelled():
-        future.exception()
-
-
-class EmbeddedSubscription:
-    """Events of one registration, buffered up to a limit; beyond it they are dropped, which the
-    consumer sees as a gap in sequence numbers (a slow reader never grows the server's memory).
-
-    On a durable server a registration outlives a restart; until a listener resumes it, its events
-    are buffered the same way."""
-
-    def __init__(self, backend: EmbeddedBackend, space: str, engine: SpaceEngine) -> None:
-        self._backend = backend
-        self._space = space
-        self._engine = engine
-        self._limit = backend.config.limits.notify_queue
-        self._events: deque[Event] = deque()
-        self._wake = asyncio.Event()
-        self._ended = False
-        self.dropped = 0
-        self.attached = False
-        self.stored_sequence = 0
-        self.registration: Registration | None = None
-        self.grant: LeaseGrant | None = None  # as granted when registered in this process
-
-    @property
-    def lease(self) -> LeaseGrant:
-        registration = self.registration
-        assert registration is not None
-        if self.grant is not None and self.grant.expires_at == registration.expires_at:
-            return self.grant
-        expires_at = registration.expires_at
-        granted = None if expires_at is None else max(0.0, expires_at - self._backend.clock.time())
-        return LeaseGrant(registration.seq, expires_at, granted)
-
-    def on_event(self, sequence: int, entry: StoredEntry) -> None:
-        if len(self._events) < self._limit:
-            self._events.append(Event(sequence, entry))
-            self._wake.set()
-        else:
-            self.dropped += 1
-        if sequence - self.stored_sequence >= _SEQUENCE_STEP and self.registration is not None:
-            self.stored_sequence = sequence
-            self._backend.note([("sequence", self._space, self.registration.seq, sequence)])
-
-    def on_end(self) -> None:
-        self._ended = True
-        self._wake.set()
-        registration = self.registration
-        if registration is not None:
-            self._backend.forget_subscription(self._space, registration.seq)
-
-    def __aiter__(self) -> AsyncIterator[Event]:
-        return self._iterate()
-
-    async def _iterate(self) -> AsyncIterator[Event]:
-        while True:
-            while self._events:
-                event = self._events.popleft()
-                if await self._backend.settled([event.entry]):
-                    yield event
-            if self._ended:
-                if self._backend.keeps_registrations and self._backend.closing:
-                    raise ShuttingDownError(
-                        f"{_SHUTTING_DOWN}; resume registration {self.lease.id} after the restart"
-                    )
-                return
-            self._wake.clear()
-            await self._wake.wait()
-
-    def close(self) -> None:
-        """The listener went away: the registration ends (unless the server is stopping, when a
-        durable server keeps it for a resume after the restart)."""
-        registration = self.registration
-        if registration is not None and not self._ended:
-            self._engine.unregister(registration)
-            self._backend.forget_subscription(self._space, registration.seq)
-        self._ended = True
-        self._wake.set()
 
 
 class EmbeddedBackend:
@@ -145,24 +55,20 @@ class EmbeddedBackend:
         self._reaper: asyncio.Task[None] | None = None
         self.closing = False
         self._parked: set[asyncio.Future[list[StoredEntry]]] = set()
-        self._journal: Journal | None = None
+        self._recorder: Recorder | None = None
         self._lock: DataDirLock | None = None
         self._requests = RequestLog(config.request_window, self.clock)
         self._subscriptions: dict[tuple[str, int], EmbeddedSubscription] = {}
-        # Entries whose write is not yet durable, with the batch that will make it so.
-        self._unsynced: dict[StoredEntry, asyncio.Future[None]] = {}
         self.recovery: RecoveryReport | None = None
-        # Per space, the id the store has reserved up to (see _id_records).
-        self._reserved: dict[str, int] = {}
 
     @property
     def keeps_registrations(self) -> bool:
         """Whether registrations survive a restart (a durable server)."""
-        return self._journal is not None
+        return self._recorder is not None
 
     @property
     def journal(self) -> Journal | None:
-        return self._journal
+        return None if self._recorder is None else self._recorder.journal
 
     def engine(self, name: str) -> SpaceEngine:
         """The named space, created with its configured settings on first use."""
@@ -176,7 +82,7 @@ class EmbeddedBackend:
                     f"space {name!r} would be space number {limit + 1}; the limit is max_spaces={limit}"
                 )
             engine = self._spaces[name] = SpaceEngine(name, self.config.space_settings(name), self.clock)
-            if self._journal is not None:
+            if self._recorder is not None:
                 engine.on_expired = lambda entry_id: self.note([("delete", name, entry_id)])
         return engine
 
@@ -194,21 +100,23 @@ class EmbeddedBackend:
         data_dir.mkdir(parents=True, exist_ok=True)
         self._lock = DataDirLock(data_dir)
         self._lock.acquire()
+        interval = self.config.commit_interval_ms / 1000 if self.config.durability == "interval" else 0.0
         try:
             connection = open_store(data_dir, software_version())
+            journal = Journal(
+                database_path(data_dir),
+                connection,
+                codec.entry_bytes,
+                wait=self.config.durability == "always",
+                interval=interval,
+            )
+            self._recorder = Recorder(journal, self._requests)
             self.recovery = recover(connection, self, self.clock.time())
         except BaseException:
+            self._recorder = None
             self._lock.release()
             raise
-        interval = self.config.commit_interval_ms / 1000 if self.config.durability == "interval" else 0.0
-        self._journal = Journal(
-            database_path(data_dir),
-            connection,
-            codec.entry_bytes,
-            wait=self.config.durability == "always",
-            interval=interval,
-        )
-        self._journal.start()
+        journal.start()
         log.info(
             "data dir %s: %s; durability %s",
             data_dir,
@@ -234,9 +142,9 @@ class EmbeddedBackend:
 
     async def shutdown(self) -> None:
         """The server has stopped: write what is queued and close the store."""
-        if self._journal is not None:
-            await self._journal.close()
-            self._journal = None
+        if self._recorder is not None:
+            await self._recorder.journal.close()
+            self._recorder = None
         if self._lock is not None:
             self._lock.release()
             self._lock = None
@@ -255,16 +163,16 @@ class EmbeddedBackend:
             if pruned + step:
                 self.note([("prune_requests", self.clock.time())])
 
-    # ------------------------------------------------------------------ the journal
+    # ------------------------------------------------------------------ the store
 
     def note(self, records: Sequence[Record]) -> None:
         """Record bookkeeping nobody waits for (expiries, sequence numbers)."""
-        if self._journal is not None:
-            self._journal.note(records)
+        if self._recorder is not None:
+            self._recorder.note(records)
 
     def _check_store(self) -> None:
-        if self._journal is not None:
-            self._journal.check()
+        if self._recorder is not None:
+            self._recorder.check()
 
     async def _commit(
         self,
@@ -273,55 +181,16 @@ class EmbeddedBackend:
         written: Iterable[StoredEntry] = (),
         outcome: Outcome | None = None,
     ) -> None:
-        """Submit a change already made in memory and, under `always`, wait until it is durable.
-        A request id's outcome is settled by the batch, even if the caller is cancelled."""
-        journal = self._journal
-        if journal is None:
-            return
-        future, waiter = journal.submit(records, undo)
-        if outcome is not None:
-            outcome.committing = True
-            future.add_done_callback(lambda done: self._settle(outcome, done))
-        if not journal.waits:
-            waiter.add_done_callback(_retrieve)
-            return
-        unsynced = self._unsynced
-        written = list(written)
-        if written:
-            for stored in written:
-                unsynced[stored] = future
-
-            def synced(_: asyncio.Future[None]) -> None:
-                for stored in written:
-                    if unsynced.get(stored) is future:
-                        del unsynced[stored]
-
-            future.add_done_callback(synced)
-        await waiter  # its own future: cancelling this call cancels nothing shared
+        if self._recorder is not None:
+            await self._recorder.commit(records, undo, written, outcome)
 
     async def settled(self, entries: Sequence[StoredEntry]) -> bool:
         """Wait until the writes of `entries` are durable; False if one of them failed."""
-        if not self._unsynced:
-            return True
-        pending = {self._unsynced[stored] for stored in entries if stored in self._unsynced}
-        for future in pending:
-            try:
-                await asyncio.shield(future)
-            except SpaceError:
-                return False
-        return True
-
-    def _settle(self, outcome: Outcome, batch: asyncio.Future[None]) -> None:
-        if batch.cancelled() or batch.exception() is not None:
-            self._requests.abandon(outcome, store_failed=True)
-        else:
-            self._requests.finish(outcome, None)
+        return self._recorder is None or await self._recorder.settled(entries)
 
     def forget_subscription(self, space: str, registration_id: int) -> None:
         if self._subscriptions.pop((space, registration_id), None) is not None and not self.closing:
             self.note([("unregister", space, registration_id)])
-
-    # ------------------------------------------------------------------ request ids
 
     async def _replay(self, request_id: str, space: str, kind: str) -> Any:
         """The earlier result of a retried call, or None if this call must act."""
@@ -332,42 +201,9 @@ class EmbeddedBackend:
             if outcome.done is not None and not outcome.done.done():
                 await asyncio.shield(outcome.done)  # the first call is still in flight
                 continue
-            if self._journal is None:
+            if self._recorder is None:
                 return outcome.result
-            return await self._stored_result(outcome)
-
-    async def _stored_result(self, outcome: Outcome) -> Any:
-        journal = self._journal
-        assert journal is not None
-        if journal.pending is not None:
-            with contextlib.suppress(SpaceError):
-                await asyncio.shield(journal.pending)
-        if outcome.kind == "write":
-            ((first_id, count, expires_at, granted),) = await journal.read(
-                "SELECT first_id, count, lease_expires_at, granted FROM requests WHERE id = ?",
-                (outcome.request_id,),
-            )
-            return [LeaseGrant(first_id + i, expires_at, granted) for i in range(count)]
-        rows = await journal.read(
-            "SELECT id, expires_at, payload FROM entries WHERE taken_by = ? ORDER BY taken_position",
-            (outcome.request_id,),
-        )
-        return [
-            StoredEntry(entry_id, codec.stored_entry(payload), expires_at)
-            for entry_id, expires_at, payload in rows
-        ]
-
-    @staticmethod
-    def _request_head(outcome: Outcome) -> Record:
-        return ("request", outcome.request_id, outcome.space, outcome.kind, outcome.expires_at)
-
-    def _id_records(self, space: str, engine: SpaceEngine) -> list[Record]:
-        """Reserve ids in blocks: the store learns a new high-water mark only when the space's ids
-        pass the last one, so a write rarely pays for it; a restart resumes above the mark."""
-        if engine.next_id <= self._reserved.get(space, 0):
-            return []
-        mark = self._reserved[space] = engine.next_id + _ID_BLOCK
-        return [("next_id", space, mark)]
+            return await self._recorder.stored_result(outcome)
 
     # ------------------------------------------------------------------ operations
 
@@ -384,7 +220,7 @@ class EmbeddedBackend:
         try:
             written, granted = engine.write_entries(entries, lease)
             grants = [LeaseGrant(stored.id, stored.expires_at, granted) for stored in written]
-            if self._journal is not None:
+            if self._recorder is not None:
                 records: list[Record] = [
                     ("put", space, s.id, s.arrival, s.expires_at, s.payload) for s in written
                 ]
@@ -392,13 +228,19 @@ class EmbeddedBackend:
                     ("type", space, name, json.dumps(list(parents)))
                     for name, parents in engine.declared.items()
                 ]
-                records += self._id_records(space, engine)
+                records += self._recorder.id_records(space, engine)
                 if outcome is not None:
                     # Ids of one write are consecutive, with one lease: four numbers say it all.
                     first = grants[0]
                     assert grants[-1].id == first.id + len(grants) - 1
                     records.append(
-                        (*self._request_head(outcome), first.id, len(grants), first.expires_at, granted)
+                        (
+                            *self._recorder.request_head(outcome),
+                            first.id,
+                            len(grants),
+                            first.expires_at,
+                            granted,
+                        )
                     )
                 await self._commit(records, lambda: engine.revoke(written), written, outcome)
         except BaseException:
@@ -406,7 +248,7 @@ class EmbeddedBackend:
                 self._requests.abandon(outcome)
             raise
         if outcome is not None:
-            self._requests.finish(outcome, None if self._journal is not None else grants)
+            self._requests.finish(outcome, None if self._recorder is not None else grants)
         return grants
 
     async def match(
@@ -431,7 +273,7 @@ class EmbeddedBackend:
         outcome = self._requests.begin(request_id, space, "take") if request_id else None
         try:
             found = await self._find(engine, templates, take, max_entries, timeout, if_exists)
-            if take and found and self._journal is not None:
+            if take and found and self._recorder is not None:
                 await self._commit_take(space, engine, found, outcome)
             elif found and not take and not await self.settled(found):
                 self._check_store()
@@ -441,7 +283,7 @@ class EmbeddedBackend:
                 self._requests.abandon(outcome)
             raise
         if outcome is not None:
-            self._requests.finish(outcome, None if self._journal is not None else found)
+            self._requests.finish(outcome, None if self._recorder is not None else found)
         return found
 
     async def _commit_take(
@@ -456,7 +298,7 @@ class EmbeddedBackend:
             records: list[Record] = [("delete", space, stored.id) for stored in found]
         else:  # the rows stay, marked, to answer a retry until the request window passes
             records = [("take", space, s.id, outcome.request_id, i) for i, s in enumerate(found)]
-            records.append((*self._request_head(outcome), None, len(found), None, None))
+            records.append((*Recorder.request_head(outcome), None, len(found), None, None))
         try:
             await self._commit(records, lambda: engine.restore(found), outcome=outcome)
         except asyncio.CancelledError:
@@ -466,7 +308,7 @@ class EmbeddedBackend:
                 engine.restore(found)
                 self.note(
                     [("put", space, s.id, s.arrival, s.expires_at, s.payload) for s in found]
-                    + self._id_records(space, engine)
+                    + (self._recorder.id_records(space, engine) if self._recorder else [])
                 )
             raise
 
@@ -543,10 +385,8 @@ class EmbeddedBackend:
 
     async def count(self, space: str, templates: Sequence[Template]) -> int:
         number = self.engine(space).count(templates)
-        journal = self._journal
-        if journal is not None and journal.waits and journal.pending is not None:
-            with contextlib.suppress(SpaceError):
-                await asyncio.shield(journal.pending)  # count nothing a crash could take back
+        if self._recorder is not None:
+            await self._recorder.caught_up()  # count nothing a crash could take back
         return number
 
     async def subscribe(
@@ -570,10 +410,10 @@ class EmbeddedBackend:
         subscription.grant = grant
         subscription.attached = True
         self._subscriptions[(space, registration.seq)] = subscription
-        if self._journal is not None:
+        if self._recorder is not None:
             records: list[Record] = [
                 ("register", space, grant.id, grant.expires_at, codec.templates_bytes(templates), 0),
-                *self._id_records(space, engine),
+                *self._recorder.id_records(space, engine),
             ]
             await self._commit(records, subscription.close)
         return subscription
@@ -610,7 +450,8 @@ class EmbeddedBackend:
 
     def reserve_ids(self, space: str, mark: int) -> None:
         """The store has reserved ids below `mark` for `space` (recovery)."""
-        self._reserved[space] = mark
+        if self._recorder is not None:
+            self._recorder.reserve_ids(space, mark)
 
     def restore_request(self, request_id: str, space: str, kind: str, expires_at: float) -> None:
         self._requests.restore(request_id, space, kind, expires_at)

@@ -1,0 +1,143 @@
+"""What the embedded backend asks of its store: record a change made in memory, wait until it
+is durable, and answer a retried request from what was stored.
+
+Under the `always` policy a call replies only once its batch is durable, and a read, notify event
+or contents chunk that shows an entry whose write is not yet durable waits for it too
+(`settled`), so nobody sees what a crash could take back. A batch that cannot be written is
+undone in memory and its callers get UNAVAILABLE (see service/store/journal.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from outrig.service import codec
+from outrig.service.engine.model import LeaseGrant, StoredEntry
+from outrig.service.engine.space import SpaceEngine
+from outrig.service.exceptions import SpaceError
+from outrig.service.requests import Outcome, RequestLog
+from outrig.service.store.journal import Journal, Record
+
+# Ids reserved in the store at a time (a restart skips at most this many).
+_ID_BLOCK = 1024
+
+
+def _retrieve(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+class Recorder:
+    """The embedded backend's side of its `Journal`."""
+
+    def __init__(self, journal: Journal, requests: RequestLog) -> None:
+        self.journal = journal
+        self._requests = requests
+        # Entries whose write is not yet durable, with the batch that will make it so.
+        self._unsynced: dict[StoredEntry, asyncio.Future[None]] = {}
+        # Per space, the id the store has reserved up to (see id_records).
+        self._reserved: dict[str, int] = {}
+
+    def check(self) -> None:
+        """Raise StoreUnavailableError while the store cannot take changes."""
+        self.journal.check()
+
+    def note(self, records: Sequence[Record]) -> None:
+        self.journal.note(records)
+
+    async def commit(
+        self,
+        records: Sequence[Record],
+        undo: Callable[[], None] | None,
+        written: Iterable[StoredEntry] = (),
+        outcome: Outcome | None = None,
+    ) -> None:
+        """Submit a change already made in memory and, under `always`, wait until it is durable.
+        A request id's outcome is settled by the batch, even if the caller is cancelled."""
+        journal = self.journal
+        future, waiter = journal.submit(records, undo)
+        if outcome is not None:
+            outcome.committing = True
+            future.add_done_callback(lambda done: self._settle(outcome, done))
+        if not journal.waits:
+            waiter.add_done_callback(_retrieve)
+            return
+        unsynced = self._unsynced
+        written = list(written)
+        if written:
+            for stored in written:
+                unsynced[stored] = future
+
+            def synced(_: asyncio.Future[None]) -> None:
+                for stored in written:
+                    if unsynced.get(stored) is future:
+                        del unsynced[stored]
+
+            future.add_done_callback(synced)
+        await waiter  # its own future: cancelling this call cancels nothing shared
+
+    async def settled(self, entries: Sequence[StoredEntry]) -> bool:
+        """Wait until the writes of `entries` are durable; False if one of them failed."""
+        if not self._unsynced:
+            return True
+        pending = {self._unsynced[stored] for stored in entries if stored in self._unsynced}
+        for future in pending:
+            try:
+                await asyncio.shield(future)
+            except SpaceError:
+                return False
+        return True
+
+    async def caught_up(self) -> None:
+        """Wait until every change submitted so far is durable (or failed)."""
+        pending = self.journal.pending
+        if self.journal.waits and pending is not None:
+            with contextlib.suppress(SpaceError):
+                await asyncio.shield(pending)
+
+    def _settle(self, outcome: Outcome, batch: asyncio.Future[None]) -> None:
+        if batch.cancelled() or batch.exception() is not None:
+            self._requests.abandon(outcome, store_failed=True)
+        else:
+            self._requests.finish(outcome, None)
+
+    async def stored_result(self, outcome: Outcome) -> Any:
+        """The first call's answer to a request id, read back from the store."""
+        journal = self.journal
+        if journal.pending is not None:
+            with contextlib.suppress(SpaceError):
+                await asyncio.shield(journal.pending)
+        if outcome.kind == "write":
+            ((first_id, count, expires_at, granted),) = await journal.read(
+                "SELECT first_id, count, lease_expires_at, granted FROM requests WHERE id = ?",
+                (outcome.request_id,),
+            )
+            return [LeaseGrant(first_id + i, expires_at, granted) for i in range(count)]
+        rows = await journal.read(
+            "SELECT id, expires_at, payload FROM entries WHERE taken_by = ? ORDER BY taken_position",
+            (outcome.request_id,),
+        )
+        return [
+            StoredEntry(entry_id, codec.stored_entry(payload), expires_at)
+            for entry_id, expires_at, payload in rows
+        ]
+
+    @staticmethod
+    def request_head(outcome: Outcome) -> Record:
+        """The start of a request id's record; the caller appends the answer's columns."""
+        return ("request", outcome.request_id, outcome.space, outcome.kind, outcome.expires_at)
+
+    def id_records(self, space: str, engine: SpaceEngine) -> list[Record]:
+        """Reserve ids in blocks: the store learns a new high-water mark only when the space's ids
+        pass the last one, so a write rarely pays for it; a restart resumes above the mark."""
+        if engine.next_id <= self._reserved.get(space, 0):
+            return []
+        mark = self._reserved[space] = engine.next_id + _ID_BLOCK
+        return [("next_id", space, mark)]
+
+    def reserve_ids(self, space: str, mark: int) -> None:
+        """The store has reserved ids below `mark` for `space` (recovery)."""
+        self._reserved[space] = mark

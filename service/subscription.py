@@ -1,0 +1,100 @@
+"""A notify registration of the embedded backend, and the stream of its events.
+
+Events are buffered up to a limit; beyond it they are dropped, which the consumer sees as a gap
+in sequence numbers, so a slow reader never grows the server's memory. On a durable server a
+registration outlives a restart; until a listener resumes it, its events are buffered the same
+way, and an event waits for its entry's write to be durable before it is sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+from outrig.service.backend import Event
+from outrig.service.engine.model import LeaseGrant, StoredEntry
+from outrig.service.engine.space import Registration, SpaceEngine
+from outrig.service.exceptions import ShuttingDownError
+
+if TYPE_CHECKING:
+    from outrig.service.embedded import EmbeddedBackend
+
+SHUTTING_DOWN = "the server is shutting down"
+# A registration's sequence number is stored again once it has moved this far, so that after a
+# crash, restarting it at the stored number + 2**31 (recovery.SEQUENCE_JUMP) never reuses a number.
+_SEQUENCE_STEP = 1 << 30
+
+
+class EmbeddedSubscription:
+    """The events of one registration (see the module docstring)."""
+
+    def __init__(self, backend: EmbeddedBackend, space: str, engine: SpaceEngine) -> None:
+        self._backend = backend
+        self._space = space
+        self._engine = engine
+        self._limit = backend.config.limits.notify_queue
+        self._events: deque[Event] = deque()
+        self._wake = asyncio.Event()
+        self._ended = False
+        self.dropped = 0
+        self.attached = False
+        self.stored_sequence = 0
+        self.registration: Registration | None = None
+        self.grant: LeaseGrant | None = None  # as granted when registered in this process
+
+    @property
+    def lease(self) -> LeaseGrant:
+        registration = self.registration
+        assert registration is not None
+        if self.grant is not None and self.grant.expires_at == registration.expires_at:
+            return self.grant
+        expires_at = registration.expires_at
+        granted = None if expires_at is None else max(0.0, expires_at - self._backend.clock.time())
+        return LeaseGrant(registration.seq, expires_at, granted)
+
+    def on_event(self, sequence: int, entry: StoredEntry) -> None:
+        if len(self._events) < self._limit:
+            self._events.append(Event(sequence, entry))
+            self._wake.set()
+        else:
+            self.dropped += 1
+        if sequence - self.stored_sequence >= _SEQUENCE_STEP and self.registration is not None:
+            self.stored_sequence = sequence
+            self._backend.note([("sequence", self._space, self.registration.seq, sequence)])
+
+    def on_end(self) -> None:
+        self._ended = True
+        self._wake.set()
+        registration = self.registration
+        if registration is not None:
+            self._backend.forget_subscription(self._space, registration.seq)
+
+    def __aiter__(self) -> AsyncIterator[Event]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[Event]:
+        while True:
+            while self._events:
+                event = self._events.popleft()
+                if await self._backend.settled([event.entry]):
+                    yield event
+            if self._ended:
+                if self._backend.keeps_registrations and self._backend.closing:
+                    raise ShuttingDownError(
+                        f"{SHUTTING_DOWN}; resume registration {self.lease.id} after the restart"
+                    )
+                return
+            self._wake.clear()
+            await self._wake.wait()
+
+    def close(self) -> None:
+        """The listener went away: the registration ends (unless the server is stopping, when a
+        durable server keeps it for a resume after the restart)."""
+        registration = self.registration
+        if registration is not None and not self._ended:
+            self._engine.unregister(registration)
+            self._backend.forget_subscription(self._space, registration.seq)
+        self._ended = True
+        self._wake.set()
