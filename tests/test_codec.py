@@ -283,8 +283,9 @@ def test_the_grpc_boundary_maps_and_chains_errors() -> None:
 
 
 def test_bad_arguments_raise_before_any_call() -> None:
-    # Nothing listens on port 1: a call that reached the network would be UnavailableError.
-    with outrig.connect("127.0.0.1:1", space="jobs") as space:
+    # Nothing listens on port 1: a call that reached the network would be UnavailableError
+    # (at once: no retries).
+    with outrig.connect("127.0.0.1:1", space="jobs", retry_deadline=0) as space:
         with pytest.raises(TypeError, match="timeout"):
             space.read(Task(), timeout="1")  # type: ignore[arg-type]
         with pytest.raises(TypeError, match="lease"):

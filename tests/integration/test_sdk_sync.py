@@ -284,8 +284,13 @@ def test_client_side_type_errors_name_the_field(space):
 
 
 def test_unreachable_server_is_unavailable():
-    with outrig.connect("127.0.0.1:1", space="x") as space, pytest.raises(outrig.UnavailableError):
+    started = time.monotonic()
+    with (
+        outrig.connect("127.0.0.1:1", space="x", retry_deadline=1.0) as space,
+        pytest.raises(outrig.UnavailableError),
+    ):
         space.count(Task())
+    assert 1.0 <= time.monotonic() - started < 20.0  # retried up to its deadline, then gave up
 
 
 def test_lease_expiry_on_a_fake_clock():
