@@ -11,13 +11,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
+from outrig.service import wire
 from outrig.service.backend import SpaceBackend
 from outrig.service.config import ServerConfig
 from outrig.service.embedded import EmbeddedBackend
 from outrig.service.engine.clock import Clock
 from outrig.service.exceptions import ConfigError
 from outrig.service.servicer import SpaceServicer
-from outrig.v1 import space_pb2, space_pb2_grpc
+from outrig.v1 import space_pb2
 
 log = logging.getLogger("outrig.service")
 
@@ -49,7 +50,7 @@ class OutrigServer:
                 ("grpc.so_reuseport", 0),
             ]
         )
-        space_pb2_grpc.add_SpaceServicer_to_server(SpaceServicer(self.backend, config.limits), self._server)
+        wire.add_to_server(SpaceServicer(self.backend, config.limits), self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         reflection.enable_server_reflection(
             (

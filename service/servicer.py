@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from outrig.service import codec
+from outrig.service import codec, wire
 from outrig.service.backend import SpaceBackend
 from outrig.service.config import Limits
 from outrig.service.engine.model import StoredEntry
@@ -91,12 +91,14 @@ def streaming(method: Streaming[R]) -> Streaming[R]:
     return handler
 
 
-def _payloads(entries: list[StoredEntry]) -> list[pb.Entry]:
-    return [entry.payload for entry in entries]  # type: ignore[misc]  # payloads are pb.Entry here
+def _entries_reply(entries: list[StoredEntry]) -> bytes:
+    return wire.entries_reply(entry.payload for entry in entries)  # type: ignore[misc]  # bytes here
 
 
 class SpaceServicer(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
-    """outrig.v1.Space over a `SpaceBackend`."""
+    """outrig.v1.Space over a `SpaceBackend`. Methods that answer with entries return the reply
+    already encoded (service/wire.py), and the writes receive their request's bytes too
+    (`wire.Received`); register with `wire.add_to_server`."""
 
     def __init__(self, backend: SpaceBackend, limits: Limits) -> None:
         self._backend = backend
@@ -106,11 +108,17 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
         return codec.space_name(request.space, self._limits)
 
     @unary
-    async def Write(self, request: pb.WriteRequest, context: grpc.aio.ServicerContext) -> pb.WriteReply:
+    async def Write(
+        self, received: wire.Received[pb.WriteRequest], context: grpc.aio.ServicerContext
+    ) -> pb.WriteReply:
+        request = received.message
         space = self._space(request)
         if not request.HasField("entry"):
             raise InvalidArgumentError("entry: is required")
-        entry = codec.new_entry(request.entry, "entry", self._limits)
+        payloads = wire.entry_payloads(received.raw)
+        # A client may send the field twice (the decoder merges them): then re-encode the merge.
+        payload = payloads[0] if len(payloads) == 1 else None
+        entry = codec.new_entry(request.entry, "entry", self._limits, payload)
         (grant,) = await self._backend.write(
             space, [entry], codec.lease_duration(request), request_id=codec.request_id(request)
         )
@@ -118,16 +126,17 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
 
     @unary
     async def WriteMany(
-        self, request: pb.WriteManyRequest, context: grpc.aio.ServicerContext
+        self, received: wire.Received[pb.WriteManyRequest], context: grpc.aio.ServicerContext
     ) -> pb.WriteManyReply:
+        request = received.message
         space = self._space(request)
-        entries = codec.new_entries(request.entries, self._limits)
+        entries = codec.new_entries(request.entries, self._limits, wire.entry_payloads(received.raw))
         grants = await self._backend.write(
             space, entries, codec.lease_duration(request), request_id=codec.request_id(request)
         )
         return pb.WriteManyReply(leases=[codec.lease_message(grant) for grant in grants])
 
-    async def _match(self, request: pb.MatchRequest, *, take: bool, many: bool) -> pb.MatchReply:
+    async def _match(self, request: pb.MatchRequest, *, take: bool, many: bool) -> bytes:
         space = self._space(request)
         templates = codec.templates(request.templates, self._limits)
         found = await self._backend.match(
@@ -139,32 +148,32 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
             if_exists=request.if_exists,
             request_id=codec.request_id(request) if take else "",
         )
-        return pb.MatchReply(entries=_payloads(found))
+        return _entries_reply(found)  # an encoded MatchReply
 
     @unary
-    async def Read(self, request: pb.MatchRequest, context: grpc.aio.ServicerContext) -> pb.MatchReply:
+    async def Read(self, request: pb.MatchRequest, context: grpc.aio.ServicerContext) -> bytes:
         return await self._match(request, take=False, many=False)
 
     @unary
-    async def Take(self, request: pb.MatchRequest, context: grpc.aio.ServicerContext) -> pb.MatchReply:
+    async def Take(self, request: pb.MatchRequest, context: grpc.aio.ServicerContext) -> bytes:
         return await self._match(request, take=True, many=False)
 
     @unary
-    async def ReadMany(self, request: pb.MatchRequest, context: grpc.aio.ServicerContext) -> pb.MatchReply:
+    async def ReadMany(self, request: pb.MatchRequest, context: grpc.aio.ServicerContext) -> bytes:
         return await self._match(request, take=False, many=True)
 
     @unary
-    async def TakeMany(self, request: pb.MatchRequest, context: grpc.aio.ServicerContext) -> pb.MatchReply:
+    async def TakeMany(self, request: pb.MatchRequest, context: grpc.aio.ServicerContext) -> bytes:
         return await self._match(request, take=True, many=True)
 
     @streaming
     async def Contents(
         self, request: pb.ContentsRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.ContentsReply]:
+    ) -> AsyncIterator[bytes]:
         space = self._space(request)
         templates = codec.templates(request.templates, self._limits)
         async for chunk in self._backend.contents(space, templates, request.max_entries):
-            yield pb.ContentsReply(entries=_payloads(chunk))
+            yield _entries_reply(chunk)  # an encoded ContentsReply
 
     @unary
     async def Count(self, request: pb.CountRequest, context: grpc.aio.ServicerContext) -> pb.CountReply:
@@ -175,7 +184,7 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
     @streaming
     async def Notify(
         self, request: pb.NotifyRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.NotifyReply]:
+    ) -> AsyncIterator[bytes]:
         space = self._space(request)
         if request.HasField("resume"):
             subscription = await self._backend.subscribe(space, (), None, resume=request.resume)
@@ -183,9 +192,9 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
             templates = codec.templates(request.templates, self._limits)
             subscription = await self._backend.subscribe(space, templates, codec.lease_duration(request))
         try:
-            yield pb.NotifyReply(registration=codec.lease_message(subscription.lease))
+            yield pb.NotifyReply(registration=codec.lease_message(subscription.lease)).SerializeToString()
             async for event in subscription:
-                yield pb.NotifyReply(sequence=event.sequence, entry=event.entry.payload)  # type: ignore[arg-type]
+                yield wire.event_reply(event.sequence, event.entry.payload)  # type: ignore[arg-type]
         finally:
             subscription.close()
 

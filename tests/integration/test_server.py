@@ -204,3 +204,20 @@ def test_sigterm_ends_blocked_takes_and_notify_streams_cleanly(server_factory):
         assert time.monotonic() - started < 5.0  # at once, not after the 10 s grace
         assert list(events) == []  # the notify stream ended with OK
     assert running.process.wait(15) == 0
+
+
+def test_an_entry_field_sent_twice_is_stored_as_merged(server, stub, space_name):
+    """The server keeps entries as the bytes they arrived in; when a client sends the entry field
+    twice (protobuf merges the two), it must keep the merged entry, not one of the halves."""
+    first = pb.WriteRequest(space=space_name, entry=_entry(a=pb.Value(int_value=1)))
+    second = pb.WriteRequest(entry=pb.Entry(fields={"b": pb.Value(int_value=2)}))
+    with grpc.insecure_channel(server.address) as channel:
+        write_raw = channel.unary_unary(
+            "/outrig.v1.Space/Write",
+            request_serializer=lambda raw: raw,
+            response_deserializer=pb.WriteReply.FromString,
+        )
+        write_raw(first.SerializeToString() + second.SerializeToString(), timeout=10)
+    template = pb.Template(type_name=first.entry.type_name, fields={"b": pb.Value(int_value=2)})
+    reply = stub.Read(pb.MatchRequest(space=space_name, templates=[template], timeout=0), timeout=10)
+    assert dict(reply.entries[0].fields) == {"a": pb.Value(int_value=1), "b": pb.Value(int_value=2)}

@@ -1,0 +1,158 @@
+"""Replies that carry entries, encoded straight from the stored payloads.
+
+The server keeps each entry as the bytes of its `outrig.v1.Entry` encoding (a small entry costs
+about 90 bytes that way, against about 1.2 KB as a protobuf object), and a reply that carries
+entries is those bytes with a tag and a length in front of each: MatchReply and ContentsReply are
+`repeated Entry entries = 1`, an event is NotifyReply `sequence = 2, entry = 3`. Building them
+costs one copy of the payloads into the reply and no protobuf work, whatever the entries hold.
+
+The other way, a write keeps each entry as the bytes it arrived as: Write and WriteMany are
+decoded into a `Received` (the message and its bytes), and `entry_payloads` finds each entry's
+bytes in the request by reading its top-level tags, without decoding or re-encoding an entry
+(re-encoding a 3.6 MB entry measured 5 ms inside the server).
+
+`add_to_server` registers the servicer like the generated `add_SpaceServicer_to_server`, except
+that the methods answering with such bytes get a serializer that passes them through, and the
+writes get a `Received`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, Generic, TypeVar
+
+import grpc
+
+from outrig.v1 import space_pb2 as pb
+
+SERVICE = "outrig.v1.Space"
+
+_ENTRIES = b"\x0a"  # field 1, length-delimited: MatchReply.entries, ContentsReply.entries
+_SEQUENCE = b"\x10"  # field 2, varint: NotifyReply.sequence
+_EVENT_ENTRY = b"\x1a"  # field 3, length-delimited: NotifyReply.entry
+
+
+def _varint(value: int) -> bytes:
+    if value < 0x80:
+        return bytes((value,))
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def entries_reply(payloads: Iterable[bytes]) -> bytes:
+    """A MatchReply (or ContentsReply: the same layout) carrying these encoded entries."""
+    parts: list[bytes] = []
+    for payload in payloads:
+        parts += (_ENTRIES, _varint(len(payload)), payload)
+    return b"".join(parts)
+
+
+def event_reply(sequence: int, payload: bytes) -> bytes:
+    """A NotifyReply carrying one event."""
+    return b"".join((_SEQUENCE, _varint(sequence), _EVENT_ENTRY, _varint(len(payload)), payload))
+
+
+M = TypeVar("M")
+
+_ENTRY_FIELD = 2  # WriteRequest.entry, WriteManyRequest.entries
+
+
+class Received(Generic[M]):
+    """A request message and the bytes it was decoded from."""
+
+    __slots__ = ("message", "raw")
+
+    def __init__(self, message: M, raw: bytes) -> None:
+        self.message = message
+        self.raw = raw
+
+
+def _varint_at(data: bytes, i: int) -> tuple[int, int]:
+    """The varint starting at data[i], and the index after it."""
+    value = shift = 0
+    while True:
+        byte = data[i]
+        i += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, i
+        shift += 7
+
+
+def entry_payloads(raw: bytes) -> list[bytes]:
+    """The encoded entries of a Write or WriteMany request, in order: the bytes of each top-level
+    field 2. Only tags and lengths are read, so the cost grows with the number of top-level
+    fields, not with the entries' size. The request has already been decoded, so it is valid."""
+    payloads = []
+    i, end = 0, len(raw)
+    while i < end:
+        key, i = _varint_at(raw, i)
+        kind = key & 7
+        if kind == 2:
+            length, i = _varint_at(raw, i)
+            if key >> 3 == _ENTRY_FIELD:
+                payloads.append(raw[i : i + length])
+            i += length
+        elif kind == 0:
+            _, i = _varint_at(raw, i)
+        elif kind == 1:
+            i += 8
+        elif kind == 5:
+            i += 4
+        else:  # groups: not in outrig's protocol, and refused by the decoder already
+            raise ValueError(f"wire type {kind} in a write request")
+    return payloads
+
+
+def _passthrough(reply: bytes) -> bytes:
+    return reply
+
+
+def _serialize(message: Any) -> bytes:
+    return message.SerializeToString()  # type: ignore[no-any-return]
+
+
+# method: (kind, request type, answers with encoded bytes)
+_METHODS: dict[str, tuple[str, Any, bool]] = {
+    "Write": ("unary", pb.WriteRequest, False),  # requests arrive as Received (see _RECEIVED)
+    "WriteMany": ("unary", pb.WriteManyRequest, False),
+    "Read": ("unary", pb.MatchRequest, True),
+    "Take": ("unary", pb.MatchRequest, True),
+    "ReadMany": ("unary", pb.MatchRequest, True),
+    "TakeMany": ("unary", pb.MatchRequest, True),
+    "Contents": ("stream", pb.ContentsRequest, True),
+    "Count": ("unary", pb.CountRequest, False),
+    "Notify": ("stream", pb.NotifyRequest, True),
+    "RenewLeases": ("unary", pb.RenewLeasesRequest, False),
+    "CancelLeases": ("unary", pb.CancelLeasesRequest, False),
+}
+
+
+_RECEIVED = frozenset({"Write", "WriteMany"})
+
+
+def _receiving(message_type: Any) -> Callable[[bytes], Received[Any]]:
+    def deserialize(raw: bytes) -> Received[Any]:
+        return Received(message_type.FromString(raw), raw)
+
+    return deserialize
+
+
+def add_to_server(servicer: object, server: grpc.aio.Server) -> None:
+    """Register `servicer`'s methods for outrig.v1.Space on `server`."""
+    handlers = {}
+    for name, (kind, request, encoded) in _METHODS.items():
+        make: Callable[..., grpc.RpcMethodHandler] = (
+            grpc.unary_unary_rpc_method_handler if kind == "unary" else grpc.unary_stream_rpc_method_handler
+        )
+        handlers[name] = make(
+            getattr(servicer, name),
+            request_deserializer=_receiving(request) if name in _RECEIVED else request.FromString,
+            response_serializer=_passthrough if encoded else _serialize,
+        )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_registered_method_handlers(SERVICE, handlers)
