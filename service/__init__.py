@@ -3,3 +3,15 @@
 Layers, outermost first: server (grpc.aio, health, reflection) -> servicer (protobuf <-> engine
 objects, errors -> status codes) -> backend (where spaces live) -> engine (pure matching).
 """
+
+from __future__ import annotations
+
+import importlib.metadata
+
+
+def software_version() -> str:
+    """The installed outrig's version (recorded in the stores it creates)."""
+    try:
+        return importlib.metadata.version("outrig")
+    except importlib.metadata.PackageNotFoundError:
+        return "0+unknown"

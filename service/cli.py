@@ -5,20 +5,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.metadata
 import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from outrig.service import software_version
 from outrig.service.exceptions import ConfigError, StoreError
-
-
-def software_version() -> str:
-    try:
-        return importlib.metadata.version("outrig")
-    except importlib.metadata.PackageNotFoundError:
-        return "0+unknown"
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -16,10 +16,12 @@ import asyncio
 import contextlib
 import json
 import logging
+import sqlite3
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
-from outrig.service import codec
+from outrig.service import codec, software_version
 from outrig.service.config import ServerConfig
 from outrig.service.engine.clock import Clock, SystemClock
 from outrig.service.engine.model import LeaseGrant, NewEntry, StoredEntry, Template
@@ -40,7 +42,6 @@ from outrig.service.subscription import SHUTTING_DOWN, EmbeddedSubscription
 
 log = logging.getLogger("outrig.service")
 
-_SHUTTING_DOWN = SHUTTING_DOWN
 # Candidates a contents call checks before it lets other requests run.
 _SLICE = 1024
 
@@ -75,7 +76,7 @@ class EmbeddedBackend:
         engine = self._spaces.get(name)
         if engine is None:
             if self.closing:
-                raise ShuttingDownError(_SHUTTING_DOWN)
+                raise ShuttingDownError(SHUTTING_DOWN)
             limit = self.config.limits.max_spaces
             if len(self._spaces) >= limit:
                 raise QuotaExceededError(
@@ -91,16 +92,15 @@ class EmbeddedBackend:
     async def start(self) -> None:
         data_dir = self.config.data_dir
         if data_dir is not None and not self.config.in_memory:
-            await self._open_store(data_dir)
+            self._open_store(data_dir)  # blocks, but nothing is served before start() returns
         self._reaper = asyncio.create_task(self._reap_forever(), name="outrig-reaper")
 
-    async def _open_store(self, data_dir: Any) -> None:
-        from outrig.service.cli import software_version
-
+    def _open_store(self, data_dir: Path) -> None:
         data_dir.mkdir(parents=True, exist_ok=True)
         self._lock = DataDirLock(data_dir)
         self._lock.acquire()
         interval = self.config.commit_interval_ms / 1000 if self.config.durability == "interval" else 0.0
+        connection: sqlite3.Connection | None = None
         try:
             connection = open_store(data_dir, software_version())
             journal = Journal(
@@ -114,9 +114,11 @@ class EmbeddedBackend:
             self.recovery = recover(connection, self, self.clock.time())
         except BaseException:
             self._recorder = None
+            if connection is not None:
+                connection.close()
             self._lock.release()
             raise
-        journal.start()
+        journal.start(asyncio.get_running_loop())
         log.info(
             "data dir %s: %s; durability %s",
             data_dir,
@@ -132,7 +134,7 @@ class EmbeddedBackend:
         # of the grace period.
         for future in self._parked:
             if not future.done():
-                future.set_exception(ShuttingDownError(_SHUTTING_DOWN))
+                future.set_exception(ShuttingDownError(SHUTTING_DOWN))
         if self._reaper is not None:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -326,7 +328,7 @@ class EmbeddedBackend:
         if found or if_exists or timeout == 0:
             return found
         if self.closing:
-            raise ShuttingDownError(_SHUTTING_DOWN)
+            raise ShuttingDownError(SHUTTING_DOWN)
         limit = self.config.limits.max_waiters
         if engine.waiting >= limit:
             raise QuotaExceededError(

@@ -316,8 +316,9 @@ class Journal:
                 await asyncio.shield(self._writing.future)
         return self._writer.connection.execute(sql, parameters).fetchall()
 
-    def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Serve on `loop`: the one the changes are submitted from."""
+        self._loop = loop
 
     async def close(self) -> None:
         """Write what is queued, then stop and close the connection."""
