@@ -1,0 +1,146 @@
+"""Starting and stopping the server processes the benchmarks measure: outrig, the no-op gRPC server
+and redis-server. Each runs as its own process on a free port of 127.0.0.1, with its log in a work
+dir, and can report its resident memory and CPU time while it runs."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+#: Large enough for the HD array entry (3.6 MB) with room to spare; the SDK's default is 64 MiB too.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+REDIS_MISSING = (
+    "redis-server was not found, so the Redis rows were skipped; install it with "
+    "`apt-get install -y redis-server` (Debian) and run again"
+)
+_HERE = Path(__file__).resolve().parent
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+# Raised quotas: the HD array writes hold up to a few GB between cleanups, and the scaling
+# section stores 1,000,000 entries (the default quota) plus the ones it writes while measuring.
+OUTRIG_CONFIG = """\
+[space_defaults]
+max_entries = 10000000
+max_bytes = 68719476736
+"""
+
+
+class ServerProcess:
+    """A server process this bench started."""
+
+    def __init__(self, name: str, process: subprocess.Popen[str], address: str, log: Path) -> None:
+        self.name = name
+        self.process = process
+        self.address = address
+        self.log = log
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def rss_bytes(self) -> int:
+        """Resident memory now (VmRSS)."""
+        with open(f"/proc/{self.pid}/statm") as statm:
+            return int(statm.read().split()[1]) * _PAGE
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time used so far, all threads included."""
+        with open(f"/proc/{self.pid}/stat") as stat:
+            fields = stat.read().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+
+    def check_alive(self) -> None:
+        if self.process.poll() is not None:
+            raise RuntimeError(f"{self.name} exited with {self.process.returncode}; its log: {self.log}")
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL if it has not exited after 15 s."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+
+
+def _start_python_server(name: str, command: list[str], pattern: str, workdir: Path) -> ServerProcess:
+    """Start a server that prints its address on stdout once it serves."""
+    log = workdir / f"{name}.log"
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("OUTRIG_")}
+    with log.open("w") as stderr:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=environment)
+    assert process.stdout is not None
+    match = re.search(pattern, process.stdout.readline())
+    if match is None:
+        process.kill()
+        process.wait()
+        raise RuntimeError(f"{name} did not start:\n{log.read_text()}")
+    return ServerProcess(name, process, match.group(1), log)
+
+
+def start_outrig(workdir: Path, name: str = "outrig") -> ServerProcess:
+    """An in-memory `outrig serve` with raised message size and quotas."""
+    config = workdir / "outrig.toml"
+    config.write_text(OUTRIG_CONFIG)
+    command = [
+        sys.executable, "-m", "outrig.service", "serve", "--listen", "127.0.0.1:0", "--in-memory",
+        "--max-message-bytes", str(MAX_MESSAGE_BYTES), "--config", str(config), "--log-level", "WARNING",
+    ]  # fmt: skip
+    return _start_python_server(name, command, r"outrig listening on (\S+)", workdir)
+
+
+def start_noop(workdir: Path) -> ServerProcess:
+    command = [
+        sys.executable, str(_HERE / "noop_server.py"), "--listen", "127.0.0.1:0",
+        "--max-message-bytes", str(MAX_MESSAGE_BYTES),
+    ]  # fmt: skip
+    return _start_python_server("noop", command, r"noop listening on (\S+)", workdir)
+
+
+def redis_available() -> bool:
+    return shutil.which("redis-server") is not None
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def start_redis(workdir: Path) -> ServerProcess:
+    """redis-server on a free port, nothing saved to disk; ready once it answers PING."""
+    port = _free_port()
+    log = workdir / "redis.log"
+    command = [
+        "redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
+        "--dir", str(workdir),
+    ]  # fmt: skip
+    with log.open("w") as output:
+        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, text=True)
+    server = ServerProcess("redis", process, f"127.0.0.1:{port}", log)
+    deadline = time.monotonic() + 10.0
+    while True:
+        server.check_alive()
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1.0) as sock:
+                sock.sendall(b"PING\r\n")
+                if sock.recv(64).startswith(b"+PONG"):
+                    return server
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            server.stop()
+            raise RuntimeError(f"redis-server did not answer PING within 10 s; its log: {log}")
+        time.sleep(0.05)
