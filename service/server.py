@@ -43,11 +43,17 @@ class OutrigServer:
         self.port = 0
         self._health = HealthServicer()
         limit = config.max_message_bytes
+        pending = max(1000, config.limits.max_waiters)
         self._server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", limit),
                 ("grpc.so_reuseport", 0),
+                # gRPC cancels calls that wait to be picked up once more than 1,000 do (its default):
+                # a burst of blocked takes would be cut off long before max_waiters. Allow a
+                # burst as large as the waiters the quota admits.
+                ("grpc.server.max_pending_requests", pending),
+                ("grpc.server.max_pending_requests_hard_limit", 2 * pending),
             ]
         )
         wire.add_to_server(SpaceServicer(self.backend, config.limits), self._server)

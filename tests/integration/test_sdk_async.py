@@ -118,3 +118,13 @@ async def test_bad_input(space):
     with pytest.raises(outrig.InvalidArgumentError, match="space"):
         await space.with_space("").count(Task())
     assert await space.count(Task()) == 0
+
+
+async def test_a_burst_of_blocked_takes_is_not_cut_off(server, space_name):
+    """gRPC cancels calls waiting to be picked up beyond its pending-request limit (1,000 by
+    default); the server raises it to max_waiters, so a burst of blocked takes all get served."""
+    async with outrig.aio.connect(server.address, space=space_name, retry_deadline=0) as space:
+        takes = [space.take(Task(job="never"), timeout=1.0) for _ in range(2500)]
+        results = await asyncio.gather(*takes, return_exceptions=True)
+    failures = Counter(type(result).__name__ for result in results if result is not None)
+    assert not failures, f"{sum(failures.values())} of 2500 blocked takes failed: {dict(failures)}"
