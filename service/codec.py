@@ -12,6 +12,7 @@ import re
 import struct
 from collections.abc import Mapping, Sequence
 
+from outrig.service import wire
 from outrig.service.config import Limits
 from outrig.service.engine.model import LeaseGrant, NewEntry, Template
 from outrig.service.engine.values import NULL, FieldValue
@@ -144,8 +145,10 @@ def _fields(fields: Mapping[str, pb.Value], where: str, limits: Limits) -> dict[
     return result
 
 
-def new_entry(entry: pb.Entry, where: str, limits: Limits, payload: bytes | None = None) -> NewEntry:
-    """The engine's view of an entry to write; `payload` is its encoding as received, if known."""
+def new_entry(
+    entry: pb.Entry, where: str, limits: Limits, encoding: bytes | memoryview | None = None
+) -> NewEntry:
+    """The engine's view of an entry to write; `encoding` is its bytes as received, if known."""
     type_name = _name(entry.type_name, f"{where}.type_name", limits)
     supertypes = tuple(entry.supertypes)
     for i, supertype in enumerate(supertypes):
@@ -153,27 +156,27 @@ def new_entry(entry: pb.Entry, where: str, limits: Limits, payload: bytes | None
     if type_name in supertypes or len(set(supertypes)) != len(supertypes):
         raise InvalidArgumentError(f"{where}.supertypes: a type appears twice in {[type_name, *supertypes]}")
     fields = _fields(entry.fields, f"{where}.fields", limits)
-    # The payload is the entry's encoding: what replies and the store carry (see wire.py).
-    if payload is None:
-        payload = entry.SerializeToString()
-    return NewEntry(type_name, supertypes, fields, payload, len(payload))
+    # The payload is the entry's encoding, framed: what replies and the store carry (see wire.py).
+    if encoding is None:
+        encoding = entry.SerializeToString()
+    return NewEntry(type_name, supertypes, fields, wire.frame(encoding), len(encoding))
 
 
 def new_entries(
-    entries: Sequence[pb.Entry], limits: Limits, payloads: Sequence[bytes] | None = None
+    entries: Sequence[pb.Entry], limits: Limits, encodings: Sequence[memoryview] | None = None
 ) -> list[NewEntry]:
-    """The entries of a write_many; `payloads` are their encodings as received, if known."""
+    """The entries of a write_many; `encodings` are their bytes as received, if known."""
     if not entries:
         raise InvalidArgumentError("entries: must not be empty")
     if len(entries) > limits.max_batch:
         raise InvalidArgumentError(
             f"entries: {len(entries)} entries exceeds the limit max_batch={limits.max_batch}"
         )
-    if payloads is None or len(payloads) != len(entries):
+    if encodings is None or len(encodings) != len(entries):
         return [new_entry(entry, f"entries[{i}]", limits) for i, entry in enumerate(entries)]
     return [
-        new_entry(entry, f"entries[{i}]", limits, payload)
-        for i, (entry, payload) in enumerate(zip(entries, payloads, strict=True))
+        new_entry(entry, f"entries[{i}]", limits, encoding)
+        for i, (entry, encoding) in enumerate(zip(entries, encodings, strict=True))
     ]
 
 
@@ -268,19 +271,24 @@ _DTYPE_BY_NAME = {name: number for number, (name, _) in _DTYPES.items()}
 _unpack_double = struct.Struct("<d").unpack
 
 
-def entry_bytes(payload: object) -> bytes:
-    """A stored entry's payload, which is already the Entry's encoding."""
+def entry_bytes(payload: object) -> memoryview:
+    """What the store keeps of a payload: the Entry's encoding (a view, no copy)."""
     assert isinstance(payload, bytes)
-    return payload
+    return wire.unframed(payload)
+
+
+def payload_of(entry: pb.Entry) -> bytes:
+    """The payload the server keeps for an entry (tests build entries this way)."""
+    return wire.frame(entry.SerializeToString())
 
 
 def stored_entry(data: bytes) -> NewEntry:
     """An entry read back from the store: decoded for its values (made canonical), without the
     request checks it passed when written (names, limits), which cost most of a restart. The
-    payload stays the stored bytes; the decoded message is dropped."""
+    payload is the stored bytes, framed; the decoded message is dropped."""
     entry = pb.Entry.FromString(data)
     fields = {name: field_value(value, "stored entry", _NO_LIMITS) for name, value in entry.fields.items()}
-    return NewEntry(entry.type_name, tuple(entry.supertypes), fields, data, len(data))
+    return NewEntry(entry.type_name, tuple(entry.supertypes), fields, wire.frame(data), len(data))
 
 
 def value_message(value: FieldValue) -> pb.Value:

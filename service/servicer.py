@@ -92,7 +92,7 @@ def streaming(method: Streaming[R]) -> Streaming[R]:
 
 
 def _entries_reply(entries: list[StoredEntry]) -> bytes:
-    return wire.entries_reply(entry.payload for entry in entries)  # type: ignore[misc]  # bytes here
+    return wire.entries_reply([entry.payload for entry in entries])  # type: ignore[misc]  # bytes here
 
 
 class SpaceServicer(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
@@ -115,10 +115,10 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
         space = self._space(request)
         if not request.HasField("entry"):
             raise InvalidArgumentError("entry: is required")
-        payloads = wire.entry_payloads(received.raw)
+        encodings = wire.entry_encodings(received.raw)
         # A client may send the field twice (the decoder merges them): then re-encode the merge.
-        payload = payloads[0] if len(payloads) == 1 else None
-        entry = codec.new_entry(request.entry, "entry", self._limits, payload)
+        encoding = encodings[0] if len(encodings) == 1 else None
+        entry = codec.new_entry(request.entry, "entry", self._limits, encoding)
         (grant,) = await self._backend.write(
             space, [entry], codec.lease_duration(request), request_id=codec.request_id(request)
         )
@@ -130,7 +130,7 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
     ) -> pb.WriteManyReply:
         request = received.message
         space = self._space(request)
-        entries = codec.new_entries(request.entries, self._limits, wire.entry_payloads(received.raw))
+        entries = codec.new_entries(request.entries, self._limits, wire.entry_encodings(received.raw))
         grants = await self._backend.write(
             space, entries, codec.lease_duration(request), request_id=codec.request_id(request)
         )

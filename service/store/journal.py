@@ -61,7 +61,7 @@ class _Writer:
     Only the COMMIT, which waits for the disk, runs off the loop.
     """
 
-    def __init__(self, connection: sqlite3.Connection, dump: Callable[[object], bytes]) -> None:
+    def __init__(self, connection: sqlite3.Connection, dump: Callable[[object], bytes | memoryview]) -> None:
         self.connection = connection
         self._dump = dump
         self._space_numbers: dict[str, int] = {}
@@ -241,7 +241,7 @@ class Journal:
         self,
         path: Path,
         connection: sqlite3.Connection,
-        dump: Callable[[object], bytes],
+        dump: Callable[[object], bytes | memoryview],
         *,
         wait: bool = True,
         interval: float = 0.0,

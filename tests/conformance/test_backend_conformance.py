@@ -34,7 +34,7 @@ def message(type_name: str = "Task", *supertypes: str, **fields: object) -> pb.E
 
 
 def entry(type_name: str = "Task", *supertypes: str, size: int = 10, **fields: object) -> NewEntry:
-    payload = message(type_name, *supertypes, **fields).SerializeToString()
+    payload = codec.payload_of(message(type_name, *supertypes, **fields))
     return NewEntry(type_name, supertypes, {name: value(x) for name, x in fields.items()}, payload, size)
 
 
@@ -102,7 +102,7 @@ async def test_write_then_read_then_take(backend: SpaceBackend, space: str) -> N
     assert len({grant.id for grant in grants}) == 2
     (found,) = await read(backend, space, template(n=1))
     assert found.id == grants[0].id
-    assert found.payload == message("Task", n=1).SerializeToString()
+    assert found.payload == codec.payload_of(message("Task", n=1))
     assert found.type_name == "Task"
     assert ids(await read(backend, space, template(n=1))) == [grants[0].id]  # a read leaves it
     assert ids(await take(backend, space, template(n=1))) == [grants[0].id]
@@ -395,7 +395,7 @@ async def test_subscribe_delivers_matching_writes_in_sequence(
     assert [event.entry.id for event in events] == wanted
     # Strictly increasing from 1; with no events dropped (a tiny queue), without gaps.
     assert [event.sequence for event in events] == list(range(1, len(wanted) + 1))
-    assert events[0].entry.payload == message("Dog", "Animal", legs=4).SerializeToString()
+    assert events[0].entry.payload == codec.payload_of(message("Dog", "Animal", legs=4))
 
 
 async def test_two_subscriptions_count_their_own_events(backend: SpaceBackend, space: str) -> None:

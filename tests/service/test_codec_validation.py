@@ -104,7 +104,7 @@ def test_a_valid_entry() -> None:
     assert entry.type_name == "Dog"
     assert entry.supertypes == ("Mammal", "Animal")
     assert set(entry.fields) == {"n", "s"}
-    assert entry.payload == message.SerializeToString()  # the encoding replies and the store carry
+    assert entry.payload == codec.payload_of(message)  # the encoding replies and the store carry
     assert entry.size == message.ByteSize()
 
 

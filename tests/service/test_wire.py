@@ -18,7 +18,7 @@ def entry(size: int) -> pb.Entry:
 @pytest.mark.parametrize("size", [0, 1, 120, 127, 128, 16_380, 16_384, 2_097_152, 3_686_400])
 def test_entries_reply_is_a_match_reply_and_a_contents_reply(size: int) -> None:
     entries = [entry(size), entry(1)]
-    encoded = wire.entries_reply(e.SerializeToString() for e in entries)
+    encoded = wire.entries_reply([wire.frame(e.SerializeToString()) for e in entries])
     assert list(pb.MatchReply.FromString(encoded).entries) == entries
     assert list(pb.ContentsReply.FromString(encoded).entries) == entries
 
@@ -32,21 +32,27 @@ def test_no_entries_is_an_empty_reply() -> None:
     sequence=st.integers(min_value=1, max_value=2**64 - 1), size=st.integers(min_value=0, max_value=70_000)
 )
 def test_event_reply_is_a_notify_reply(sequence: int, size: int) -> None:
-    encoded = wire.event_reply(sequence, entry(size).SerializeToString())
+    encoded = wire.event_reply(sequence, wire.frame(entry(size).SerializeToString()))
     reply = pb.NotifyReply.FromString(encoded)
     assert reply.sequence == sequence
     assert reply.entry == entry(size)
     assert not reply.HasField("registration")
 
 
-def test_entry_payloads_are_the_entries_as_they_arrived() -> None:
+def test_a_reply_of_one_entry_is_its_payload_itself() -> None:
+    payload = wire.frame(entry(3_686_400).SerializeToString())
+    assert wire.entries_reply([payload]) is payload  # no copy
+    assert bytes(wire.unframed(payload)) == entry(3_686_400).SerializeToString()
+
+
+def test_entry_encodings_are_the_entries_as_they_arrived() -> None:
     entries = [entry(0), entry(200), entry(70_000)]
     request = pb.WriteManyRequest(space="s", entries=entries, request_id="r")
     request.lease.seconds = 5.0
-    payloads = wire.entry_payloads(request.SerializeToString())
-    assert [pb.Entry.FromString(p) for p in payloads] == entries
+    encodings = wire.entry_encodings(request.SerializeToString())
+    assert [pb.Entry.FromString(bytes(e)) for e in encodings] == entries
     single = pb.WriteRequest(space="s", entry=entries[1]).SerializeToString()
-    assert wire.entry_payloads(single) == [entries[1].SerializeToString()]
+    assert [bytes(e) for e in wire.entry_encodings(single)] == [entries[1].SerializeToString()]
 
 
 def test_an_entry_sent_twice_is_merged_and_re_encoded() -> None:
@@ -55,6 +61,6 @@ def test_an_entry_sent_twice_is_merged_and_re_encoded() -> None:
     first = pb.WriteRequest(entry=pb.Entry(type_name="A", fields={"a": pb.Value(int_value=1)}))
     second = pb.WriteRequest(entry=pb.Entry(fields={"b": pb.Value(int_value=2)}))
     raw = first.SerializeToString() + second.SerializeToString()
-    assert len(wire.entry_payloads(raw)) == 2
+    assert len(wire.entry_encodings(raw)) == 2
     merged = pb.WriteRequest.FromString(raw).entry
     assert dict(merged.fields) == {"a": pb.Value(int_value=1), "b": pb.Value(int_value=2)}
