@@ -123,6 +123,55 @@ def entry_encodings(raw: bytes) -> list[memoryview]:
     return payloads
 
 
+def _fields_of(message: memoryview) -> list[tuple[int, int, int | memoryview]]:
+    """(field number, wire type, value) for each top-level field of an encoded message; a
+    length-delimited value is a view of its bytes (no copy)."""
+    fields: list[tuple[int, int, int | memoryview]] = []
+    i, end = 0, len(message)
+    while i < end:
+        key, i = _varint_at(message, i)  # type: ignore[arg-type]
+        kind = key & 7
+        value: int | memoryview
+        if kind == 2:
+            length, i = _varint_at(message, i)  # type: ignore[arg-type]
+            value, i = message[i : i + length], i + length
+        elif kind == 0:
+            value, i = _varint_at(message, i)  # type: ignore[arg-type]
+        elif kind in (1, 5):
+            width = 8 if kind == 1 else 4
+            value, i = int.from_bytes(message[i : i + width], "little"), i + width
+        else:
+            raise ValueError(f"wire type {kind} in an entry")
+        fields.append((key >> 3, kind, value))
+    return fields
+
+
+# Entry.fields = 3 (map entries: key = 1, value = 2); Value.array_value = 7; TypedArray.data = 2.
+_ENTRY_FIELDS, _MAP_KEY, _MAP_VALUE, _ARRAY_VALUE, _ARRAY_DATA = 3, 1, 2, 7, 2
+
+
+def array_views(entry: memoryview) -> dict[str, memoryview]:
+    """The data of each typed-array field of an encoded Entry, as views into it (no copy), by
+    field name. Reading only tags and lengths, its cost grows with the number of fields."""
+    views: dict[str, memoryview] = {}
+    for number, _, item in _fields_of(entry):
+        if number != _ENTRY_FIELDS or not isinstance(item, memoryview):
+            continue
+        name, value = "", None
+        for part, _, content in _fields_of(item):
+            if part == _MAP_KEY and isinstance(content, memoryview):
+                name = bytes(content).decode()
+            elif part == _MAP_VALUE and isinstance(content, memoryview):
+                value = content
+        if value is None:
+            continue
+        for part, _, content in _fields_of(value):
+            if part == _ARRAY_VALUE and isinstance(content, memoryview):
+                data = [d for n, _, d in _fields_of(content) if n == _ARRAY_DATA]
+                views[name] = data[-1] if data else memoryview(b"")  # type: ignore[assignment]
+    return views
+
+
 def _passthrough(reply: bytes) -> bytes:
     return reply
 

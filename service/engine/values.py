@@ -23,17 +23,24 @@ class FieldValue:
     """One field's value: `kind` names the value type, `data` is its canonical, hashable form.
 
     Kinds: "null", "bool", "int", "double" (8 bytes), "string", "bytes", "array:<dtype>" (packed
-    little-endian bytes), "list" and "map" (canonical encoded bytes).
+    little-endian bytes), "list" and "map" (canonical encoded bytes). A large array's data may be
+    a memoryview into the stored entry's payload, so it is not held twice.
     """
 
     __slots__ = ("data", "key", "kind", "size")
 
-    def __init__(self, kind: str, data: bool | int | str | bytes | None) -> None:
+    def __init__(self, kind: str, data: bool | int | str | bytes | memoryview | None) -> None:
         self.kind = kind
         self.data = data
-        if isinstance(data, str | bytes) and len(data) > FULL_KEY_LIMIT:
+        if isinstance(data, str | bytes | memoryview) and len(data) > FULL_KEY_LIMIT:
             self.size = len(data)
-            self.key: Hashable = (kind, len(data), data[:_SAMPLE], data[-_SAMPLE:])
+            if isinstance(data, memoryview):  # a view into the stored entry: key by copies
+                self.key: Hashable = (kind, len(data), bytes(data[:_SAMPLE]), bytes(data[-_SAMPLE:]))
+            else:
+                self.key = (kind, len(data), data[:_SAMPLE], data[-_SAMPLE:])
+        elif isinstance(data, memoryview):
+            self.size = len(data)
+            self.key = (kind, bytes(data))
         else:
             self.size = len(data) if isinstance(data, str | bytes) else 8
             self.key = (kind, data)
@@ -47,7 +54,8 @@ class FieldValue:
         return hash(self.key)
 
     def __repr__(self) -> str:
-        shown = self.data if self.size <= 64 else f"<{self.size} bytes>"
+        data = bytes(self.data) if isinstance(self.data, memoryview) else self.data
+        shown = data if self.size <= 64 else f"<{self.size} bytes>"
         return f"FieldValue({self.kind!r}, {shown!r})"
 
 

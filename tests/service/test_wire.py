@@ -64,3 +64,28 @@ def test_an_entry_sent_twice_is_merged_and_re_encoded() -> None:
     assert len(wire.entry_encodings(raw)) == 2
     merged = pb.WriteRequest.FromString(raw).entry
     assert dict(merged.fields) == {"a": pb.Value(int_value=1), "b": pb.Value(int_value=2)}
+
+
+def test_a_large_entrys_arrays_are_views_into_its_payload() -> None:
+    """An HD array is held once: its FieldValue views the stored payload, and still equals (and
+    hashes like) the same array sent in a template."""
+    from outrig.service import codec
+    from outrig.service.config import Limits
+
+    pixels = bytes(range(256)) * 14_400  # 3.6 MB
+    message = pb.Entry(
+        type_name="Frame",
+        fields={
+            "pixels": pb.Value(array_value=pb.TypedArray(dtype=pb.DTYPE_INT32, data=pixels)),
+            "small": pb.Value(array_value=pb.TypedArray(dtype=pb.DTYPE_UINT8, data=b"ab")),
+            "n": pb.Value(int_value=7),
+        },
+    )
+    stored = codec.new_entry(message, "entry", Limits(), message.SerializeToString())
+    view = stored.fields["pixels"].data
+    assert isinstance(view, memoryview) and view.obj is stored.payload
+    (template,) = codec.templates([pb.Template(type_name="Frame", fields=message.fields)], Limits())
+    sent = dict(template.fields)
+    for name in ("pixels", "small", "n"):
+        assert stored.fields[name] == sent[name] and hash(stored.fields[name]) == hash(sent[name])
+    assert wire.array_views(memoryview(message.SerializeToString())).keys() == {"pixels", "small"}
