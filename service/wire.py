@@ -85,7 +85,7 @@ class Received(Generic[M]):
         self.raw = raw
 
 
-def _varint_at(data: bytes, i: int) -> tuple[int, int]:
+def _varint_at(data: bytes | memoryview, i: int) -> tuple[int, int]:
     """The varint starting at data[i], and the index after it."""
     value = shift = 0
     while True:
@@ -97,53 +97,38 @@ def _varint_at(data: bytes, i: int) -> tuple[int, int]:
         shift += 7
 
 
-def entry_encodings(raw: bytes) -> list[memoryview]:
-    """The encoded entries of a Write or WriteMany request, in order: views of each top-level
-    field 2 (no copy). Only tags and lengths are read, so the cost grows with the number of
-    top-level fields, not with the entries' size. The request has been decoded, so it is valid."""
-    payloads = []
-    view = memoryview(raw)
-    i, end = 0, len(raw)
-    while i < end:
-        key, i = _varint_at(raw, i)
-        kind = key & 7
-        if kind == 2:
-            length, i = _varint_at(raw, i)
-            if key >> 3 == _ENTRY_FIELD:
-                payloads.append(view[i : i + length])
-            i += length
-        elif kind == 0:
-            _, i = _varint_at(raw, i)
-        elif kind == 1:
-            i += 8
-        elif kind == 5:
-            i += 4
-        else:  # groups: not in outrig's protocol, and refused by the decoder already
-            raise ValueError(f"wire type {kind} in a write request")
-    return payloads
-
-
-def _fields_of(message: memoryview) -> list[tuple[int, int, int | memoryview]]:
-    """(field number, wire type, value) for each top-level field of an encoded message; a
-    length-delimited value is a view of its bytes (no copy)."""
-    fields: list[tuple[int, int, int | memoryview]] = []
+def _fields_of(message: memoryview) -> list[tuple[int, int | memoryview]]:
+    """(field number, value) for each top-level field of an encoded, already validated message:
+    a length-delimited value is a view of its bytes (no copy), others are ints. Only tags and
+    lengths are read, so the cost grows with the number of fields, not with their size."""
+    fields: list[tuple[int, int | memoryview]] = []
     i, end = 0, len(message)
     while i < end:
-        key, i = _varint_at(message, i)  # type: ignore[arg-type]
+        key, i = _varint_at(message, i)
         kind = key & 7
         value: int | memoryview
         if kind == 2:
-            length, i = _varint_at(message, i)  # type: ignore[arg-type]
+            length, i = _varint_at(message, i)
             value, i = message[i : i + length], i + length
         elif kind == 0:
-            value, i = _varint_at(message, i)  # type: ignore[arg-type]
+            value, i = _varint_at(message, i)
         elif kind in (1, 5):
             width = 8 if kind == 1 else 4
             value, i = int.from_bytes(message[i : i + width], "little"), i + width
-        else:
-            raise ValueError(f"wire type {kind} in an entry")
-        fields.append((key >> 3, kind, value))
+        else:  # groups: not in outrig's protocol, and refused by the decoder already
+            raise ValueError(f"wire type {kind} in an outrig message")
+        fields.append((key >> 3, value))
     return fields
+
+
+def entry_encodings(raw: bytes) -> list[memoryview]:
+    """The encoded entries of a Write or WriteMany request, in order: views of each top-level
+    field 2 (no copy)."""
+    return [
+        value
+        for number, value in _fields_of(memoryview(raw))
+        if number == _ENTRY_FIELD and isinstance(value, memoryview)
+    ]
 
 
 # Entry.fields = 3 (map entries: key = 1, value = 2); Value.array_value = 7; TypedArray.data = 2.
@@ -154,21 +139,21 @@ def array_views(entry: memoryview) -> dict[str, memoryview]:
     """The data of each typed-array field of an encoded Entry, as views into it (no copy), by
     field name. Reading only tags and lengths, its cost grows with the number of fields."""
     views: dict[str, memoryview] = {}
-    for number, _, item in _fields_of(entry):
+    for number, item in _fields_of(entry):
         if number != _ENTRY_FIELDS or not isinstance(item, memoryview):
             continue
         name, value = "", None
-        for part, _, content in _fields_of(item):
+        for part, content in _fields_of(item):
             if part == _MAP_KEY and isinstance(content, memoryview):
                 name = bytes(content).decode()
             elif part == _MAP_VALUE and isinstance(content, memoryview):
                 value = content
         if value is None:
             continue
-        for part, _, content in _fields_of(value):
+        for part, content in _fields_of(value):
             if part == _ARRAY_VALUE and isinstance(content, memoryview):
-                data = [d for n, _, d in _fields_of(content) if n == _ARRAY_DATA]
-                views[name] = data[-1] if data else memoryview(b"")  # type: ignore[assignment]
+                data = [d for n, d in _fields_of(content) if n == _ARRAY_DATA and isinstance(d, memoryview)]
+                views[name] = data[-1] if data else memoryview(b"")
     return views
 
 
