@@ -30,10 +30,7 @@ import os
 import platform
 import re
 import shutil
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -42,10 +39,10 @@ from pathlib import Path
 
 import grpc
 from google import protobuf
+from servers import start_outrig_with
 
 import outrig
 
-_LISTENING = re.compile(r"outrig listening on (\S+)")
 # Each client gets its own TCP connection, not a channel on a shared one.
 _STORE_CLOSED = re.compile(r"store closed: (.*)")
 _OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
@@ -87,32 +84,13 @@ class Server:
         flags = list(configuration.flags)
         if configuration.durable:
             flags += ["--data-dir", str(self.workdir / "data")]
-        command = [sys.executable, "-m", "outrig.service", "serve", "--listen", "127.0.0.1:0", *flags]
-        environment = {k: v for k, v in os.environ.items() if not k.startswith("OUTRIG_")}
-        self.log = self.workdir / "server.log"
-        with self.log.open("w") as stderr:
-            self.process = subprocess.Popen(
-                command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=environment
-            )
-        assert self.process.stdout is not None
-        match = _LISTENING.search(self.process.stdout.readline())
-        if match is None:
-            self.process.kill()
-            self.process.wait()
-            raise RuntimeError(f"outrig serve did not start:\n{self.log.read_text()}")
-        self.address = match.group(1)
+        self._process = start_outrig_with(self.workdir, *flags)
+        self.address = self._process.address
 
     def close(self) -> str:
         """Stop the server; return its group-commit statistics line (logged at close), if any."""
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(15)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        if self.process.stdout is not None:
-            self.process.stdout.close()
-        match = _STORE_CLOSED.search(self.log.read_text())
+        self._process.stop()
+        match = _STORE_CLOSED.search(self._process.log.read_text())
         shutil.rmtree(self.workdir, ignore_errors=True)
         return match.group(1) if match else ""
 

@@ -22,10 +22,7 @@ import os
 import platform
 import re
 import shutil
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -34,10 +31,12 @@ from pathlib import Path
 
 import grpc
 from google import protobuf
+from servers import ServerProcess, start_outrig_with
 
 import outrig
 
-_LISTENING = re.compile(r"outrig listening on (\S+)")
+# A server holding a million entries takes seconds to stop (see docs/performance.md).
+_STOP_WITHIN = 120.0
 _RECOVERED = re.compile(r"recovered .*")
 BATCH = 1000
 FILLERS = 4
@@ -50,59 +49,14 @@ class Small(outrig.Entry, type_name="bench.Small"):
     group: int | None = None
 
 
-@dataclass
-class Started:
-    process: subprocess.Popen[str]
-    address: str
-    seconds: float  # from Popen to the listening line
-    log: Path
-
-    def rss_mib(self) -> float:
-        with open(f"/proc/{self.process.pid}/status") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-        return float("nan")
-
-    def recovery_line(self) -> str:
-        match = _RECOVERED.search(self.log.read_text())
-        return match.group(0) if match else "(no recovery line in the log)"
-
-    def stop(self) -> float:
-        """SIGTERM; the seconds until the process exited."""
-        started = time.perf_counter()
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            code = self.process.wait(120)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-            raise RuntimeError("the server did not stop within 120 s of SIGTERM") from None
-        if self.process.stdout is not None:
-            self.process.stdout.close()
-        if code != 0:
-            raise RuntimeError(f"the server exited with {code}:\n{self.log.read_text()[-2000:]}")
-        return time.perf_counter() - started
+def start(workdir: Path, data_dir: Path, config: Path, *flags: str) -> ServerProcess:
+    """A durable `outrig serve` on `data_dir`; its startup_seconds run from Popen to listening."""
+    return start_outrig_with(workdir, "--data-dir", str(data_dir), "--config", str(config), *flags)
 
 
-def start(data_dir: Path, config: Path, log: Path, *flags: str) -> Started:
-    command = [
-        sys.executable, "-m", "outrig.service", "serve", "--listen", "127.0.0.1:0",
-        "--data-dir", str(data_dir), "--config", str(config), *flags,
-    ]  # fmt: skip
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("OUTRIG_")}
-    with log.open("w") as stderr:
-        began = time.perf_counter()
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=environment)
-        assert process.stdout is not None
-        line = process.stdout.readline()
-        seconds = time.perf_counter() - began
-    match = _LISTENING.search(line)
-    if match is None:
-        process.kill()
-        process.wait()
-        raise RuntimeError(f"outrig serve did not start:\n{log.read_text()[-2000:]}")
-    return Started(process, match.group(1), seconds, log)
+def recovery_line(server: ServerProcess) -> str:
+    match = _RECOVERED.search(server.log.read_text())
+    return match.group(0) if match else "(no recovery line in the log)"
 
 
 def fill(address: str, entries: int) -> None:
@@ -168,16 +122,15 @@ def main() -> None:
         )
         data_dir = workdir / "data"
         empty_dir = workdir / "empty"
-        log = workdir / "server.log"
 
         floor = []
         for _ in range(args.runs):
-            server = start(empty_dir, config, log)
-            floor.append(server.seconds)
-            server.stop()
+            server = start(workdir, empty_dir, config)
+            floor.append(server.startup_seconds)
+            server.stop_cleanly(_STOP_WITHIN)
         print(f"start on an empty data dir (the floor): median {statistics.median(floor):.2f} s", flush=True)
 
-        server = start(data_dir, config, log, "--request-window", "5")
+        server = start(workdir, data_dir, config, "--request-window", "5")
         began = time.perf_counter()
         fill(server.address, entries)
         filled = time.perf_counter() - began
@@ -187,22 +140,22 @@ def main() -> None:
             flush=True,
         )
         time.sleep(6)  # let the fill's request ids leave their window
-        stopped = server.stop()
+        stopped = server.stop_cleanly(_STOP_WITHIN)
         print(f"stopped the filling server in {stopped:.2f} s; store: {_sizes(data_dir)}", flush=True)
 
         seconds = []
         for run in range(args.runs):
-            server = start(data_dir, config, log)
-            seconds.append(server.seconds)
-            rss = server.rss_mib()
+            server = start(workdir, data_dir, config)
+            seconds.append(server.startup_seconds)
+            rss = server.rss_bytes() / 2**20
             with outrig.connect(server.address, space=SPACE) as space:
                 counted = space.count(Small())
             if counted != entries:
                 raise RuntimeError(f"the restarted server holds {counted:,} entries, not {entries:,}")
-            stopped = server.stop()
+            stopped = server.stop_cleanly(_STOP_WITHIN)
             print(
-                f"run {run + 1}: listening after {server.seconds:.2f} s, resident {rss:,.0f} MiB, "
-                f"clean stop {stopped:.2f} s; log: {server.recovery_line()}",
+                f"run {run + 1}: listening after {server.startup_seconds:.2f} s, resident {rss:,.0f} MiB, "
+                f"clean stop {stopped:.2f} s; log: {recovery_line(server)}",
                 flush=True,
             )
         print(f"store after the runs: {_sizes(data_dir)}")

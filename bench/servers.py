@@ -36,11 +36,14 @@ max_bytes = 68719476736
 class ServerProcess:
     """A server process this bench started."""
 
-    def __init__(self, name: str, process: subprocess.Popen[str], address: str, log: Path) -> None:
+    def __init__(
+        self, name: str, process: subprocess.Popen[str], address: str, log: Path, startup_seconds: float = 0.0
+    ) -> None:
         self.name = name
         self.process = process
         self.address = address
         self.log = log
+        self.startup_seconds = startup_seconds  # from Popen to the line that gives the address
 
     @property
     def pid(self) -> int:
@@ -73,31 +76,57 @@ class ServerProcess:
         if self.process.stdout is not None:
             self.process.stdout.close()
 
+    def stop_cleanly(self, timeout: float) -> float:
+        """SIGTERM; the seconds until the process exited. Raises if it does not exit within
+        `timeout` (then it is killed) or exits with a status other than 0."""
+        started = time.perf_counter()
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            code = self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise RuntimeError(f"{self.name} did not stop within {timeout:g} s of SIGTERM") from None
+        finally:
+            if self.process.stdout is not None:
+                self.process.stdout.close()
+        if code != 0:
+            raise RuntimeError(f"{self.name} exited with {code}:\n{self.log.read_text()[-2000:]}")
+        return time.perf_counter() - started
+
 
 def _start_python_server(name: str, command: list[str], pattern: str, workdir: Path) -> ServerProcess:
     """Start a server that prints its address on stdout once it serves."""
     log = workdir / f"{name}.log"
     environment = {k: v for k, v in os.environ.items() if not k.startswith("OUTRIG_")}
     with log.open("w") as stderr:
+        began = time.perf_counter()
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=environment)
-    assert process.stdout is not None
-    match = re.search(pattern, process.stdout.readline())
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        seconds = time.perf_counter() - began
+    match = re.search(pattern, line)
     if match is None:
         process.kill()
         process.wait()
-        raise RuntimeError(f"{name} did not start:\n{log.read_text()}")
-    return ServerProcess(name, process, match.group(1), log)
+        raise RuntimeError(f"{name} did not start:\n{log.read_text()[-2000:]}")
+    return ServerProcess(name, process, match.group(1), log, seconds)
+
+
+def start_outrig_with(workdir: Path, *flags: str, name: str = "outrig") -> ServerProcess:
+    """`outrig serve --listen 127.0.0.1:0 FLAGS...`, its log in workdir/NAME.log."""
+    command = [sys.executable, "-m", "outrig.service", "serve", "--listen", "127.0.0.1:0", *flags]
+    return _start_python_server(name, command, r"outrig listening on (\S+)", workdir)
 
 
 def start_outrig(workdir: Path, name: str = "outrig") -> ServerProcess:
     """An in-memory `outrig serve` with raised message size and quotas."""
     config = workdir / "outrig.toml"
     config.write_text(OUTRIG_CONFIG)
-    command = [
-        sys.executable, "-m", "outrig.service", "serve", "--listen", "127.0.0.1:0", "--in-memory",
-        "--max-message-bytes", str(MAX_MESSAGE_BYTES), "--config", str(config), "--log-level", "WARNING",
-    ]  # fmt: skip
-    return _start_python_server(name, command, r"outrig listening on (\S+)", workdir)
+    return start_outrig_with(
+        workdir, "--in-memory", "--max-message-bytes", str(MAX_MESSAGE_BYTES), "--config", str(config),
+        "--log-level", "WARNING", name=name,
+    )  # fmt: skip
 
 
 def start_noop(workdir: Path) -> ServerProcess:
