@@ -17,7 +17,7 @@ import contextlib
 import json
 import logging
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -207,6 +207,22 @@ class EmbeddedBackend:
                 return outcome.result
             return await self._recorder.stored_result(outcome)
 
+    @contextlib.contextmanager
+    def _acting_for(self, outcome: Outcome | None) -> Iterator[None]:
+        """A first call with a request id is acting: if it fails, the id is forgotten so that a
+        retry acts afresh (unless its change is already queued: see RequestLog.abandon)."""
+        try:
+            yield
+        except BaseException:
+            if outcome is not None:
+                self._requests.abandon(outcome)
+            raise
+
+    def _acted(self, outcome: Outcome | None, result: Any) -> None:
+        """The first call with a request id acted; an in-memory server keeps its result."""
+        if outcome is not None:
+            self._requests.finish(outcome, None if self._recorder is not None else result)
+
     # ------------------------------------------------------------------ operations
 
     async def write(
@@ -219,7 +235,7 @@ class EmbeddedBackend:
         engine = self.engine(space)
         self._check_store()
         outcome = self._requests.begin(request_id, space, "write") if request_id else None
-        try:
+        with self._acting_for(outcome):
             written, granted = engine.write_entries(entries, lease)
             grants = [LeaseGrant(stored.id, stored.expires_at, granted) for stored in written]
             if self._recorder is not None:
@@ -245,12 +261,7 @@ class EmbeddedBackend:
                         )
                     )
                 await self._commit(records, lambda: engine.revoke(written), written, outcome)
-        except BaseException:
-            if outcome is not None:
-                self._requests.abandon(outcome)
-            raise
-        if outcome is not None:
-            self._requests.finish(outcome, None if self._recorder is not None else grants)
+        self._acted(outcome, grants)
         return grants
 
     async def match(
@@ -273,19 +284,14 @@ class EmbeddedBackend:
         if take:
             self._check_store()
         outcome = self._requests.begin(request_id, space, "take") if request_id else None
-        try:
+        with self._acting_for(outcome):
             found = await self._find(engine, templates, take, max_entries, timeout, if_exists)
             if take and found and self._recorder is not None:
                 await self._commit_take(space, engine, found, outcome)
             elif found and not take and not await self.settled(found):
                 self._check_store()
                 return []
-        except BaseException:
-            if outcome is not None:
-                self._requests.abandon(outcome)
-            raise
-        if outcome is not None:
-            self._requests.finish(outcome, None if self._recorder is not None else found)
+        self._acted(outcome, found)
         return found
 
     async def _commit_take(
