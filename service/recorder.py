@@ -25,11 +25,6 @@ from outrig.service.store.journal import Journal, Record
 _ID_BLOCK = 1024
 
 
-def _retrieve(future: asyncio.Future[None]) -> None:
-    if not future.cancelled():
-        future.exception()
-
-
 class Recorder:
     """The embedded backend's side of its `Journal`."""
 
@@ -58,12 +53,11 @@ class Recorder:
         """Submit a change already made in memory and, under `always`, wait until it is durable.
         A request id's outcome is settled by the batch, even if the caller is cancelled."""
         journal = self.journal
-        future, waiter = journal.submit(records, undo)
+        future, waiter = journal.submit(records, undo, own=journal.waits)
         if outcome is not None:
             outcome.committing = True
             future.add_done_callback(lambda done: self._settle(outcome, done))
-        if not journal.waits:
-            waiter.add_done_callback(_retrieve)
+        if waiter is None:  # the interval policy: the reply does not wait
             return
         unsynced = self._unsynced
         written = list(written)

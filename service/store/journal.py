@@ -276,15 +276,17 @@ class Journal:
             raise self._failure
 
     def submit(
-        self, records: Sequence[Record], undo: Callable[[], None] | None = None
-    ) -> tuple[asyncio.Future[None], asyncio.Future[None]]:
+        self, records: Sequence[Record], undo: Callable[[], None] | None = None, *, own: bool = True
+    ) -> tuple[asyncio.Future[None], asyncio.Future[None] | None]:
         """Queue a change already applied in memory. Returns (the batch's future, the caller's
-        own future): both resolve once the change is durable, or fail with StoreUnavailableError
-        after `undo` has reverted it in memory. Await only your own; the batch's is shared."""
+        own future, if `own`): both resolve once the change is durable, or fail with
+        StoreUnavailableError after `undo` has reverted it in memory. Await only your own; the
+        batch's is shared."""
         self.check()
+        loop = self._loop
+        assert loop is not None, "start() the journal first"
         batch = self._open
         if batch is None:
-            loop = self._loop = asyncio.get_running_loop()
             batch = self._open = _Batch(loop)
             self._idle.clear()
             self._schedule()
@@ -292,16 +294,16 @@ class Journal:
         batch.operations += 1
         if undo is not None:
             batch.undos.append(undo)
-        assert self._loop is not None
-        waiter: asyncio.Future[None] = self._loop.create_future()
+        if not own:
+            return batch.future, None
+        waiter: asyncio.Future[None] = loop.create_future()
         batch.waiters.append(waiter)
         return batch.future, waiter
 
     def note(self, records: Sequence[Record]) -> None:
         """Queue bookkeeping nobody waits for (expired leases, pruning); dropped while failed."""
         if self._failure is None:
-            _, waiter = self.submit(records)
-            waiter.add_done_callback(_retrieve)
+            self.submit(records, own=False)
 
     @property
     def pending(self) -> asyncio.Future[None] | None:
