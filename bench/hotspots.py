@@ -147,7 +147,9 @@ def parse(raw: Path, pid: int, seconds: float) -> Profile:
 def report(name: str, profile: Profile, rate: float, top: int = 12) -> None:
     busy = profile.busy / (profile.seconds * _SAMPLE_RATE)
     print(
-        f"## {name}: {rate:,.0f} calls/s; the server's main thread was busy {busy:.0%} of "
+        f"## {name}: "
+        + (f"{rate:,.0f} calls/s; " if rate > 0 else "")
+        + f"the main thread was busy {busy:.0%} of "
         f"{profile.seconds:g} s ({profile.busy:,} busy samples, {profile.idle:,} waiting in epoll)"
     )
     print()

@@ -1,17 +1,23 @@
 """The `outrig` command: `outrig serve` runs a server; `outrig backup` and `outrig check` copy and
-verify a data dir's store, also while a server is using it."""
+verify a data dir's store, also while a server is using it; `outrig stress` runs a Locust campaign."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from outrig.service import software_version
 from outrig.service.exceptions import ConfigError, StoreError
+
+# `outrig stress` runs in a fresh interpreter that imports Locust, and with it gevent's patching of
+# the standard library, before anything imports gRPC (this process already has).
+_STRESS_BOOT = "import locust, sys; from outrig.loadtest.runner import main; sys.exit(main(sys.argv[1:]))"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -74,7 +80,21 @@ def _parser() -> argparse.ArgumentParser:
         "0 ok; 1 problems found; 2 DATA_DIR holds no store, an incompatible one, or cannot be read.",
     )
     check.add_argument("data_dir", metavar="DATA_DIR", type=Path, help="the data dir to check")
+    commands.add_parser(
+        "stress",
+        add_help=False,
+        help="run a Locust stress campaign headless and print its verdict (`outrig stress --help`)",
+    )
     return parser
+
+
+def _stress(argv: Sequence[str]) -> int:
+    """Replace this process with the campaign runner (see `outrig.loadtest.runner`)."""
+    if importlib.util.find_spec("locust") is None:
+        print("outrig stress: needs its extra: pip install 'outrig[loadtest]'", file=sys.stderr)
+        return 2
+    sys.stdout.flush()
+    os.execv(sys.executable, [sys.executable, "-c", _STRESS_BOOT, *argv])
 
 
 def _store_command(args: argparse.Namespace) -> int:
@@ -96,6 +116,9 @@ def _store_command(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["stress"]:
+        return _stress(argv[1:])
     args = _parser().parse_args(argv)
     if args.command != "serve":
         return _store_command(args)

@@ -1,0 +1,269 @@
+"""The random mix: users doing random writes, reads, takes, take_many and notify with random
+templates as fast as they can, while a step shape adds users; then an account of every entry.
+
+Templates are drawn at random: a wildcard of one of the 11 campaign classes (which also matches
+its subclasses), or an entry this process wrote recently, used as its own template. Reads and
+takes wait at most ``_WAIT`` seconds, so an empty draw is cheap.
+
+At the end the master takes whatever is left and checks the whole history: every acknowledged
+write was taken exactly once, by a user or by that final drain (``lost``, ``duplicated``), and
+the space is empty afterwards.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter, deque
+from typing import Any
+
+import gevent
+from locust import User, constant, task
+from locust.env import Environment
+
+import outrig
+from outrig import OutrigError
+from outrig._codec import encode_entry
+from outrig.loadtest.entries import ENTRY_CLASSES, ROOT_TEMPLATES, EntryFactory, StressEntry, identity_of
+from outrig.loadtest.link import Link
+from outrig.loadtest.options import MixParams
+from outrig.loadtest.report import Tally, Verdict, measured
+
+__all__ = ["MixCoordinator", "MixUser", "MixWorker"]
+
+_WAIT = 0.2
+_NOTIFY_SECONDS = 0.5
+_LEASE = 3600.0
+_RECENT = 256
+_REPORT_WAIT = 10.0
+
+
+class MixWorker:
+    """One process's side of the mix: its connection, recent entries, and the account."""
+
+    def __init__(self, environment: Environment, params: MixParams, link: Link) -> None:
+        self.params = params
+        self._fire = environment.events.request.fire
+        self._link = link
+        self.factory = EntryFactory()
+        self.space = outrig.connect(str(environment.host), space=params.space)
+        self.tally = Tally()
+        self.events = 0
+        self._recent: deque[StressEntry] = deque(maxlen=_RECENT)
+        self._written: list[int] = []
+        self._taken: list[tuple[str, int]] = []
+        self.stopping = False
+        self.in_flight = 0
+
+    def run(self, operation: Any) -> None:
+        """Run one operation, unless the mix is stopping (then pause instead)."""
+        if self.stopping:
+            gevent.sleep(0.1)
+            return
+        self.in_flight += 1
+        try:
+            operation()
+        except OutrigError:
+            self.tally.failed += 1
+        finally:
+            self.in_flight -= 1
+
+    def report(self) -> dict[str, Any]:
+        """Stop starting operations, let those in flight finish, and account for them all: a
+        take cut off by stopping its user could remove an entry nobody records."""
+        self.stopping = True
+        deadline = time.monotonic() + _REPORT_WAIT
+        while self.in_flight and time.monotonic() < deadline:
+            gevent.sleep(0.05)
+        tally = Tally(**self.tally.as_dict())
+        tally.retries = self.space.retries
+        return {
+            "tally": tally.as_dict(),
+            "origin": self.factory.origin,
+            "written": self._written,
+            "taken": self._taken,
+            "events": self.events,
+        }
+
+    def close(self) -> None:
+        self.space.close()
+
+    def template(self) -> StressEntry:
+        if self._recent and random.random() < 0.5:
+            return random.choice(self._recent)
+        return random.choice(ENTRY_CLASSES)()
+
+    def _took(self, entries: list[Any]) -> int:
+        size = 0
+        for entry in entries:
+            self._taken.append(identity_of(entry))
+            size += encode_entry(entry).ByteSize()
+        self.tally.taken += len(entries)
+        return size
+
+    def write(self) -> None:
+        entry = self.factory.make()
+        with measured(self._fire, "write") as measure:
+            measure.size = encode_entry(entry).ByteSize()
+            self.space.write(entry, lease=_LEASE)
+        self.tally.written += 1
+        self._written.append(identity_of(entry)[1])
+        self._recent.append(entry)
+
+    def read(self) -> None:
+        """read_nowait or a read that waits up to ``_WAIT``, half the time each."""
+        wait = random.random() < 0.5
+        with measured(self._fire, "read" if wait else "read_nowait") as measure:
+            template = self.template()
+            got = self.space.read(template, timeout=_WAIT) if wait else self.space.read_nowait(template)
+            measure.size = encode_entry(got).ByteSize() if got is not None else 0
+        if got is not None:
+            self.tally.read += 1
+
+    def take(self) -> None:
+        """take_nowait or a take that waits up to ``_WAIT``, half the time each."""
+        wait = random.random() < 0.5
+        with measured(self._fire, "take" if wait else "take_nowait") as measure:
+            template = self.template()
+            got = self.space.take(template, timeout=_WAIT) if wait else self.space.take_nowait(template)
+            measure.size = self._took([got] if got is not None else [])
+
+    def take_many(self) -> None:
+        with measured(self._fire, "take_many") as measure:
+            got = self.space.take_many(self.template(), max_entries=10, timeout=_WAIT)
+            measure.size = self._took(got)
+
+    def notify(self) -> None:
+        """Register for a random template (the request timed is the registration), count the
+        events of half a second, and end the registration."""
+        with measured(self._fire, "notify"):
+            notification = self.space.notify(self.template(), lease=10.0)
+            notification.__enter__()
+        try:
+            with gevent.Timeout(_NOTIFY_SECONDS, False):
+                for _event in notification:
+                    self.events += 1
+        finally:
+            notification.close()
+
+
+class MixUser(User):
+    """A user of the random mix: weighted random operations, no pause between them."""
+
+    wait_time = constant(0)
+
+    def on_start(self) -> None:
+        self._side = mix_worker()
+
+    def _run(self, operation: Any) -> None:
+        self._side.run(operation)
+
+    @task(4)
+    def write(self) -> None:
+        self._run(self._side.write)
+
+    @task(3)
+    def read(self) -> None:
+        self._run(self._side.read)
+
+    @task(3)
+    def take(self) -> None:
+        self._run(self._side.take)
+
+    @task(1)
+    def take_many(self) -> None:
+        self._run(self._side.take_many)
+
+    @task(1)
+    def notify(self) -> None:
+        self._run(self._side.notify)
+
+
+_worker: MixWorker | None = None
+
+
+def set_mix_worker(worker: MixWorker | None) -> None:
+    global _worker
+    _worker = worker
+
+
+def mix_worker() -> MixWorker:
+    if _worker is None:
+        raise RuntimeError("the random mix has not started in this process")
+    return _worker
+
+
+class MixCoordinator:
+    """The master's side of the mix: the step shape's clock, and the final account."""
+
+    def __init__(self, params: MixParams, link: Link, host: str) -> None:
+        self.params = params
+        self.host = host
+        self._link = link
+        self._reports: dict[str, dict[str, Any]] = {}
+        self.verdict: Verdict | None = None
+        self.started = time.monotonic()
+        self._asked_at: float | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.verdict is not None
+
+    def on_report(self, data: dict[str, Any], sender: str) -> None:
+        self._reports[sender] = data
+
+    def ask_for_reports(self) -> None:
+        if self._asked_at is None:
+            self._asked_at = time.monotonic()
+            self._link.to_workers("outrig-report-request", {})
+
+    def ready(self, workers: int) -> bool:
+        """Whether every worker's account is in (or waiting longer is pointless)."""
+        if self._asked_at is None:
+            return False
+        return len(self._reports) >= workers or time.monotonic() - self._asked_at > _REPORT_WAIT
+
+    def conclude(self) -> Verdict:
+        """Take what is left, then account for every acknowledged write."""
+        if self.verdict is not None:
+            return self.verdict
+        tally = Tally()
+        events = 0
+        written: set[tuple[str, int]] = set()
+        taken: Counter[tuple[str, int]] = Counter()
+        for report in self._reports.values():
+            tally.add(Tally.from_dict(report["tally"]))
+            events += int(report.get("events", 0))
+            written.update((report["origin"], serial) for serial in report["written"])
+            taken.update((origin, serial) for origin, serial in report["taken"])
+        notes = []
+        drained = 0
+        left = 0
+        try:
+            with outrig.connect(self.host, space=self.params.space, retry_deadline=30.0) as space:
+                while batch := space.take_many(list(ROOT_TEMPLATES), max_entries=1000, timeout=0):
+                    drained += len(batch)
+                    taken.update(identity_of(entry) for entry in batch)
+                left = space.count(list(ROOT_TEMPLATES))
+        except OutrigError as err:
+            notes.append(f"could not drain the space at the end: {err}")
+            tally.failed += 1
+        lost = len(written - set(taken))
+        unaccounted = len(set(taken) - written)
+        if unaccounted:
+            notes.append(f"{unaccounted} entries taken were never acknowledged to their writer")
+        notes.append(f"notify: {events} events received; final drain took {drained} entries")
+        notes.append(f"retry path: sdk (the SDK retried {tally.retries} attempts)")
+        self.verdict = Verdict(
+            written=tally.written,
+            read=tally.read,
+            taken=tally.taken,
+            lost=lost,
+            duplicated=sum(count - 1 for count in taken.values() if count > 1),
+            retries=tally.retries,
+            left=left,
+            expected=None,
+            failed=tally.failed,
+            notes=notes,
+        )
+        return self.verdict

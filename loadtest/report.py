@@ -1,0 +1,135 @@
+"""What the campaigns tell Locust and the user: request events, tallies and the verdict line.
+
+Every outrig call a user makes becomes one Locust request event (request type ``outrig``, a name
+per operation, response time in ms, response size in bytes, the exception if it failed), so that
+Locust's statistics, CSV files, HTML report and web UI show outrig's calls like any others.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["CheckFailedError", "Tally", "Verdict", "measured"]
+
+REQUEST_TYPE = "outrig"
+
+
+class CheckFailedError(Exception):
+    """A call that returned, but not what the campaign requires (a read that found nothing)."""
+
+
+@dataclass
+class Measure:
+    """What `measured` reports: set ``size`` to the response's size in bytes once known."""
+
+    size: int = 0
+
+
+@contextmanager
+def measured(fire: Callable[..., Any], name: str) -> Iterator[Measure]:
+    """Time the block and fire one request event named ``name`` for it. The block's exception,
+    if any, is the event's exception, and is raised again."""
+    measure = Measure()
+    start = time.perf_counter()
+    try:
+        yield measure
+    except Exception as err:
+        fire(
+            request_type=REQUEST_TYPE,
+            name=name,
+            response_time=(time.perf_counter() - start) * 1000.0,
+            response_length=measure.size,
+            exception=err,
+            context={},
+        )
+        raise
+    fire(
+        request_type=REQUEST_TYPE,
+        name=name,
+        response_time=(time.perf_counter() - start) * 1000.0,
+        response_length=measure.size,
+        exception=None,
+        context={},
+    )
+
+
+@dataclass
+class Tally:
+    """One process's counts; summed over the workers by the master. Plain data, so that a
+    worker can send it as a Locust message."""
+
+    written: int = 0
+    read: int = 0
+    taken: int = 0
+    duplicated: int = 0
+    failed: int = 0
+    retries: int = 0
+    # The original path's retries, by what the check after the restart found.
+    writes_found: int = 0
+    writes_again: int = 0
+    takes_gone: int = 0
+    takes_again: int = 0
+    reads_again: int = 0
+
+    def add(self, other: Tally) -> None:
+        for name in self.__dataclass_fields__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Tally:
+        return cls(**{name: int(data.get(name, 0)) for name in cls.__dataclass_fields__})
+
+
+@dataclass
+class Verdict:
+    """The campaign's outcome. ``lost``: acknowledged writes never taken and not in the space at
+    the end; ``duplicated``: entries obtained twice (by a second take, by the verify_takes read,
+    or left in the space after a take had already returned their identity)."""
+
+    written: int
+    read: int
+    taken: int
+    lost: int
+    duplicated: int
+    retries: int
+    left: int
+    expected: int | None  # None: a free-running campaign, with no count to reach
+    failed: int
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.reasons()
+
+    def line(self) -> str:
+        return (
+            f"verdict: written={self.written} read={self.read} taken={self.taken} lost={self.lost} "
+            f"duplicated={self.duplicated} retries={self.retries} empty={'yes' if self.left == 0 else 'no'}"
+        )
+
+    def reasons(self) -> list[str]:
+        """Why the campaign failed, one phrase per reason (empty if it passed)."""
+        reasons = []
+        if self.expected is not None:
+            if self.written != self.expected:
+                reasons.append(f"{self.written} of {self.expected} entries written")
+            if self.read != self.written:
+                reasons.append(f"{self.written - self.read} written entries not read")
+            if self.taken != self.written:
+                reasons.append(f"{self.written - self.taken} written entries not taken")
+        if self.lost:
+            reasons.append(f"{self.lost} acknowledged entries lost")
+        if self.duplicated:
+            reasons.append(f"{self.duplicated} entries obtained twice")
+        if self.left:
+            reasons.append(f"{self.left} entries left in the space")
+        if self.failed:
+            reasons.append(f"{self.failed} calls failed for good")
+        return reasons
