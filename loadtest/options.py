@@ -128,7 +128,7 @@ def add_arguments(parser: Any, *, campaign_flag: str = "--campaign") -> None:
         ("--query-timeout", float, "timeout of every read and take, in seconds (10)"),
     ]
     for flag, kind, text in stress:
-        group.add_argument(flag, type=kind, default=None, help=text)
+        group.add_argument(flag, type=kind, default=None, metavar="N" if kind is int else "S", help=text)
     for flag, text in [
         ("--use-if-exists", "read_nowait/take_nowait (readIfExists/takeIfExists) instead of blocking calls"),
         ("--interleave", "readers run alongside the writers, and the kill comes after half the writes"),
@@ -142,14 +142,19 @@ def add_arguments(parser: Any, *, campaign_flag: str = "--campaign") -> None:
         help="sdk (default): the SDK retries with request ids; original: no SDK retries, and a call the "
         "kill broke is retried once after the restart by the original's rules",
     )
-    group.add_argument("--space", default=None, help="the space to use (stress, or mix for random)")
+    group.add_argument(
+        "--space", default=None, metavar="NAME", help="the space to use (stress, or mix for random)"
+    )
     group.add_argument(
         "--kill-command",
         default=None,
+        metavar="CMD",
         help="shell command that kills the server (for --try-shutdown against a server "
         "that the campaign did not start)",
     )
-    group.add_argument("--restart-command", default=None, help="shell command that starts the server again")
+    group.add_argument(
+        "--restart-command", default=None, metavar="CMD", help="shell command that starts the server again"
+    )
     mix: list[tuple[str, type, str]] = [
         ("--max-users", int, "random: most users at once (50)"),
         ("--step-users", int, "random: users added per step (10)"),
@@ -157,7 +162,7 @@ def add_arguments(parser: Any, *, campaign_flag: str = "--campaign") -> None:
         ("--duration", float, "random: seconds the mix runs (60)"),
     ]
     for flag, kind, text in mix:
-        group.add_argument(flag, type=kind, default=None, help=text)
+        group.add_argument(flag, type=kind, default=None, metavar="N" if kind is int else "S", help=text)
 
 
 def _given(options: Any, name: str) -> Any:

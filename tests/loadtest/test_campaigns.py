@@ -245,3 +245,34 @@ def test_distributed_master_and_two_workers_with_kill_commands(tmp_path: Path) -
             process.wait()
         first.stop()
         subprocess.run(f"kill -9 $(cat {pid_file}) 2>/dev/null", shell=True, check=False)
+
+
+def test_the_web_ui_runs_the_campaign(tmp_path: Path, server: ServerProcess) -> None:
+    port = _free_port()
+    command = [
+        str(BIN / "locust"),
+        "-f",
+        str(LOCUSTFILE),
+        "--host",
+        server.address,
+        "--web-host",
+        "127.0.0.1",
+        "--web-port",
+        str(port),
+        "--autostart",
+        "--autoquit",
+        "0",
+        "--num-entries",
+        "100",
+        "--num-writers",
+        "5",
+        "--num-readers",
+        "5",
+        "--space",
+        f"web-{tmp_path.name}",
+    ]
+    done = _run(command, tmp_path)
+    verdict = _verdict(done)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (verdict["written"], verdict["taken"], verdict["empty"]) == (100, 100, "yes")
+    assert f"Starting web interface at http://127.0.0.1:{port}" in done.stderr
