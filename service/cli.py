@@ -1,5 +1,6 @@
 """The `outrig` command: `outrig serve` runs a server; `outrig backup` and `outrig check` copy and
-verify a data dir's store, also while a server is using it."""
+verify a data dir's store, also while a server is using it; `outrig certs dev`, `outrig keys
+ed25519` and `outrig token issue` make what TLS and tokens need (service/security/commands.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 
 from outrig.service import software_version
 from outrig.service.exceptions import ConfigError, StoreError
+from outrig.service.security import commands as security_commands
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -53,6 +55,21 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-message-bytes", type=int, metavar="N", help="largest request or reply")
     serve.add_argument("--grace-seconds", type=float, metavar="S", help="shutdown grace for in-flight calls")
     serve.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    security = serve.add_argument_group("security (see docs/security.md)")
+    security.add_argument("--tls-cert", metavar="PEM", help="the server's certificate chain: serve TLS")
+    security.add_argument("--tls-key", metavar="PEM", help="the server certificate's private key")
+    security.add_argument("--tls-client-ca", metavar="PEM", help="require client certificates from this CA")
+    security.add_argument("--token-public-key", metavar="PEM", help="accept bearer tokens signed by this key")
+    security.add_argument("--token-audience", metavar="NAME", help="the audience tokens must name (outrig)")
+    security.add_argument(
+        "--policy", metavar="FILE", help="a TOML grant policy (reloaded on SIGHUP and change)"
+    )
+    security.add_argument(
+        "--insecure",
+        action="store_const",
+        const=True,
+        help="allow listening beyond loopback without TLS or authentication",
+    )
     backup = commands.add_parser(
         "backup",
         help="copy a data dir's store, also while a server is using it",
@@ -74,6 +91,7 @@ def _parser() -> argparse.ArgumentParser:
         "0 ok; 1 problems found; 2 DATA_DIR holds no store, an incompatible one, or cannot be read.",
     )
     check.add_argument("data_dir", metavar="DATA_DIR", type=Path, help="the data dir to check")
+    security_commands.add_parsers(commands)
     return parser
 
 
@@ -97,6 +115,8 @@ def _store_command(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command in security_commands.COMMANDS:
+        return security_commands.run(args)
     if args.command != "serve":
         return _store_command(args)
     try:
@@ -118,6 +138,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "max_message_bytes": args.max_message_bytes,
                 "grace_seconds": args.grace_seconds,
                 "log_level": args.log_level,
+                "tls_cert": args.tls_cert,
+                "tls_key": args.tls_key,
+                "tls_client_ca": args.tls_client_ca,
+                "token_public_key": args.token_public_key,
+                "token_audience": args.token_audience,
+                "policy": args.policy,
+                "insecure": args.insecure,
             },
         )
         logging.basicConfig(
