@@ -63,14 +63,20 @@ def write_key_pair(directory: Path) -> tuple[Path, Path]:
 
 
 def load_private_key(path: Path) -> Ed25519PrivateKey:
-    key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+    try:
+        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"{path}: not a PEM private key ({err})") from None
     if not isinstance(key, Ed25519PrivateKey):
         raise ValueError(f"{path}: not an Ed25519 private key")
     return key
 
 
 def load_public_key(path: Path) -> Ed25519PublicKey:
-    key = serialization.load_pem_public_key(path.read_bytes())
+    try:
+        key = serialization.load_pem_public_key(path.read_bytes())
+    except ValueError as err:
+        raise ValueError(f"{path}: not a PEM public key ({err})") from None
     if not isinstance(key, Ed25519PublicKey):
         raise ValueError(f"{path}: not an Ed25519 public key")
     return key
