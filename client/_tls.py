@@ -56,9 +56,16 @@ def _pem(source: PemSource | None, what: str) -> bytes | None:
         raise ValueError(f"TLS.{what}: cannot read {source}: {err}") from err
 
 
+def token_metadata(token: str | None) -> list[tuple[str, str]]:
+    """The metadata every call sends for a bearer token (none without one)."""
+    return [] if token is None else [("authorization", f"Bearer {token}")]
+
+
 def channel_credentials(tls: TLS | None, token: str | None) -> grpc.ChannelCredentials | None:
     """Credentials for a secure channel, or None for a plaintext one. A token rides on TLS only:
-    sent in clear it would be anyone's."""
+    sent in clear it would be anyone's. The token itself is not part of the credentials: the
+    client sends it as call metadata (`token_metadata`), which costs less per call than gRPC's
+    call-credentials plugin."""
     if tls is not None and not isinstance(tls, TLS):
         raise TypeError(f"tls must be an outrig.TLS, got {type(tls).__name__}")
     if token is not None and (not isinstance(token, str) or not token):
@@ -67,9 +74,4 @@ def channel_credentials(tls: TLS | None, token: str | None) -> grpc.ChannelCrede
         if token is not None:
             raise ValueError("token: a bearer token needs TLS; pass tls=outrig.TLS(ca=...) as well")
         return None
-    credentials = tls.credentials()
-    if token is not None:
-        credentials = grpc.composite_channel_credentials(
-            credentials, grpc.access_token_call_credentials(token)
-        )
-    return credentials
+    return tls.credentials()

@@ -35,7 +35,7 @@ from outrig._base import (
 )
 from outrig._codec import AnyEntry, decode_entries
 from outrig._exceptions import CallCancelledError, UnavailableError
-from outrig._tls import TLS, channel_credentials
+from outrig._tls import TLS, channel_credentials, token_metadata
 from outrig.v1 import space_pb2 as pb
 
 __all__ = ["AsyncLease", "AsyncNotification", "AsyncSpace", "connect"]
@@ -69,7 +69,9 @@ def connect(
         assert tls is not None
         all_options = channel_options(max_message_bytes, [*tls.options(), *options])
         channel = grpc.aio.secure_channel(target, credentials, options=all_options)
-    return AsyncSpace(channel, space, owns_channel=True, retry_deadline=retry_deadline)
+    return AsyncSpace(
+        channel, space, owns_channel=True, retry_deadline=retry_deadline, metadata=token_metadata(token)
+    )
 
 
 class AsyncSpace(BaseSpace):

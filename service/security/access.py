@@ -15,8 +15,7 @@ names the registration: those are checked against the space itself (type None).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from outrig.service import codec
 from outrig.service.config import Limits
@@ -24,9 +23,9 @@ from outrig.service.exceptions import InvalidArgumentError
 from outrig.v1 import space_pb2 as pb
 
 
-@dataclass(frozen=True, slots=True)
-class Access:
-    """An RPC's request for `action` on outrig://space/type for each of `types` (None: the space)."""
+class Access(NamedTuple):
+    """An RPC's request for `action` on outrig://space/type for each of `types` (None: the space).
+    A NamedTuple: built on every call, and a frozen dataclass's __init__ costs several times more."""
 
     action: str
     space: str
@@ -42,11 +41,10 @@ def _distinct(names: Iterable[str]) -> tuple[str | None, ...]:
 
 
 def _lineage(entry: pb.Entry, where: str, limits: Limits) -> list[str]:
-    names = [codec.name(entry.type_name, f"{where}.type_name", limits)]
-    names.extend(
-        codec.name(supertype, f"{where}.supertypes[{i}]", limits)
-        for i, supertype in enumerate(entry.supertypes)
-    )
+    names = [entry.type_name, *entry.supertypes]
+    for i, name in enumerate(names):
+        if not name or len(name) > limits.max_name_length:  # the message is only built for an error
+            codec.name(name, f"{where}.type_name" if i == 0 else f"{where}.supertypes[{i - 1}]", limits)
     return names
 
 
@@ -58,9 +56,11 @@ def _entry_types(entries: Iterable[pb.Entry], limits: Limits) -> tuple[str | Non
 
 
 def _template_types(templates: Iterable[pb.Template], limits: Limits) -> tuple[str | None, ...]:
-    return _distinct(
-        codec.name(t.type_name, f"templates[{i}].type_name", limits) for i, t in enumerate(templates)
-    )
+    names = [template.type_name for template in templates]
+    for i, name in enumerate(names):
+        if not name or len(name) > limits.max_name_length:
+            codec.name(name, f"templates[{i}].type_name", limits)
+    return _distinct(names)
 
 
 def _write(received: Any, limits: Limits) -> Access:
