@@ -40,6 +40,7 @@ from pathlib import Path
 
 import grpc
 from google import protobuf
+from measure import Sample, Window
 from servers import start_outrig_with
 
 import outrig
@@ -129,7 +130,7 @@ def _client(
     address: str,
     number: int,
     start: threading.Barrier,
-    window: list[float],
+    windows: list[Window],
     counts: list[int | Exception],
 ) -> None:
     tls = outrig.TLS(ca=material.path("ca.pem")) if configuration.tls else None
@@ -139,7 +140,7 @@ def _client(
             space.write(Job(client=number, note="x" * 32), lease=600.0)
             template = Job(client=number)
             start.wait()
-            warm, end = window
+            warm, end = windows[0].warm, windows[0].end
             done = 0
             while (now := time.monotonic()) < end:
                 if space.read_nowait(template) is None:
@@ -152,21 +153,20 @@ def _client(
         start.abort()
 
 
-def measure(configuration: Configuration, material: Material, seconds: float, warmup: float) -> float:
+def measure(configuration: Configuration, material: Material, seconds: float, warmup: float) -> Sample:
     workdir = Path(tempfile.mkdtemp(prefix=f"outrig-bench-security-{configuration.name}-"))
     server = start_outrig_with(workdir, *_flags(configuration, material))
     try:
         counts: list[int | Exception] = [0] * CLIENTS
-        window = [0.0, 0.0]
+        windows: list[Window] = []
 
-        def go() -> None:
-            now = time.monotonic()
-            window[:] = [now + warmup, now + warmup + seconds]
+        def go() -> None:  # once every client is connected: the window, and CPU time at its edges
+            windows.append(Window(warmup, seconds, server))
 
         start = threading.Barrier(CLIENTS, action=go)
         threads = [
             threading.Thread(
-                target=_client, args=(configuration, material, server.address, i, start, window, counts)
+                target=_client, args=(configuration, material, server.address, i, start, windows, counts)
             )
             for i in range(CLIENTS)
         ]
@@ -178,7 +178,7 @@ def measure(configuration: Configuration, material: Material, seconds: float, wa
         failed.sort(key=lambda err: isinstance(err, threading.BrokenBarrierError))
         if failed:
             raise RuntimeError(f"{len(failed)} clients failed ({configuration.name})") from failed[0]
-        return sum(count for count in counts if isinstance(count, int)) / seconds
+        return windows[0].sample(sum(count for count in counts if isinstance(count, int)))
     finally:
         server.stop()
         shutil.rmtree(workdir, ignore_errors=True)
@@ -284,32 +284,45 @@ def main() -> None:
         print("## Throughput: read_nowait calls/s, 10 client threads, a fresh server per run")
         print(f"{rounds} rounds x {runs} runs of {seconds:g} s (after {warmup:g} s warm-up), interleaved")
         print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
-        results: dict[str, list[float]] = {}
+        results: dict[str, list[Sample]] = {}
         for round_number in range(rounds):
             shift = round_number % len(CONFIGURATIONS)
             order = CONFIGURATIONS[shift:] + CONFIGURATIONS[:shift]
             for _ in range(runs):
                 for configuration in order:
-                    rate = measure(configuration, material, seconds, warmup)
-                    results.setdefault(configuration.name, []).append(rate)
+                    sample = measure(configuration, material, seconds, warmup)
+                    results.setdefault(configuration.name, []).append(sample)
         print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
         print()
-        medians = {name: statistics.median(values) for name, values in results.items()}
-        print("| configuration | calls/s (median) | min | max | vs plaintext |")
-        print("|---|---|---|---|---|")
+        medians = {name: statistics.median(s.rate for s in values) for name, values in results.items()}
+        cpu = {name: statistics.median(s.server_cpu for s in values) for name, values in results.items()}
+        print(
+            "| configuration | calls/s (median) | min | max | vs plaintext | server CPU per call (median) |"
+        )
+        print("|---|---|---|---|---|---|")
         for configuration in CONFIGURATIONS:
-            values = results[configuration.name]
+            rates = [s.rate for s in results[configuration.name]]
             print(
-                f"| {configuration.name} | {medians[configuration.name]:,.0f} | {min(values):,.0f} | "
-                f"{max(values):,.0f} | {medians[configuration.name] / medians['plaintext']:.2f} |"
+                f"| {configuration.name} | {medians[configuration.name]:,.0f} | {min(rates):,.0f} | "
+                f"{max(rates):,.0f} | {medians[configuration.name] / medians['plaintext']:.2f} | "
+                f"{cpu[configuration.name] * 1e6:.0f} us |"
             )
         print()
-        policy_ratio = medians["tls+token+policy"] / medians["tls+token"]
-        tls_ratio = medians["tls"] / medians["plaintext"]
-        token_ratio = medians["tls+token"] / medians["tls"]
+
+        def ratios(of: dict[str, float], inverse: bool) -> str:
+            def r(a: str, b: str) -> float:
+                return of[b] / of[a] if inverse else of[a] / of[b]
+
+            return (
+                f"policy={r('tls+token+policy', 'tls+token'):.2f} tls={r('tls', 'plaintext'):.2f} "
+                f"token={r('tls+token', 'tls'):.2f}"
+            )
+
+        print(f"ratios of calls/s: {ratios(medians, inverse=False)}")
+        print(f"ratios of server CPU per call (inverted: higher is cheaper): {ratios(cpu, inverse=True)}")
         print(
-            f"ratios: policy={policy_ratio:.2f} (10,000 grants vs none, TLS aside; target >= 0.95) "
-            f"tls={tls_ratio:.2f} (TLS on vs off) token={token_ratio:.2f} (token vs none, on TLS)"
+            "policy = 10,000 grants vs none, TLS aside (target >= 0.95); tls = TLS on vs off; "
+            "token = a token on every call vs none, on TLS"
         )
     finally:
         shutil.rmtree(root, ignore_errors=True)
