@@ -39,6 +39,9 @@ class PolicyFile:
         self.current: Policy = load_policy(path)
         self.reloads = 0  # successful reloads, for tests and statistics
         self.rejected = 0
+        # One reload at a time: a slow parse of an older version must not be installed after a
+        # newer one (SIGHUP and the watcher can both start a reload).
+        self._reloading = asyncio.Lock()
 
     def _install(self, policy: Policy) -> None:
         self.current = policy
@@ -62,14 +65,15 @@ class PolicyFile:
 
     async def reload_async(self) -> bool:
         """`reload`, with the reading and parsing in a worker thread and the swap on the loop."""
-        self._stamp = _stamp(self.path)
-        try:
-            policy = await asyncio.to_thread(load_policy, self.path)
-        except PolicyError as err:
-            self._reject(err)
-            return False
-        self._install(policy)
-        return True
+        async with self._reloading:
+            self._stamp = _stamp(self.path)
+            try:
+                policy = await asyncio.to_thread(load_policy, self.path)
+            except PolicyError as err:
+                self._reject(err)
+                return False
+            self._install(policy)
+            return True
 
     async def watch(self, interval: float = 1.0) -> None:
         """Reload whenever the file's stamp changes; runs until cancelled."""

@@ -84,7 +84,11 @@ def check_listen(config: ServerConfig, host: str, tls: bool, authenticated: bool
                 "(configure --tls-cert/--tls-key with --tls-client-ca or --token-public-key, "
                 "or pass --insecure)"
             )
-        log.warning("no authentication configured: anyone who can connect may do anything (%s)", where)
+        log.warning(
+            "no authentication configured: every caller is 'anonymous' and %s (%s)",
+            "gets the policy's grants to '*'" if config.policy is not None else "may do anything",
+            where,
+        )
     if not tls and not is_loopback(host):
         if not config.insecure:
             raise ConfigError(

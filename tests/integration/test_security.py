@@ -318,6 +318,20 @@ async def test_the_async_client_speaks_tls_with_a_token(token_server: ServerProc
             await space.take_nowait(Public(n=99))
 
 
+def test_tls_server_name_overrides_the_checked_name(token_server: ServerProcess, pki: Pki) -> None:
+    port = token_server.address.rsplit(":", 1)[1]
+    tls = outrig.TLS(ca=pki.path("ca.pem"), server_name="localhost")
+    assert tls.options() == [("grpc.ssl_target_name_override", "localhost")]
+    with outrig.connect(f"127.0.0.1:{port}", tls=tls, token=pki.token("bob"), space="jobs") as space:
+        assert space.count(Public()) >= 0
+    wrong = outrig.TLS(ca=pki.path("ca.pem"), server_name="elsewhere.example")
+    space = outrig.connect(
+        f"127.0.0.1:{port}", tls=wrong, token=pki.token("bob"), space="jobs", retry_deadline=0
+    )
+    with space, pytest.raises(outrig.UnavailableError):
+        space.count(Public())  # the certificate does not name elsewhere.example
+
+
 def test_a_token_needs_tls_in_the_sdk() -> None:
     with pytest.raises(ValueError, match="needs TLS"):
         outrig.connect("127.0.0.1:1", token="x")
