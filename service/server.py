@@ -40,10 +40,11 @@ class OutrigServer:
         self, config: ServerConfig, *, clock: Clock | None = None, backend: SpaceBackend | None = None
     ) -> None:
         self.config = config
-        self.backend = backend or EmbeddedBackend(config, clock)
-        self.port = 0
+        # Security files first: a bad policy or certificate stops the start before a store is opened.
         self.guard = build_guard(config)
         self._credentials = server_credentials(config)
+        self.backend = backend or EmbeddedBackend(config, clock)
+        self.port = 0
         self._watch: asyncio.Task[None] | None = None
         self._health = HealthServicer()
         limit = config.max_message_bytes
