@@ -155,6 +155,8 @@ OPERATIONS: dict[str, Callable[[outrig.Space, type[outrig.Entry]], object]] = {
     "write": lambda space, kind: space.write(kind(n=1), lease=60),
     "read": lambda space, kind: space.read_nowait(kind()),
     "count": lambda space, kind: space.count(kind()),
+    "contents": lambda space, kind: list(space.contents(kind())),
+    "read_many": lambda space, kind: space.read_many(kind(), max_entries=5, timeout=0),
     "take": lambda space, kind: space.take_nowait(kind()),
     "notify": lambda space, kind: space.notify(kind(), lease=5).__enter__().close(),
 }
@@ -164,6 +166,10 @@ MATRIX = [
     ("alice", (), "write", "jobs", Task, True),
     ("alice", (), "read", "jobs", Task, True),
     ("alice", (), "count", "jobs", Task, True),
+    ("alice", (), "contents", "jobs", Task, True),
+    ("bob", (), "contents", "jobs", Task, False),
+    ("bob", (), "read_many", "jobs", Public, True),
+    ("carol", (), "read_many", "jobs", Task, False),
     ("alice", (), "notify", "jobs", Task, True),
     ("alice", (), "take", "jobs", Task, False),  # not granted take
     ("alice", (), "write", "ops", Task, False),  # another space
@@ -453,3 +459,25 @@ def test_loopback_without_authentication_still_serves_with_a_warning(server: Ser
     with outrig.connect(server.address, space="plain", retry_deadline=0) as space:
         space.write(Task(n=1), lease=60)
         assert space.take_nowait(Task()) == Task(n=1)
+
+
+def test_with_mutual_tls_and_tokens_a_token_names_the_caller(
+    server_factory: Callable[..., ServerProcess], pki: Pki
+) -> None:
+    server = server_factory(
+        *_tls_args(pki),
+        "--tls-client-ca",
+        pki.path("ca.pem"),
+        "--token-public-key",
+        pki.path("token.pub"),
+        "--policy",
+        pki.path("policy.toml"),
+    )
+    tls = pki.tls(client=True)
+    with outrig.connect(
+        server.address, tls=tls, token=pki.token("alice"), space="jobs", retry_deadline=0
+    ) as space:
+        space.notify(Task(), lease=5).__enter__().close()  # alice may notify; carol-cert may not
+    space = outrig.connect(server.address, tls=tls, space="jobs", retry_deadline=0)
+    with space, pytest.raises(outrig.PermissionDeniedError, match="'carol-cert' may not notify"):
+        space.notify(Task(), lease=5).__enter__()
