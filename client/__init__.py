@@ -45,6 +45,7 @@ from outrig._exceptions import (
     UnknownStatusError,
 )
 from outrig._sync import Lease, Notification, Space, connect
+from outrig._tls import TLS
 
 try:
     __version__ = version("outrig")
@@ -54,6 +55,7 @@ except PackageNotFoundError:  # running from a source tree that is not installed
 __all__ = [
     "ANY",
     "FOREVER",
+    "TLS",
     "AbortedError",
     "AlreadyExistsError",
     "CallCancelledError",

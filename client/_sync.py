@@ -34,6 +34,7 @@ from outrig._base import (
 )
 from outrig._codec import AnyEntry, decode_entries
 from outrig._exceptions import CallCancelledError, UnavailableError
+from outrig._tls import TLS, channel_credentials, token_metadata
 from outrig.v1 import space_pb2 as pb
 
 __all__ = ["Lease", "Notification", "Space", "connect"]
@@ -49,8 +50,10 @@ def connect(
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     options: Iterable[tuple[str, Any]] = (),
     retry_deadline: float = DEFAULT_RETRY_DEADLINE,
+    tls: TLS | None = None,
+    token: str | None = None,
 ) -> Space:
-    """Open a (plaintext) connection to an outrig server and return the named space.
+    """Open a connection to an outrig server and return the named space.
 
     Args:
         target: the server's address, such as ``"127.0.0.1:7766"``.
@@ -64,14 +67,28 @@ def connect(
             `UnavailableError` (server unreachable, restarting or unable to store) is retried,
             with exponential backoff and full jitter (0.05 s doubling up to 2 s); then the last
             `UnavailableError` is raised. 0 disables retries. See `Space` for what is retried.
+        tls: an `outrig.TLS` to connect over TLS (its ``ca`` checks the server; its ``cert`` and
+            ``key`` are the client certificate for mutual TLS). None: plaintext.
+        token: a bearer token (from ``outrig token issue``), sent with every call; needs ``tls``.
+            A server that does not know the caller answers `UnauthenticatedError`, one whose policy
+            does not allow the call `PermissionDeniedError`; neither is retried. A failed TLS
+            handshake shows up as `UnavailableError` (retried like any unreachable server).
 
     The returned `Space` owns the connection: use it as a context manager, or call
     ``close()``. Connecting is lazy, so an unreachable server shows up at the first call, as
     `UnavailableError` once ``retry_deadline`` has passed.
     """
     check_connect_args(space, retry_deadline)
-    channel = grpc.insecure_channel(target, options=channel_options(max_message_bytes, options))
-    return Space(channel, space, owns_channel=True, retry_deadline=retry_deadline)
+    credentials = channel_credentials(tls, token)
+    if credentials is None:
+        channel = grpc.insecure_channel(target, options=channel_options(max_message_bytes, options))
+    else:
+        assert tls is not None
+        all_options = channel_options(max_message_bytes, [*tls.options(), *options])
+        channel = grpc.secure_channel(target, credentials, options=all_options)
+    return Space(
+        channel, space, owns_channel=True, retry_deadline=retry_deadline, metadata=token_metadata(token)
+    )
 
 
 class Space(BaseSpace):

@@ -1,5 +1,7 @@
 """The `outrig` command: `outrig serve` runs a server; `outrig backup` and `outrig check` copy and
-verify a data dir's store, also while a server is using it; `outrig stress` runs a Locust campaign."""
+verify a data dir's store, also while a server is using it; `outrig certs dev`, `outrig keys
+ed25519` and `outrig token issue` make what TLS and tokens need (service/security/commands.py);
+`outrig stress` runs a Locust campaign (outrig.loadtest.runner)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from pathlib import Path
 
 from outrig.service import software_version
 from outrig.service.exceptions import ConfigError, StoreError
+from outrig.service.security import commands as security_commands
 
 # `outrig stress` runs in a fresh interpreter that imports Locust, and with it gevent's patching of
 # the standard library, before anything imports gRPC (this process already has).
@@ -59,6 +62,21 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-message-bytes", type=int, metavar="N", help="largest request or reply")
     serve.add_argument("--grace-seconds", type=float, metavar="S", help="shutdown grace for in-flight calls")
     serve.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    security = serve.add_argument_group("security (see docs/security.md)")
+    security.add_argument("--tls-cert", metavar="PEM", help="the server's certificate chain: serve TLS")
+    security.add_argument("--tls-key", metavar="PEM", help="the server certificate's private key")
+    security.add_argument("--tls-client-ca", metavar="PEM", help="require client certificates from this CA")
+    security.add_argument("--token-public-key", metavar="PEM", help="accept bearer tokens signed by this key")
+    security.add_argument("--token-audience", metavar="NAME", help="the audience tokens must name (outrig)")
+    security.add_argument(
+        "--policy", metavar="FILE", help="a TOML grant policy (reloaded on SIGHUP and change)"
+    )
+    security.add_argument(
+        "--insecure",
+        action="store_const",
+        const=True,
+        help="allow listening beyond loopback without TLS or authentication",
+    )
     backup = commands.add_parser(
         "backup",
         help="copy a data dir's store, also while a server is using it",
@@ -80,6 +98,7 @@ def _parser() -> argparse.ArgumentParser:
         "0 ok; 1 problems found; 2 DATA_DIR holds no store, an incompatible one, or cannot be read.",
     )
     check.add_argument("data_dir", metavar="DATA_DIR", type=Path, help="the data dir to check")
+    security_commands.add_parsers(commands)
     commands.add_parser(
         "stress",
         add_help=False,
@@ -120,6 +139,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["stress"]:
         return _stress(argv[1:])
     args = _parser().parse_args(argv)
+    if args.command in security_commands.COMMANDS:
+        return security_commands.run(args)
     if args.command != "serve":
         return _store_command(args)
     try:
@@ -141,6 +162,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "max_message_bytes": args.max_message_bytes,
                 "grace_seconds": args.grace_seconds,
                 "log_level": args.log_level,
+                "tls_cert": args.tls_cert,
+                "tls_key": args.tls_key,
+                "tls_client_ca": args.tls_client_ca,
+                "token_public_key": args.token_public_key,
+                "token_audience": args.token_audience,
+                "policy": args.policy,
+                "insecure": args.insecure,
             },
         )
         logging.basicConfig(

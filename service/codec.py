@@ -337,3 +337,8 @@ def templates_bytes(templates: Sequence[Template]) -> bytes:
 def stored_templates(data: bytes) -> tuple[Template, ...]:
     """Templates read back from the store."""
     return templates(pb.NotifyRequest.FromString(data).templates, _NO_LIMITS)
+
+
+def name(value: str, where: str, limits: Limits) -> str:
+    """A type or field name, checked: not empty, at most max_name_length characters."""
+    return _name(value, where, limits)

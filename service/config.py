@@ -65,6 +65,15 @@ class ServerConfig:
     reap_interval: float = 0.5
     reap_batch: int = 1000
     log_level: str = "INFO"
+    # Security (docs/security.md): TLS, mutual TLS, bearer tokens, a grant policy.
+    tls_cert: Path | None = None  # server certificate chain (PEM); with tls_key, the server speaks TLS
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None  # CA of client certificates: mutual TLS
+    token_public_key: Path | None = None  # Ed25519 public key (PEM) of bearer tokens
+    token_audience: str = "outrig"
+    policy: Path | None = None  # TOML grant policy; without one, any authenticated caller may do anything
+    insecure: bool = False  # allow listening beyond loopback without TLS or authentication
+    policy_poll_interval: float = 1.0  # seconds between checks of the policy file for changes
     limits: Limits = field(default_factory=Limits)
     space_defaults: SpaceSettings = field(default_factory=SpaceSettings)
     spaces: Mapping[str, SpaceSettings] = field(default_factory=dict)
@@ -85,7 +94,17 @@ _SCALARS = (
     "reap_interval",
     "reap_batch",
     "log_level",
+    "tls_cert",
+    "tls_key",
+    "tls_client_ca",
+    "token_public_key",
+    "token_audience",
+    "policy",
+    "insecure",
+    "policy_poll_interval",
 )
+
+_PATHS = frozenset({"data_dir", "tls_cert", "tls_key", "tls_client_ca", "token_public_key", "policy"})
 
 
 # Settings where zero (or less) would stop the server working: a reaper that spins, chunks of
@@ -97,6 +116,7 @@ _POSITIVE = frozenset(
         "request_window",
         "reap_interval",
         "reap_batch",
+        "policy_poll_interval",
         "max_fields",
         "max_depth",
         "max_name_length",
@@ -143,9 +163,9 @@ def _convert(section: str, name: str, value: Any, current: Any) -> Any:
             if math.isnan(number) or number < 0 or (number == 0 and name in _POSITIVE):
                 raise ValueError(value)
             return number if isinstance(current, int) else float(number)
-        if name == "data_dir":
+        if name in _PATHS:
             return None if value in (None, "") else Path(value)
-        if not isinstance(value, str | Path):
+        if not isinstance(value, str | Path) or (name == "token_audience" and not value):
             raise ValueError(value)
         if name == "durability":
             if value not in _DURABILITY:

@@ -8,11 +8,14 @@
     ├── ShuttingDownError         the server is stopping      -> UNAVAILABLE
     ├── RequestConflictError      a request id reused for another call -> FAILED_PRECONDITION
     ├── RegistrationBusyError     resuming a registration another stream holds -> FAILED_PRECONDITION
+    ├── UnauthenticatedError      the caller is unknown (no, or a bad, credential) -> UNAUTHENTICATED
+    ├── PermissionDeniedError     the caller may not do this -> PERMISSION_DENIED
     ├── StoreError                the data dir's store
     │   ├── StoreUnavailableError a change could not be made durable -> UNAVAILABLE
     │   ├── StoreLockedError      another server holds the data dir  (the CLI exits 2)
     │   └── IncompatibleStoreError not an outrig store of this format (the CLI exits 2)
     └── ConfigError               bad start-up configuration  (the CLI exits 2)
+        └── PolicyError           a policy file that cannot be used (on reload: the old one stays)
 
 The engine raises these; the gRPC servicer maps them to status codes through one table
 (outrig.service.servicer.STATUS_BY_ERROR). Messages name the field or limit at fault.
@@ -47,6 +50,18 @@ class ShuttingDownError(SpaceError):
 
 class ConfigError(SpaceError):
     """The server's configuration (flags, environment, file) is invalid."""
+
+
+class PolicyError(ConfigError):
+    """A policy file is malformed: bad TOML, an unknown action, a resource that is no pattern."""
+
+
+class UnauthenticatedError(SpaceError):
+    """The caller could not be identified: no credential where one is required, or a bad one."""
+
+
+class PermissionDeniedError(SpaceError):
+    """An identified caller asked for something no grant of the policy allows."""
 
 
 class RequestConflictError(SpaceError):

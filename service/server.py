@@ -17,6 +17,7 @@ from outrig.service.config import ServerConfig
 from outrig.service.embedded import EmbeddedBackend
 from outrig.service.engine.clock import Clock
 from outrig.service.exceptions import ConfigError
+from outrig.service.security.transport import build_guard, check_listen, server_credentials
 from outrig.service.servicer import SpaceServicer
 from outrig.v1 import space_pb2
 
@@ -39,8 +40,12 @@ class OutrigServer:
         self, config: ServerConfig, *, clock: Clock | None = None, backend: SpaceBackend | None = None
     ) -> None:
         self.config = config
+        # Security files first: a bad policy or certificate stops the start before a store is opened.
+        self.guard = build_guard(config)
+        self._credentials = server_credentials(config)
         self.backend = backend or EmbeddedBackend(config, clock)
         self.port = 0
+        self._watch: asyncio.Task[None] | None = None
         self._health = HealthServicer()
         limit = config.max_message_bytes
         pending = max(1000, config.limits.max_waiters)
@@ -56,7 +61,7 @@ class OutrigServer:
                 ("grpc.server.max_pending_requests_hard_limit", 2 * pending),
             ]
         )
-        wire.add_to_server(SpaceServicer(self.backend, config.limits), self._server)
+        wire.add_to_server(SpaceServicer(self.backend, config.limits, self.guard), self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         reflection.enable_server_reflection(
             (
@@ -74,18 +79,35 @@ class OutrigServer:
 
     async def start(self) -> int:
         host, port = split_listen(self.config.listen)
+        check_listen(
+            self.config, host, tls=self._credentials is not None, authenticated=self.guard.authenticates
+        )
         try:
-            self.port = self._server.add_insecure_port(f"{host}:{port}")
+            if self._credentials is None:
+                self.port = self._server.add_insecure_port(f"{host}:{port}")
+            else:
+                self.port = self._server.add_secure_port(f"{host}:{port}", self._credentials)
         except RuntimeError as err:
             raise ConfigError(f"listen: cannot bind {self.config.listen}: {err}") from err
         await self.backend.start()
         await self._server.start()
         for service in ("", SERVICE_NAME):
             await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        if self.guard.policy is not None:
+            self._watch = asyncio.create_task(self.guard.policy.watch(self.config.policy_poll_interval))
         return self.port
+
+    async def reload_policy(self) -> bool:
+        """Reload the policy file now (SIGHUP does this); False if it was rejected or there is none."""
+        if self.guard.policy is None:
+            log.warning("SIGHUP: no policy file configured, nothing to reload")
+            return False
+        return await self.guard.policy.reload_async()
 
     async def stop(self, grace: float | None = None) -> None:
         """Stop taking calls, end notify streams, give in-flight calls `grace` seconds, then stop."""
+        if self._watch is not None:
+            self._watch.cancel()
         await self._health.enter_graceful_shutdown()
         await self.backend.close()
         await self._server.stop(self.config.grace_seconds if grace is None else grace)
@@ -105,6 +127,14 @@ async def serve(config: ServerConfig) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stopping.set)
+    reloads: set[asyncio.Task[bool]] = set()
+
+    def reload() -> None:
+        task = loop.create_task(server.reload_policy())
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+
+    loop.add_signal_handler(signal.SIGHUP, reload)
     # Tests and scripts read this line to find the port when listening on port 0.
     print(f"outrig listening on {server.address}", flush=True)
     await stopping.wait()

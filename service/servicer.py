@@ -1,6 +1,8 @@
 """The gRPC servicer: protobuf in, engine objects to the backend, protobuf out.
 
-It holds no logic of its own beyond translation. Errors the service raises on purpose map to
+It holds no logic of its own beyond translation. Every method is wrapped by `unary` or
+`streaming`, which first passes the call through the security `Guard` (the one check point: see
+outrig.service.security.guard). Errors the service raises on purpose map to
 status codes through one table; anything else is logged and answered INTERNAL, and the server
 keeps serving.
 """
@@ -22,6 +24,7 @@ from outrig.service.exceptions import (
     ConfigError,
     InvalidArgumentError,
     LeaseNotFoundError,
+    PermissionDeniedError,
     QuotaExceededError,
     RegistrationBusyError,
     RequestConflictError,
@@ -29,7 +32,10 @@ from outrig.service.exceptions import (
     SpaceError,
     StoreUnavailableError,
     TypeConflictError,
+    UnauthenticatedError,
 )
+from outrig.service.security.access import ACCESS
+from outrig.service.security.guard import Authenticator, Guard
 from outrig.v1 import space_pb2 as pb
 from outrig.v1 import space_pb2_grpc
 
@@ -44,6 +50,8 @@ STATUS_BY_ERROR: dict[type[SpaceError], grpc.StatusCode] = {
     StoreUnavailableError: grpc.StatusCode.UNAVAILABLE,
     RequestConflictError: grpc.StatusCode.FAILED_PRECONDITION,
     RegistrationBusyError: grpc.StatusCode.FAILED_PRECONDITION,
+    UnauthenticatedError: grpc.StatusCode.UNAUTHENTICATED,
+    PermissionDeniedError: grpc.StatusCode.PERMISSION_DENIED,
     ConfigError: grpc.StatusCode.INTERNAL,
 }
 
@@ -56,15 +64,25 @@ def status_for(err: SpaceError) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
+def _checked(method: str) -> str:
+    """Every method goes through the guard: one without an entry in the access table is a bug."""
+    if method not in ACCESS:
+        raise AssertionError(f"{method}: no entry in outrig.service.security.access.ACCESS")
+    return method
+
+
 R = TypeVar("R")
 Unary = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[R]]
 Streaming = Callable[[Any, Any, grpc.aio.ServicerContext], AsyncIterator[R]]
 
 
 def unary(method: Unary[R]) -> Unary[R]:
+    name = _checked(method.__name__)
+
     @functools.wraps(method)
-    async def handler(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
+    async def handler(self: SpaceServicer, request: Any, context: grpc.aio.ServicerContext) -> R:
         try:
+            self._guard.check(context, name, request)
             return await method(self, request, context)
         except SpaceError as err:
             await context.abort(status_for(err), str(err))
@@ -77,9 +95,14 @@ def unary(method: Unary[R]) -> Unary[R]:
 
 
 def streaming(method: Streaming[R]) -> Streaming[R]:
+    name = _checked(method.__name__)
+
     @functools.wraps(method)
-    async def handler(self: Any, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[R]:
+    async def handler(
+        self: SpaceServicer, request: Any, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[R]:
         try:
+            self._guard.check(context, name, request)
             async for reply in method(self, request, context):
                 yield reply
         except SpaceError as err:
@@ -100,9 +123,10 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
     already encoded (service/wire.py), and the writes receive their request's bytes too
     (`wire.Received`); register with `wire.add_to_server`."""
 
-    def __init__(self, backend: SpaceBackend, limits: Limits) -> None:
+    def __init__(self, backend: SpaceBackend, limits: Limits, guard: Guard | None = None) -> None:
         self._backend = backend
         self._limits = limits
+        self._guard = guard or Guard(Authenticator(None, client_certificates=False), None, limits)
 
     def _space(self, request: Any) -> str:
         return codec.space_name(request.space, self._limits)

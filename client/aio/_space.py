@@ -35,6 +35,7 @@ from outrig._base import (
 )
 from outrig._codec import AnyEntry, decode_entries
 from outrig._exceptions import CallCancelledError, UnavailableError
+from outrig._tls import TLS, channel_credentials, token_metadata
 from outrig.v1 import space_pb2 as pb
 
 __all__ = ["AsyncLease", "AsyncNotification", "AsyncSpace", "connect"]
@@ -50,17 +51,27 @@ def connect(
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     options: Iterable[tuple[str, Any]] = (),
     retry_deadline: float = DEFAULT_RETRY_DEADLINE,
+    tls: TLS | None = None,
+    token: str | None = None,
 ) -> AsyncSpace:
-    """Open a (plaintext) asyncio connection to an outrig server and return the named space.
+    """Open an asyncio connection to an outrig server and return the named space.
 
     Call it from a running event loop. The arguments are those of `outrig.connect`, including
-    ``retry_deadline``: for how many seconds from its first failure a call that fails with
-    `UnavailableError` is retried (0: never). Use the result with ``async with``, or
-    ``await space.close()`` when done.
+    ``tls`` and ``token`` (an `outrig.TLS` and a bearer token) and ``retry_deadline``: for how
+    many seconds from its first failure a call that fails with `UnavailableError` is retried
+    (0: never). Use the result with ``async with``, or ``await space.close()`` when done.
     """
     check_connect_args(space, retry_deadline)
-    channel = grpc.aio.insecure_channel(target, options=channel_options(max_message_bytes, options))
-    return AsyncSpace(channel, space, owns_channel=True, retry_deadline=retry_deadline)
+    credentials = channel_credentials(tls, token)
+    if credentials is None:
+        channel = grpc.aio.insecure_channel(target, options=channel_options(max_message_bytes, options))
+    else:
+        assert tls is not None
+        all_options = channel_options(max_message_bytes, [*tls.options(), *options])
+        channel = grpc.aio.secure_channel(target, credentials, options=all_options)
+    return AsyncSpace(
+        channel, space, owns_channel=True, retry_deadline=retry_deadline, metadata=token_metadata(token)
+    )
 
 
 class AsyncSpace(BaseSpace):

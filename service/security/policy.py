@@ -1,0 +1,201 @@
+"""The grant policy: who may do what to which resources, parsed once, decided once per key.
+
+A policy file (TOML)::
+
+    [groups]
+    ops = ["alice", "bob"]
+
+    [[grant]]
+    principals = ["alice", "group:ops"]      # a name, group:NAME, or "*" (anyone authenticated)
+    resources = ["outrig://jobs/*"]          # outrig://SPACE/TYPE patterns
+    actions = ["write", "read", "take"]      # or "*"
+
+A resource is `outrig://SPACE/TYPE` for a call about entries of TYPE in SPACE, and
+`outrig://SPACE` for a call about the space itself (renew and cancel, which name leases, not types;
+resuming a notify registration). A pattern's space part is a space name or `*` (any space). Its
+type part is a type name, or ends in a wildcard segment: `*` matches exactly one more `/`-separated
+segment, `-` one or more (River's convention). A pattern ending in `/*` or `/-` also covers the
+space itself. Without a policy everything authenticated is allowed; with one, what no grant allows
+is denied.
+
+Everything about a grant is worked out at load time: patterns are parsed into `Pattern`s and filed
+by (subject, action), so deciding looks only at the grants naming this principal, its groups or
+`*`, for this action or `*`. Decisions are kept in an LRU cache keyed by (principal, action, space,
+type) that belongs to the policy object: a reload builds a new `Policy`, so swapping it drops the
+old decisions in the same step.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cachetools import LRUCache
+
+from outrig.service.exceptions import PolicyError
+from outrig.service.security.principal import Principal
+
+ACTIONS = ("write", "read", "take", "notify", "renew", "cancel", "admin")
+ANY = "*"
+SCHEME = "outrig://"
+_SPACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_GROUP = "group:"
+
+
+@dataclass(frozen=True, slots=True)
+class Pattern:
+    """A parsed resource pattern. `space` None is any space; `tail` is "" (exactly `prefix`),
+    "*" (one segment after `prefix`), "-" (one or more), or "space" (the space itself only)."""
+
+    space: str | None
+    prefix: tuple[str, ...]
+    tail: str
+
+    def covers(self, space: str, type_name: str | None) -> bool:
+        if self.space is not None and self.space != space:
+            return False
+        if type_name is None:  # the space itself
+            return self.tail == "space" or (not self.prefix and self.tail in ("*", "-"))
+        if self.tail == "space":
+            return False
+        segments = type_name.split("/")
+        n = len(self.prefix)
+        if tuple(segments[:n]) != self.prefix:
+            return False
+        if self.tail == "":
+            return len(segments) == n
+        return len(segments) == n + 1 if self.tail == "*" else len(segments) > n
+
+
+def parse_pattern(text: str, where: str = "resource") -> Pattern:
+    """`outrig://SPACE[/TYPE]` with `*` as the whole space part and `*` or `-` as a last type segment."""
+    if not isinstance(text, str) or not text.startswith(SCHEME):
+        raise PolicyError(f"{where}: {text!r} is not an {SCHEME}SPACE/TYPE pattern")
+    space, slash, type_part = text[len(SCHEME) :].partition("/")
+    if space != ANY and not _SPACE.fullmatch(space):
+        raise PolicyError(f"{where}: {text!r}: the space part must be a space name or '*'")
+    if not slash:
+        return Pattern(None if space == ANY else space, (), "space")
+    segments = type_part.split("/")
+    tail = ""
+    if segments[-1] in ("*", "-"):
+        tail = segments.pop()
+    for segment in segments:
+        if not segment or "*" in segment or segment == "-":
+            raise PolicyError(
+                f"{where}: {text!r}: empty segment or misplaced wildcard "
+                "('*' and '-' are whole last segments)"
+            )
+    return Pattern(None if space == ANY else space, tuple(segments), tail)
+
+
+def _strings(value: Any, where: str) -> list[str]:
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+        raise PolicyError(f"{where}: expected a non-empty list of non-empty strings, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    principals: tuple[str, ...]
+    patterns: tuple[Pattern, ...]
+    actions: tuple[str, ...]
+
+
+class Policy:
+    """A loaded policy and its decision cache. Immutable once built (except the cache)."""
+
+    def __init__(
+        self,
+        grants: Iterable[Grant],
+        groups: Mapping[str, Iterable[str]] | None = None,
+        *,
+        cache_size: int = 100_000,
+        source: str = "<policy>",
+    ) -> None:
+        self.source = source
+        self.grants = tuple(grants)
+        members: dict[str, set[str]] = {}
+        for group, names in (groups or {}).items():
+            for name in names:
+                members.setdefault(name, set()).add(group)
+        self._groups_of = {name: frozenset(found) for name, found in members.items()}
+        self._index: dict[tuple[str, str], list[Pattern]] = {}
+        for grant in self.grants:
+            for subject in grant.principals:
+                for action in grant.actions:
+                    self._index.setdefault((subject, action), []).extend(grant.patterns)
+        self._decisions: LRUCache[tuple[Principal, str, str, str | None], bool] = LRUCache(maxsize=cache_size)
+
+    def allows(self, principal: Principal, action: str, space: str, type_name: str | None) -> bool:
+        """May `principal` do `action` to outrig://space/type_name (type None: the space itself)?"""
+        key = (principal, action, space, type_name)
+        decision = self._decisions.get(key)
+        if decision is None:
+            decision = self._decide(principal, action, space, type_name)
+            self._decisions[key] = decision
+        return decision
+
+    def _decide(self, principal: Principal, action: str, space: str, type_name: str | None) -> bool:
+        groups = principal.groups | self._groups_of.get(principal.name, frozenset())
+        subjects = [principal.name, ANY, *(_GROUP + group for group in groups)]
+        for subject in subjects:
+            for granted in (action, ANY):
+                for pattern in self._index.get((subject, granted), ()):
+                    if pattern.covers(space, type_name):
+                        return True
+        return False
+
+    def statistics(self) -> dict[str, int]:
+        return {"grants": len(self.grants), "cached_decisions": len(self._decisions)}
+
+
+def parse_policy(data: Mapping[str, Any], source: str = "<policy>") -> Policy:
+    """Build a Policy from a parsed TOML document; PolicyError names what is wrong and where."""
+    unknown = set(data) - {"grant", "groups"}
+    if unknown:
+        raise PolicyError(
+            f"{source}: unknown key(s) {', '.join(sorted(unknown))} (expected [groups], [[grant]])"
+        )
+    groups = data.get("groups", {})
+    if not isinstance(groups, Mapping):
+        raise PolicyError(f"{source}: groups: expected a table of group = [names]")
+    checked_groups = {name: _strings(names, f"{source}: groups.{name}") for name, names in groups.items()}
+    grants_data = data.get("grant", [])
+    if not isinstance(grants_data, list):
+        raise PolicyError(f"{source}: grant: expected [[grant]] tables")
+    grants = []
+    for i, item in enumerate(grants_data):
+        where = f"{source}: grant[{i}]"
+        if not isinstance(item, Mapping):
+            raise PolicyError(f"{where}: expected a table")
+        extra = set(item) - {"principals", "resources", "actions"}
+        if extra:
+            raise PolicyError(f"{where}: unknown key(s) {', '.join(sorted(extra))}")
+        principals = _strings(item.get("principals"), f"{where}.principals")
+        for name in principals:
+            if name.startswith(_GROUP) and len(name) == len(_GROUP):
+                raise PolicyError(f"{where}.principals: 'group:' needs a group name")
+        resources = _strings(item.get("resources"), f"{where}.resources")
+        patterns = tuple(parse_pattern(r, f"{where}.resources[{j}]") for j, r in enumerate(resources))
+        actions = _strings(item.get("actions"), f"{where}.actions")
+        for action in actions:
+            if action != ANY and action not in ACTIONS:
+                raise PolicyError(
+                    f"{where}.actions: unknown action {action!r} (expected {', '.join(ACTIONS)} or '*')"
+                )
+        grants.append(Grant(tuple(principals), patterns, tuple(actions)))
+    return Policy(grants, checked_groups, source=source)
+
+
+def load_policy(path: Path) -> Policy:
+    """Read and parse a policy file; PolicyError (naming the file) if it cannot be used."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
+        raise PolicyError(f"{path}: {err}") from err
+    return parse_policy(data, str(path))
