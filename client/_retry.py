@@ -144,7 +144,9 @@ class Attempts(Generic[M]):
         """After an UNAVAILABLE: the seconds to wait before retrying, or None when out of time.
 
         The deadline counts from the first failure, not from the start of the call, so that a
-        take that blocked for an hour before the server restarted still gets its retries.
+        take that blocked for an hour before the server restarted still gets its retries. A read
+        or take with a timeout pauses no longer than what remains of it, so that the attempt
+        that asks for an entry matching now comes when the timeout ends, not up to a backoff later.
         """
         now = self._clock()
         if self._failed_at is None:
@@ -153,6 +155,11 @@ class Attempts(Generic[M]):
         if left <= 0:
             return None
         delay = min(left, self._policy.delay(self._retries, self._jitter()))
+        if self._timeout is not None:
+            # A take with a timeout tries once more when its timeout runs out, not a backoff later.
+            remaining = self._timeout - (now - self._started)
+            if remaining > 0:
+                delay = min(delay, remaining)
         self._retries += 1
         self._counter.add()
         return delay

@@ -72,7 +72,7 @@ async def test_a_take_retried_across_an_outage_keeps_to_its_timeout(outage):
         ended = time.monotonic()
         await asyncio.to_thread(outage.wait_until_back)
         assert ended - started > 1.8  # the retry waited out the rest of the timeout
-        assert ended < outage.back_at + 1.8  # it did not wait the whole timeout again
+        assert ended < outage.back_at + 2.0  # it did not wait the whole timeout again
         assert space.retries > 0
 
 
