@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 
@@ -95,6 +96,11 @@ class OutrigServer:
             await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
         if self.guard.policy is not None:
             self._watch = asyncio.create_task(self.guard.policy.watch(self.config.policy_poll_interval))
+        # What start-up built (the modules, a policy's grants, a recovered store) lives as long as
+        # the server: move it out of the cyclic collector's reach, so that full collections, which
+        # requests trigger, do not walk it again and again. With a 10,000-grant policy this took
+        # the policy's throughput ratio from 0.91-0.93 to 0.99 (docs/security.md).
+        gc.freeze()
         return self.port
 
     async def reload_policy(self) -> bool:

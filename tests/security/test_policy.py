@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import logging
+import weakref
 from pathlib import Path
 
 import pytest
@@ -187,3 +189,19 @@ async def test_the_watcher_reloads_on_change(tmp_path: Path) -> None:
         assert file.current.allows(Principal("bob"), "read", "jobs", "T")
     finally:
         watcher.cancel()
+
+
+def test_a_replaced_policy_is_freed_although_reloads_freeze_the_heap(tmp_path: Path) -> None:
+    # Reloads gc.freeze() the new grants; the old policy must still go, by reference counting.
+    path = tmp_path / "policy.toml"
+    grant = '[[grant]]\nprincipals = ["alice", "group:ops"]\nresources = ["outrig://jobs/*"]\n'
+    grant += 'actions = ["read"]\n'
+    path.write_text(grant * 50)
+    file = PolicyFile(path)
+    file.current.allows(ALICE, "read", "jobs", "T")  # a cached decision too
+    old = weakref.ref(file.current)
+    try:
+        assert file.reload() is True
+        assert old() is None
+    finally:
+        gc.unfreeze()
