@@ -24,8 +24,8 @@ from typing import Any
 from outrig.service import codec, software_version
 from outrig.service.config import ServerConfig
 from outrig.service.engine.clock import Clock, SystemClock
-from outrig.service.engine.model import LeaseGrant, NewEntry, StoredEntry, Template
-from outrig.service.engine.space import SpaceEngine, Waiter
+from outrig.service.engine.model import LeaseGrant, NewEntry, StoredEntry, Template, Waiter
+from outrig.service.engine.space import SpaceEngine
 from outrig.service.exceptions import (
     LeaseNotFoundError,
     QuotaExceededError,

@@ -3,6 +3,7 @@
     SpaceError
     ├── InvalidArgumentError      a request is malformed      -> INVALID_ARGUMENT
     ├── LeaseNotFoundError        unknown or expired lease    -> NOT_FOUND
+    │   └── TransactionNotFoundError unknown or ended transaction (its id is a lease id)
     ├── QuotaExceededError        a quota or limit is reached -> RESOURCE_EXHAUSTED
     ├── TypeConflictError         a type redeclared otherwise -> FAILED_PRECONDITION
     ├── ShuttingDownError         the server is stopping      -> UNAVAILABLE
@@ -34,6 +35,10 @@ class InvalidArgumentError(SpaceError):
 
 class LeaseNotFoundError(SpaceError):
     """A renew or cancel named a lease that is unknown, cancelled or expired."""
+
+
+class TransactionNotFoundError(LeaseNotFoundError):
+    """The transaction is unknown, or has already committed, aborted or run out of lease."""
 
 
 class QuotaExceededError(SpaceError):

@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from outrig.service.backend import Event
-from outrig.service.engine.model import LeaseGrant, StoredEntry
-from outrig.service.engine.space import Registration, SpaceEngine
+from outrig.service.engine.model import LeaseGrant, Registration, StoredEntry
+from outrig.service.engine.space import SpaceEngine
 from outrig.service.exceptions import ShuttingDownError
 
 if TYPE_CHECKING:

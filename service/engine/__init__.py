@@ -1,12 +1,21 @@
-"""The pure space engine: matching, indexes, waiters, leases and notify registrations.
+"""The pure space engine: matching, indexes, waiters, leases, notify registrations, transactions.
 
 Plain Python with no gRPC and no I/O. The gRPC servicer converts protobuf to these objects and
 back; the embedded backend drives one `SpaceEngine` per named space from the asyncio loop.
 """
 
 from outrig.service.engine.clock import Clock, FakeClock, SystemClock
-from outrig.service.engine.model import LeaseGrant, NewEntry, StoredEntry, Template
-from outrig.service.engine.space import Registration, SpaceEngine, SpaceSettings, Waiter
+from outrig.service.engine.model import (
+    LeaseGrant,
+    NewEntry,
+    Registration,
+    StoredEntry,
+    Template,
+    TransactionOutcome,
+    Waiter,
+)
+from outrig.service.engine.space import SpaceEngine, SpaceSettings
+from outrig.service.engine.transactions import Transaction
 from outrig.service.engine.values import FieldValue
 
 __all__ = [
@@ -21,5 +30,7 @@ __all__ = [
     "StoredEntry",
     "SystemClock",
     "Template",
+    "Transaction",
+    "TransactionOutcome",
     "Waiter",
 ]

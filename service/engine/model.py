@@ -1,10 +1,12 @@
-"""The engine's records: entries to write, stored entries, templates and granted leases."""
+"""The engine's records: entries to write, stored entries, templates, granted leases, parked
+waiters, notify registrations, and what a transaction's end changed."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from outrig.service.engine.transactions import EntryLock, Transaction
 from outrig.service.engine.values import FieldValue
 
 
@@ -27,7 +29,7 @@ class NewEntry:
 class StoredEntry:
     """An entry in a space. `lineage` is its type followed by its supertypes."""
 
-    __slots__ = ("arrival", "expires_at", "fields", "id", "lineage", "payload", "size")
+    __slots__ = ("arrival", "expires_at", "fields", "id", "lineage", "lock", "payload", "size")
 
     def __init__(self, entry_id: int, new: NewEntry, expires_at: float | None) -> None:
         self.id = entry_id
@@ -39,6 +41,8 @@ class StoredEntry:
         self.payload = new.payload
         self.size = new.size
         self.expires_at = expires_at
+        # The transactions' locks on it (engine/transactions.py); None, the common case, is none.
+        self.lock: EntryLock | None = None
 
     @property
     def type_name(self) -> str:
@@ -84,3 +88,68 @@ class LeaseGrant:
     id: int
     expires_at: float | None
     granted: float | None
+
+
+class Waiter:
+    """A parked read or take. `deliver` hands it entries and says whether it still wanted them.
+
+    Under a transaction (`txn`), what it is handed is read- or take-locked for that transaction.
+    An `if_exists` waiter (readIfExists, takeIfExists) waits only while the entries it could use
+    are locked by other transactions: when none is left locked, it is handed nothing.
+    """
+
+    __slots__ = ("deliver", "if_exists", "max_entries", "seq", "take", "templates", "txn")
+
+    def __init__(
+        self,
+        seq: int,
+        templates: tuple[Template, ...],
+        take: bool,
+        deliver: Callable[[list[StoredEntry]], bool],
+        max_entries: int = 1,
+        *,
+        txn: Transaction | None = None,
+        if_exists: bool = False,
+    ) -> None:
+        self.seq = seq
+        self.templates = templates
+        self.take = take
+        self.deliver = deliver
+        self.max_entries = max_entries
+        self.txn = txn
+        self.if_exists = if_exists
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionOutcome:
+    """What a commit or abort changed: the entries it made visible (committed writes) and removed
+    for good (committed takes), or put back (aborted takes)."""
+
+    transaction: Transaction
+    written: list[StoredEntry]
+    taken: list[StoredEntry]
+
+
+class Registration:
+    """A notify registration: each matching write calls `on_event(sequence, entry)`.
+
+    One made under a transaction (`txn`) also hears that transaction's own writes, and ends
+    with it."""
+
+    __slots__ = ("expires_at", "on_end", "on_event", "seq", "sequence", "templates", "txn")
+
+    def __init__(
+        self,
+        seq: int,
+        templates: tuple[Template, ...],
+        on_event: Callable[[int, StoredEntry], None],
+        on_end: Callable[[], None],
+        expires_at: float | None,
+    ) -> None:
+        self.seq = seq  # also the registration's lease id
+        self.templates = templates
+        self.on_event = on_event
+        self.on_end = on_end
+        self.expires_at = expires_at
+        self.sequence = 0
+        self.txn: Transaction | None = None

@@ -18,10 +18,32 @@ from dataclasses import dataclass
 
 from outrig.service.engine.clock import Clock
 from outrig.service.engine.leases import LeaseQueue
-from outrig.service.engine.model import LeaseGrant, NewEntry, StoredEntry, Template
+from outrig.service.engine.model import (
+    LeaseGrant,
+    NewEntry,
+    Registration,
+    StoredEntry,
+    Template,
+    TransactionOutcome,
+    Waiter,
+)
+from outrig.service.engine.transactions import (
+    CONFLICT,
+    OK,
+    EntryLock,
+    Transaction,
+    TransactionState,
+    read_access,
+    take_access,
+)
 from outrig.service.engine.values import FULL_KEY_LIMIT
 from outrig.service.engine.watchers import WatcherIndex
-from outrig.service.exceptions import LeaseNotFoundError, QuotaExceededError, TypeConflictError
+from outrig.service.exceptions import (
+    LeaseNotFoundError,
+    QuotaExceededError,
+    TransactionNotFoundError,
+    TypeConflictError,
+)
 
 FOREVER = math.inf
 """A requested lease of FOREVER; None requests the space's default (Lease.ANY)."""
@@ -47,47 +69,8 @@ class SpaceStatistics:
     waiters: int
     registrations: int
     types: int
-
-
-class Waiter:
-    """A parked read or take. `deliver` hands it entries and says whether it still wanted them."""
-
-    __slots__ = ("deliver", "max_entries", "seq", "take", "templates")
-
-    def __init__(
-        self,
-        seq: int,
-        templates: tuple[Template, ...],
-        take: bool,
-        deliver: Callable[[list[StoredEntry]], bool],
-        max_entries: int = 1,
-    ) -> None:
-        self.seq = seq
-        self.templates = templates
-        self.take = take
-        self.deliver = deliver
-        self.max_entries = max_entries
-
-
-class Registration:
-    """A notify registration: each matching write calls `on_event(sequence, entry)`."""
-
-    __slots__ = ("expires_at", "on_end", "on_event", "seq", "sequence", "templates")
-
-    def __init__(
-        self,
-        seq: int,
-        templates: tuple[Template, ...],
-        on_event: Callable[[int, StoredEntry], None],
-        on_end: Callable[[], None],
-        expires_at: float | None,
-    ) -> None:
-        self.seq = seq  # also the registration's lease id
-        self.templates = templates
-        self.on_event = on_event
-        self.on_end = on_end
-        self.expires_at = expires_at
-        self.sequence = 0
+    transactions: int = 0
+    locked: int = 0  # entries some transaction holds a lock on
 
 
 _COUNT_REAP_BATCH = 1000
@@ -140,6 +123,11 @@ class SpaceEngine:
         self.on_expired: Callable[[int], None] | None = None
         # The types the last write declared for the first time, with their supertypes.
         self.declared: dict[str, tuple[str, ...]] = {}
+        self._transactions: dict[int, Transaction] = {}
+        self._locked = 0  # entries with a lock: while 0, nothing needs the lock table
+        self._if_exists: dict[int, Waiter] = {}  # parked if_exists waiters, by seq
+        # Told of every commit and abort, including aborts by lease expiry (the reaper's).
+        self.on_transaction_end: Callable[[TransactionOutcome], None] | None = None
 
     # ------------------------------------------------------------------ recovery
 
@@ -206,10 +194,15 @@ class SpaceEngine:
         return [LeaseGrant(each.id, each.expires_at, granted) for each in stored]
 
     def write_entries(
-        self, entries: Sequence[NewEntry], lease: float | None
+        self, entries: Sequence[NewEntry], lease: float | None, txn: Transaction | None = None
     ) -> tuple[list[StoredEntry], float | None]:
         """`write`, returning the stored entries (some perhaps handed straight to a parked take)
-        and the granted lease duration (None: forever)."""
+        and the granted lease duration (None: forever).
+
+        Under `txn` the entries are write-locked: only that transaction sees them, and hears of
+        them through its own notify registrations, until it commits."""
+        if txn is not None:
+            self._check_active(txn)
         declared = self._declare_types(entries)
         self._check_quota(len(entries), sum(entry.size for entry in entries))
         # Only now, so that a write refused for its quota leaves no type declared behind it.
@@ -221,8 +214,11 @@ class SpaceEngine:
         for new in entries:
             stored = StoredEntry(self._new_id(), new, expires_at)
             written.append(stored)
-            self._publish(stored)
-            if not self._offer(stored):
+            if txn is not None:
+                self._lock(stored).writer = txn
+                txn.written[stored.id] = stored
+            self._publish(stored, txn)
+            if not self._offer(stored) and stored.id not in self._entries:
                 self._insert(stored)
         return written, granted
 
@@ -292,6 +288,8 @@ class SpaceEngine:
         entry_id = stored.id
         if self._entries.pop(entry_id, None) is None:
             return
+        if stored.lock is not None:
+            self._detach(stored)
         self._bytes -= stored.size
         if stored.expires_at is not None:
             self._leases.discard(entry_id, stored.expires_at)
@@ -312,20 +310,40 @@ class SpaceEngine:
                         index[slot] = next(iter(current.values()))
 
     def _offer(self, stored: StoredEntry) -> bool:
-        """Hand a new or returned entry to parked waiters in arrival order; True if one took it."""
+        """Hand an entry that has just become usable (written, put back, or unlocked) to parked
+        waiters in arrival order; True if a take claimed it.
+
+        The entry may or may not be in the space yet: a plain take removes it if it is; a take or
+        read under a transaction locks it, putting it in the space first if need be."""
         for waiter in self._waiters.candidates(stored):
             if not any(template.matches(stored) for template in waiter.templates):
                 continue
-            self._waiters.remove(waiter)
-            if waiter.deliver([stored]) and waiter.take:
+            lock = stored.lock
+            if lock is not None and (take_access if waiter.take else read_access)(lock, waiter.txn) != OK:
+                continue
+            self.unpark(waiter)
+            if not waiter.deliver([stored]):
+                continue
+            txn = waiter.txn
+            if txn is not None:
+                if waiter.take:
+                    self._lock_take(txn, stored)
+                    return True
+                self._lock_read(txn, stored)
+            elif waiter.take:
+                self._remove(stored)
                 return True
         return False
 
-    def _publish(self, stored: StoredEntry) -> None:
+    def _publish(self, stored: StoredEntry, writer: Transaction | None = None) -> None:
+        """Tell the registrations that match of a write: all of them, or under `writer` (a write
+        not yet committed) only the writer's own."""
         now = self._clock.time()
         for registration in self._registrations.candidates(stored):
             if registration.expires_at is not None and registration.expires_at <= now:
                 self._end(registration)  # its lease ran out before the reaper got to it: no event
+                continue
+            if writer is not None and registration.txn is not writer:
                 continue
             if any(template.matches(stored) for template in registration.templates):
                 registration.sequence += 1
@@ -337,8 +355,8 @@ class SpaceEngine:
         for stored in entries:
             if stored.id in self._entries or self._expired(stored, now):
                 continue
-            if not self._offer(stored):
-                stored.arrival = self._new_id()  # buckets append it at the back: say so
+            stored.arrival = self._new_id()  # buckets append it at the back: say so
+            if not self._offer(stored) and stored.id not in self._entries:
                 self._insert(stored)
 
     # ------------------------------------------------------------------ matching
@@ -360,35 +378,54 @@ class SpaceEngine:
                 smallest = bucket
         return smallest
 
-    def _matches(self, template: Template, limit: int, now: float) -> list[StoredEntry]:
+    def _matches(
+        self, template: Template, limit: int, now: float, txn: Transaction | None, take: bool
+    ) -> tuple[list[StoredEntry], bool]:
+        """Up to `limit` entries `txn` may use that match `template`, and whether some other match
+        was skipped for another transaction's lock (a CONFLICT: it may yet become usable)."""
         bucket = self._bucket(template)
         if bucket is None:
-            return []
+            return [], False
         found: list[StoredEntry] = []
         expired: list[StoredEntry] = []
+        conflicted = False
+        access = take_access if take else read_access
         for stored in self._members(bucket):
             if self._expired(stored, now):
                 if len(expired) < _LAZY_REMOVALS:
                     expired.append(stored)
             elif template.matches(stored):
+                lock = stored.lock
+                if lock is not None:
+                    verdict = access(lock, txn)
+                    if verdict != OK:
+                        conflicted = conflicted or verdict == CONFLICT
+                        continue
                 found.append(stored)
                 if len(found) >= limit:
                     break
         for stored in expired:  # lazily, on access
             self._expire(stored)
-        return found
+        return found, conflicted
 
     def _expire(self, stored: StoredEntry) -> None:
         self._remove(stored)
         if self.on_expired is not None:
             self.on_expired(stored.id)
 
-    def _select(self, templates: Sequence[Template], limit: int) -> list[StoredEntry]:
+    def _select(
+        self, templates: Sequence[Template], limit: int, txn: Transaction | None = None, take: bool = False
+    ) -> tuple[list[StoredEntry], bool]:
         now = self._clock.time()
         if len(templates) == 1:
-            return self._matches(templates[0], limit, now)
-        matches = (stored for template in templates for stored in self._matches(template, limit, now))
-        return self._in_space_order(matches)[:limit]
+            return self._matches(templates[0], limit, now, txn, take)
+        conflicted = False
+        matches: list[StoredEntry] = []
+        for template in templates:
+            found, skipped = self._matches(template, limit, now, txn, take)
+            matches.extend(found)
+            conflicted = conflicted or skipped
+        return self._in_space_order(matches)[:limit], conflicted
 
     def _members(self, bucket: Bucket) -> Iterable[StoredEntry]:
         """A bucket's entries in the space's order (oldest first when FIFO)."""
@@ -401,25 +438,57 @@ class SpaceEngine:
         merged = {stored.id: stored for stored in entries}
         return sorted(merged.values(), key=_arrival, reverse=not self.settings.fifo)
 
-    def find(self, templates: Sequence[Template], *, take: bool, max_entries: int = 1) -> list[StoredEntry]:
-        """Up to `max_entries` entries matching any template, now; removed from the space if `take`."""
-        found = self._select(templates, max_entries)
-        if take:
-            for stored in found:
-                self._remove(stored)
-        return found
+    def find(
+        self,
+        templates: Sequence[Template],
+        *,
+        take: bool,
+        max_entries: int = 1,
+        txn: Transaction | None = None,
+    ) -> list[StoredEntry]:
+        """Up to `max_entries` entries matching any template, now; removed from the space if `take`
+        (under `txn`: take-locked, or read-locked if not `take`)."""
+        return self.find_locked(templates, take=take, max_entries=max_entries, txn=txn)[0]
+
+    def find_locked(
+        self,
+        templates: Sequence[Template],
+        *,
+        take: bool,
+        max_entries: int = 1,
+        txn: Transaction | None = None,
+    ) -> tuple[list[StoredEntry], bool]:
+        """`find`, and whether some match was skipped for another transaction's lock: a blocked
+        call parks then, and an `*_nowait` call waits for that transaction (see `Waiter`)."""
+        if txn is not None:
+            self._check_active(txn)
+        found, conflicted = self._select(templates, max_entries, txn, take)
+        for stored in found:
+            if txn is None:
+                if take:
+                    self._remove(stored)
+            elif take:
+                self._lock_take(txn, stored)
+            else:
+                self._lock_read(txn, stored)
+        return found, conflicted
 
     def park(self, waiter: Waiter) -> None:
         """Park a read or take that found nothing; a matching write will `deliver` to it."""
         self._waiters.add(waiter)
+        if waiter.if_exists:
+            self._if_exists[waiter.seq] = waiter
 
     def unpark(self, waiter: Waiter) -> None:
         """Forget a waiter (its deadline passed or its call was cancelled)."""
         self._waiters.remove(waiter)
+        self._if_exists.pop(waiter.seq, None)
 
-    def snapshot(self, templates: Sequence[Template], max_entries: int = 0) -> list[StoredEntry]:
+    def snapshot(
+        self, templates: Sequence[Template], max_entries: int = 0, txn: Transaction | None = None
+    ) -> list[StoredEntry]:
         """The entries matching any template now, in the space's order: what contents streams."""
-        visible = [stored for stored in self.candidates(templates) if self.visible(templates, stored)]
+        visible = [stored for stored in self.candidates(templates) if self.visible(templates, stored, txn)]
         return visible[: max_entries or None]
 
     def candidates(self, templates: Sequence[Template]) -> list[StoredEntry]:
@@ -431,24 +500,32 @@ class SpaceEngine:
             return list(self._members(buckets[0]))
         return self._in_space_order(stored for bucket in buckets for stored in self._members(bucket))
 
-    def visible(self, templates: Sequence[Template], stored: StoredEntry) -> bool:
-        """Whether a candidate is still in the space, unexpired, and matches a template."""
-        return self.is_live(stored) and any(template.matches(stored) for template in templates)
+    def visible(
+        self, templates: Sequence[Template], stored: StoredEntry, txn: Transaction | None = None
+    ) -> bool:
+        """Whether a candidate is still in the space, unexpired, matches a template, and may be
+        read by `txn` (None: no transaction)."""
+        lock = stored.lock
+        return (
+            self.is_live(stored)
+            and any(template.matches(stored) for template in templates)
+            and (lock is None or read_access(lock, txn) == OK)
+        )
 
     def is_live(self, stored: StoredEntry) -> bool:
         """Whether a snapshot's entry is still in the space (not taken, cancelled or expired)."""
         return stored.id in self._entries and not self._expired(stored, self._clock.time())
 
-    def count(self, templates: Sequence[Template]) -> int:
-        """How many entries match any template now."""
+    def count(self, templates: Sequence[Template], txn: Transaction | None = None) -> int:
+        """How many entries match any template now, that `txn` (None: no transaction) may read."""
         # A bucket's size is the answer only while it holds nothing expired. Reap a bounded batch
         # (never all of a mass expiry in one request); if leases are still due, count by walking
         # the candidates, which skips and drops the expired ones it meets.
         settled = self.reap(_COUNT_REAP_BATCH) < _COUNT_REAP_BATCH  # fewer than asked: none left due
-        if settled and len(templates) == 1 and _bucket_is_exact(templates[0]):
+        if settled and not self._locked and len(templates) == 1 and _bucket_is_exact(templates[0]):
             bucket = self._bucket(templates[0])
             return 0 if bucket is None else _size(bucket)
-        return len(self._select(templates, len(self._entries) or 1))
+        return len(self._select(templates, len(self._entries) or 1, txn)[0])
 
     # ------------------------------------------------------------------ notify
 
@@ -458,10 +535,17 @@ class SpaceEngine:
         lease: float | None,
         on_event: Callable[[int, StoredEntry], None],
         on_end: Callable[[], None],
+        txn: Transaction | None = None,
     ) -> tuple[Registration, LeaseGrant]:
-        """Register for an event per matching write until the lease ends or is cancelled."""
+        """Register for an event per matching write until the lease ends or is cancelled. Under
+        `txn` it also hears of that transaction's own writes, and ends when the transaction does."""
+        if txn is not None:
+            self._check_active(txn)
         expires_at, granted = self._grant(lease, self._clock.time())
         registration = Registration(self._new_id(), templates, on_event, on_end, expires_at)
+        if txn is not None:
+            registration.txn = txn
+            txn.registrations.add(registration.seq)
         self._registrations.add(registration)
         self._registration_by_id[registration.seq] = registration
         self._move_expiry(registration.seq, None, expires_at)
@@ -513,9 +597,13 @@ class SpaceEngine:
         now = self._clock.time()
         expires_at, granted = self._grant(lease, now)
         stored = self._entries.get(lease_id)
+        txn = self._transactions.get(lease_id)
         if stored is not None and not self._expired(stored, now):
             self._move_expiry(lease_id, stored.expires_at, expires_at)
             stored.expires_at = expires_at
+        elif txn is not None and not self._expired_transaction(txn, now):
+            self._move_expiry(lease_id, txn.expires_at, expires_at)
+            txn.expires_at = expires_at
         else:
             registration = self._registration_by_id.get(lease_id)
             if registration is None or (
@@ -527,12 +615,17 @@ class SpaceEngine:
         return LeaseGrant(lease_id, expires_at, granted)
 
     def cancel(self, lease_id: int) -> StoredEntry | None:
-        """End a lease now: its entry leaves the space (and is returned), or its registration ends."""
+        """End a lease now: its entry leaves the space (and is returned), its registration ends, or
+        its transaction aborts."""
         now = self._clock.time()
         stored = self._entries.get(lease_id)
         if stored is not None and not self._expired(stored, now):
             self._remove(stored)
             return stored
+        txn = self._transactions.get(lease_id)
+        if txn is not None and not self._expired_transaction(txn, now):
+            self.abort(txn)
+            return None
         registration = self._registration_by_id.get(lease_id)
         if registration is None or (registration.expires_at is not None and registration.expires_at <= now):
             raise LeaseNotFoundError(f"lease {lease_id} in space {self.name!r} is unknown or has ended")
@@ -545,6 +638,9 @@ class SpaceEngine:
         stored = self._entries.get(lease_id)
         if stored is not None:
             return stored.expires_at
+        txn = self._transactions.get(lease_id)
+        if txn is not None:
+            return txn.expires_at
         registration = self._registration_by_id.get(lease_id)
         if registration is None:
             raise LeaseNotFoundError(f"lease {lease_id} in space {self.name!r} is unknown or has ended")
@@ -574,6 +670,10 @@ class SpaceEngine:
             if stored is not None:
                 self._expire(stored)
                 continue
+            txn = self._transactions.get(lease_id)
+            if txn is not None:
+                self.abort(txn)  # a transaction whose lease runs out aborts
+                continue
             registration = self._registration_by_id.get(lease_id)
             if registration is not None:
                 self._end(registration)
@@ -601,4 +701,177 @@ class SpaceEngine:
             waiters=len(self._waiters),
             registrations=len(self._registration_by_id),
             types=len(self._types),
+            transactions=len(self._transactions),
+            locked=self._locked,
         )
+
+    # ------------------------------------------------------------------ transactions
+
+    def begin(self, lease: float | None) -> tuple[Transaction, LeaseGrant]:
+        """Open a transaction under a lease (its id is a lease id of the space); it aborts when
+        the lease runs out."""
+        expires_at, granted = self._grant(lease, self._clock.time())
+        txn = Transaction(self._new_id(), expires_at)
+        self._transactions[txn.id] = txn
+        self._move_expiry(txn.id, None, expires_at)
+        return txn, LeaseGrant(txn.id, expires_at, granted)
+
+    def transaction(self, transaction_id: int) -> Transaction:
+        """The active transaction with this id; TransactionNotFoundError if it has ended."""
+        txn = self._transactions.get(transaction_id)
+        if txn is None or self._expired_transaction(txn, self._clock.time()):
+            raise TransactionNotFoundError(
+                f"transaction {transaction_id} in space {self.name!r} is unknown or has ended "
+                "(committed, aborted, or its lease ran out)"
+            )
+        return txn
+
+    def _check_active(self, txn: Transaction) -> None:
+        if not txn.active or self._transactions.get(txn.id) is not txn:
+            raise TransactionNotFoundError(f"transaction {txn.id} in space {self.name!r} has ended")
+        if self._expired_transaction(txn, self._clock.time()):
+            self.abort(txn)
+            raise TransactionNotFoundError(f"transaction {txn.id} in space {self.name!r} ran out of lease")
+
+    @staticmethod
+    def _expired_transaction(txn: Transaction, now: float) -> bool:
+        return txn.expires_at is not None and txn.expires_at <= now
+
+    def commit(self, txn: Transaction) -> TransactionOutcome:
+        """Make the transaction's writes visible to all and its takes final, release its read
+        locks, and end its notify registrations; then offer what became usable to waiters."""
+        self._check_active(txn)
+        written, taken, read = self._close(txn, TransactionState.COMMITTED)
+        for stored in taken:
+            self._remove(stored)
+        for stored in written:
+            self._release(stored, writer=txn)
+        for stored in written:
+            if stored.id in self._entries:  # not expired or cancelled meanwhile
+                self._publish(stored)
+        self._settle(txn, [*written, *read])
+        outcome = TransactionOutcome(txn, [s for s in written if s.id in self._entries], taken)
+        if self.on_transaction_end is not None:
+            self.on_transaction_end(outcome)
+        return outcome
+
+    def abort(self, txn: Transaction) -> TransactionOutcome:
+        """Discard the transaction's writes, put back what it took, release its read locks, and end
+        its notify registrations; then offer what became usable again to waiters."""
+        if not txn.active or self._transactions.get(txn.id) is not txn:
+            raise TransactionNotFoundError(f"transaction {txn.id} in space {self.name!r} has ended")
+        written, taken, read = self._close(txn, TransactionState.ABORTED)
+        for stored in written:
+            self._remove(stored)
+        for stored in taken:
+            self._release(stored, taker=txn)
+        self._settle(txn, [*taken, *read])
+        outcome = TransactionOutcome(txn, [], [s for s in taken if s.id in self._entries])
+        if self.on_transaction_end is not None:
+            self.on_transaction_end(outcome)
+        return outcome
+
+    def _close(
+        self, txn: Transaction, state: TransactionState
+    ) -> tuple[list[StoredEntry], list[StoredEntry], list[StoredEntry]]:
+        """End `txn`: its lease, its registrations and its read locks. Returns what it had written,
+        taken and read."""
+        txn.state = state
+        del self._transactions[txn.id]
+        self._move_expiry(txn.id, txn.expires_at, None)
+        for registration_id in list(txn.registrations):
+            registration = self._registration_by_id.get(registration_id)
+            if registration is not None:
+                self._end(registration)
+        written, taken, read = (
+            list(txn.written.values()),
+            list(txn.taken.values()),
+            list(txn.read_locked.values()),
+        )
+        for stored in read:
+            self._release(stored, reader=txn)
+        return written, taken, read
+
+    def _settle(self, txn: Transaction, usable: list[StoredEntry]) -> None:
+        """After `txn` ended: offer the entries it unlocked to waiters, then end the if_exists
+        waiters that have nothing locked left to wait for."""
+        now = self._clock.time()
+        for stored in usable:
+            if stored.id in self._entries and stored.lock is None and not self._expired(stored, now):
+                self._offer(stored)
+        for waiter in list(self._if_exists.values()):
+            if not self._select(waiter.templates, 1 << 62, waiter.txn, waiter.take)[1]:
+                self.unpark(waiter)
+                waiter.deliver([])
+
+    def _lock(self, stored: StoredEntry) -> EntryLock:
+        lock = stored.lock
+        if lock is None:
+            lock = stored.lock = EntryLock()
+            self._locked += 1
+        return lock
+
+    def _unlock_if_free(self, stored: StoredEntry) -> None:
+        lock = stored.lock
+        if lock is not None and lock.empty():
+            stored.lock = None
+            self._locked -= 1
+
+    def _lock_read(self, txn: Transaction, stored: StoredEntry) -> None:
+        lock = stored.lock
+        if lock is not None and lock.writer is txn:
+            return  # its own write: nobody else can see it anyway
+        self._lock(stored).readers.add(txn)
+        txn.read_locked[stored.id] = stored
+
+    def _lock_take(self, txn: Transaction, stored: StoredEntry) -> None:
+        lock = stored.lock
+        if lock is not None and lock.writer is txn:  # its own write, taken back: as if never written
+            if stored.id in self._entries:
+                self._remove(stored)
+            else:  # handed straight from the write to its own parked take
+                self._detach(stored)
+            return
+        if stored.id not in self._entries:
+            self._insert(stored)  # handed straight from a write: it must stay until commit or abort
+        lock = self._lock(stored)
+        lock.taker = txn
+        if txn in lock.readers:
+            lock.readers.discard(txn)
+            txn.read_locked.pop(stored.id, None)
+        txn.taken[stored.id] = stored
+
+    def _release(
+        self,
+        stored: StoredEntry,
+        *,
+        writer: Transaction | None = None,
+        taker: Transaction | None = None,
+        reader: Transaction | None = None,
+    ) -> None:
+        lock = stored.lock
+        if lock is None:
+            return
+        if writer is not None and lock.writer is writer:
+            lock.writer = None
+            writer.written.pop(stored.id, None)
+        if taker is not None and lock.taker is taker:
+            lock.taker = None
+            taker.taken.pop(stored.id, None)
+        if reader is not None:
+            lock.readers.discard(reader)
+            reader.read_locked.pop(stored.id, None)
+        self._unlock_if_free(stored)
+
+    def _detach(self, stored: StoredEntry) -> None:
+        """An entry leaves the space (expired, cancelled, taken for good): drop its locks."""
+        lock = stored.lock
+        assert lock is not None
+        if lock.writer is not None:
+            lock.writer.written.pop(stored.id, None)
+        if lock.taker is not None:
+            lock.taker.taken.pop(stored.id, None)
+        for reader in lock.readers:
+            reader.read_locked.pop(stored.id, None)
+        stored.lock = None
+        self._locked -= 1

@@ -1,0 +1,122 @@
+"""Transactions in one space: their state, the locks they hold on entries, and the lock table.
+
+A transaction is leased, like an entry; while it is active it holds locks:
+
+- a **write lock** on each entry it wrote: the entry is in the space (it counts against the quota)
+  but only the writing transaction sees it, until commit;
+- a **take lock** on each entry it took: nobody sees it any more, the taker included; commit
+  removes it for good, abort puts it back;
+- a **read lock** on each entry it read: others may still read it, but only a transaction that is
+  its sole reader may take it.
+
+The table (Outrigger's, from ../shared/reference/javaspaces-semantics.md) says, for an entry's
+`EntryLock` and the transaction asking (None for an operation under no transaction), whether the
+entry is `OK` to use, `HIDDEN` (as if it were not there), or in `CONFLICT` (it may become usable
+when the locking transaction ends, so a blocked call waits, and an `*_nowait` call waits only
+for such entries):
+
+| lock on the entry | read, by the holder | read, by another | take, by the holder   | take, by another |
+|-------------------|---------------------|------------------|-----------------------|------------------|
+| none              | OK                  | OK               | OK                    | OK               |
+| write-locked      | OK                  | CONFLICT         | OK                    | CONFLICT         |
+| take-locked       | HIDDEN              | CONFLICT         | HIDDEN                | CONFLICT         |
+| read-locked       | OK                  | OK               | OK if the sole reader | CONFLICT         |
+
+Plain data and two pure functions: the engine (space.py) applies them.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from outrig.service.engine.model import StoredEntry
+
+__all__ = [
+    "CONFLICT",
+    "HIDDEN",
+    "OK",
+    "EntryLock",
+    "Transaction",
+    "TransactionState",
+    "read_access",
+    "take_access",
+]
+
+OK: Final = 0
+HIDDEN: Final = 1
+CONFLICT: Final = 2
+
+
+class TransactionState(enum.Enum):
+    ACTIVE = "active"
+    COMMITTED = "committed"
+    ABORTED = "aborted"
+
+
+class Transaction:
+    """An open transaction of one space and what it holds. Its id is a lease id of the space."""
+
+    __slots__ = ("expires_at", "id", "read_locked", "registrations", "state", "taken", "written")
+
+    def __init__(self, transaction_id: int, expires_at: float | None) -> None:
+        self.id = transaction_id
+        self.expires_at = expires_at
+        self.state = TransactionState.ACTIVE
+        self.written: dict[int, StoredEntry] = {}  # write-locked: visible to this transaction only
+        self.taken: dict[int, StoredEntry] = {}  # take-locked: gone for everyone until commit or abort
+        self.read_locked: dict[int, StoredEntry] = {}
+        self.registrations: set[int] = set()  # notify registrations made under it
+
+    @property
+    def active(self) -> bool:
+        return self.state is TransactionState.ACTIVE
+
+    def __repr__(self) -> str:
+        return (
+            f"Transaction({self.id}, {self.state.value}, written={len(self.written)}, "
+            f"taken={len(self.taken)}, read={len(self.read_locked)})"
+        )
+
+
+class EntryLock:
+    """The locks on one entry. An entry without any has ``lock = None``: the common case costs one
+    attribute test on the matching path."""
+
+    __slots__ = ("readers", "taker", "writer")
+
+    def __init__(self) -> None:
+        self.writer: Transaction | None = None
+        self.taker: Transaction | None = None
+        self.readers: set[Transaction] = set()
+
+    def empty(self) -> bool:
+        return self.writer is None and self.taker is None and not self.readers
+
+    def __repr__(self) -> str:
+        readers = sorted(t.id for t in self.readers)
+        writer = self.writer.id if self.writer else None
+        taker = self.taker.id if self.taker else None
+        return f"EntryLock(writer={writer}, taker={taker}, readers={readers})"
+
+
+def read_access(lock: EntryLock, txn: Transaction | None) -> int:
+    """May ``txn`` (None: no transaction) read an entry with this lock: OK, HIDDEN or CONFLICT."""
+    if lock.taker is not None:
+        return HIDDEN if lock.taker is txn else CONFLICT
+    if lock.writer is not None and lock.writer is not txn:
+        return CONFLICT
+    return OK
+
+
+def take_access(lock: EntryLock, txn: Transaction | None) -> int:
+    """May ``txn`` (None: no transaction) take an entry with this lock: OK, HIDDEN or CONFLICT."""
+    if lock.taker is not None:
+        return HIDDEN if lock.taker is txn else CONFLICT
+    if lock.writer is not None and lock.writer is not txn:
+        return CONFLICT
+    readers = lock.readers
+    if readers and (len(readers) > 1 or txn not in readers):
+        return CONFLICT
+    return OK
