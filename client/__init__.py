@@ -44,7 +44,7 @@ from outrig._exceptions import (
     UnimplementedError,
     UnknownStatusError,
 )
-from outrig._sync import Lease, Notification, Space, connect
+from outrig._sync import Lease, Notification, Space, Transaction, connect
 from outrig._tls import TLS
 
 try:
@@ -76,6 +76,7 @@ __all__ = [
     "PermissionDeniedError",
     "ResourceExhaustedError",
     "Space",
+    "Transaction",
     "UnauthenticatedError",
     "UnavailableError",
     "UnimplementedError",

@@ -245,7 +245,7 @@ class _StubWithMetadata:
 
 _RPC_NAMES = (
     "Write", "WriteMany", "Read", "Take", "ReadMany", "TakeMany", "Contents", "Count", "Notify",
-    "RenewLeases", "CancelLeases",
+    "RenewLeases", "CancelLeases", "Begin", "Commit", "Abort",
 )  # fmt: skip
 
 
@@ -268,6 +268,7 @@ class BaseSpace:
         self._owns_channel = owns_channel
         self._retry_policy = RetryPolicy.with_deadline(retry_deadline)
         self._retry_counter = RetryCounter()
+        self._transaction = 0  # the transaction a view made by `_under` acts under; 0: none
 
     @property
     def name(self) -> str:
@@ -292,6 +293,21 @@ class BaseSpace:
         space._owns_channel = False
         return space
 
+    def _under(self, transaction: int) -> Self:
+        """A view of this space whose calls act under `transaction` (sharing everything else)."""
+        view = copy.copy(self)
+        view._owns_channel = False
+        view._transaction = transaction
+        return view
+
+    def _begin_request(self, lease: LeaseArg) -> pb.BeginRequest:
+        request = pb.BeginRequest(space=self._name)
+        _fill_lease(request.lease, lease)
+        return request
+
+    def _end_request(self, transaction: int) -> pb.EndRequest:
+        return pb.EndRequest(space=self._name, transaction=transaction)
+
     def _may_reattach(self) -> bool:
         """Whether a broken notify stream may be reattached; if so, that counts as a retry."""
         if self._retry_policy.deadline <= 0:
@@ -312,13 +328,17 @@ class BaseSpace:
         return new_request_id() if self._retry_policy.deadline > 0 else ""
 
     def _write_request(self, entry: AnyEntry, lease: LeaseArg) -> pb.WriteRequest:
-        request = pb.WriteRequest(space=self._name, request_id=self._request_id())
+        request = pb.WriteRequest(
+            space=self._name, request_id=self._request_id(), transaction=self._transaction
+        )
         encode_entry_into(request.entry, entry)
         _fill_lease(request.lease, lease)
         return request
 
     def _write_many_request(self, entries: Iterable[AnyEntry], lease: LeaseArg) -> pb.WriteManyRequest:
-        request = pb.WriteManyRequest(space=self._name, request_id=self._request_id())
+        request = pb.WriteManyRequest(
+            space=self._name, request_id=self._request_id(), transaction=self._transaction
+        )
         for entry in entries:
             encode_entry_into(request.entries.add(), entry)
         _fill_lease(request.lease, lease)
@@ -337,6 +357,7 @@ class BaseSpace:
             timeout=None if timeout is None else _check_seconds(timeout, "timeout"),
             if_exists=if_exists,
             max_entries=_check_count(max_entries, "max_entries"),
+            transaction=self._transaction,
         )
         _fill_templates(request.templates, templates)
         return request
@@ -356,17 +377,21 @@ class BaseSpace:
         return request
 
     def _contents_request(self, templates: Templates, max_entries: int) -> pb.ContentsRequest:
-        request = pb.ContentsRequest(space=self._name, max_entries=_check_count(max_entries, "max_entries"))
+        request = pb.ContentsRequest(
+            space=self._name,
+            max_entries=_check_count(max_entries, "max_entries"),
+            transaction=self._transaction,
+        )
         _fill_templates(request.templates, templates)
         return request
 
     def _count_request(self, templates: Templates) -> pb.CountRequest:
-        request = pb.CountRequest(space=self._name)
+        request = pb.CountRequest(space=self._name, transaction=self._transaction)
         _fill_templates(request.templates, templates)
         return request
 
     def _notify_request(self, templates: Templates, lease: LeaseArg) -> pb.NotifyRequest:
-        request = pb.NotifyRequest(space=self._name)
+        request = pb.NotifyRequest(space=self._name, transaction=self._transaction)
         _fill_templates(request.templates, templates)
         _fill_lease(request.lease, lease)
         return request

@@ -6,6 +6,7 @@ asyncio twin in `outrig.aio` shares.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Generator, Iterable, Sequence
 from types import TracebackType
@@ -33,11 +34,11 @@ from outrig._base import (
     rpc_errors,
 )
 from outrig._codec import AnyEntry, decode_entries
-from outrig._exceptions import CallCancelledError, UnavailableError
+from outrig._exceptions import CallCancelledError, OutrigError, UnavailableError
 from outrig._tls import TLS, channel_credentials, token_metadata
 from outrig.v1 import space_pb2 as pb
 
-__all__ = ["Lease", "Notification", "Space", "connect"]
+__all__ = ["Lease", "Notification", "Space", "Transaction", "connect"]
 
 Request = TypeVar("Request", bound=Message)
 Reply = TypeVar("Reply")
@@ -156,9 +157,14 @@ class Space(BaseSpace):
         reply: pb.MatchReply = self._call(self._stub.Read, self._match_request(templates, timeout))
         return first_entry(reply)
 
-    def read_nowait(self, templates: Templates) -> AnyEntry | None:
-        """Return a copy of an entry that matches now, or None (JavaSpaces ``readIfExists``)."""
-        reply: pb.MatchReply = self._call(self._stub.Read, self._match_request(templates, 0, if_exists=True))
+    def read_nowait(self, templates: Templates, timeout: float | None = 0.0) -> AnyEntry | None:
+        """Return a copy of an entry that matches now, or None (JavaSpaces ``readIfExists``).
+
+        If the only matches are locked by transactions, wait up to ``timeout`` seconds (None:
+        without limit) for those transactions to end; by default, not at all.
+        """
+        request = self._match_request(templates, timeout, if_exists=True)
+        reply: pb.MatchReply = self._call(self._stub.Read, request)
         return first_entry(reply)
 
     def take(self, templates: Templates, timeout: float | None = None) -> AnyEntry | None:
@@ -170,9 +176,14 @@ class Space(BaseSpace):
         reply: pb.MatchReply = self._call(self._stub.Take, self._take_request(templates, timeout))
         return first_entry(reply)
 
-    def take_nowait(self, templates: Templates) -> AnyEntry | None:
-        """Remove and return an entry that matches now, or None (JavaSpaces ``takeIfExists``)."""
-        reply: pb.MatchReply = self._call(self._stub.Take, self._take_request(templates, 0, if_exists=True))
+    def take_nowait(self, templates: Templates, timeout: float | None = 0.0) -> AnyEntry | None:
+        """Remove and return an entry that matches now, or None (JavaSpaces ``takeIfExists``).
+
+        If the only matches are locked by transactions, wait up to ``timeout`` seconds (None:
+        without limit) for those transactions to end; by default, not at all.
+        """
+        request = self._take_request(templates, timeout, if_exists=True)
+        reply: pb.MatchReply = self._call(self._stub.Take, request)
         return first_entry(reply)
 
     def read_many(
@@ -269,6 +280,18 @@ class Space(BaseSpace):
         leases = list(leases)
         reply: pb.CancelLeasesReply = self._call(self._stub.CancelLeases, self._cancel_request(leases))
         return lease_results(leases, reply.results, renewed=False)
+
+    def transaction(self, lease: LeaseArg = 30.0) -> Transaction:
+        """Begin a transaction of this space under a lease (seconds, default 30), and return it.
+
+        Use it as a context manager: it commits when the block ends normally and aborts when the
+        block raises. Its methods are the space's, acting under the transaction: its writes stay
+        invisible to others until it commits, what it reads others may read but not take, and what
+        it takes nobody else sees; abort undoes all of it. If the client disappears, the
+        transaction aborts when its lease runs out: `Transaction.renew` it for longer work.
+        """
+        grant: pb.BeginReply = self._call(self._stub.Begin, self._begin_request(lease))
+        return Transaction(self, Lease(self, grant.transaction))
 
     def _call(self, method: Callable[[Request], Reply], request: Request) -> Reply:
         """Make a unary call, retrying it on UNAVAILABLE as long as the retry policy allows."""
@@ -412,3 +435,100 @@ class Notification:
         self._closed = True
         if self._call is not None:
             self._call.cancel()
+
+
+class Transaction:
+    """An open transaction of one space (see `Space.transaction`).
+
+    ``write``, ``write_many``, ``read``, ``read_nowait``, ``take``, ``take_nowait``,
+    ``read_many``, ``take_many``, ``contents``, ``count`` and ``notify`` behave as the space's
+    own, under the transaction. An operation blocked by another transaction's lock waits, up to
+    its timeout, for that transaction to end; ``read_nowait`` and ``take_nowait`` wait only for
+    such locks. A notify registration made here also hears of this transaction's own writes, and
+    ends with it.
+    """
+
+    def __init__(self, space: Space, lease: Lease) -> None:
+        self._space = space
+        self._under = space._under(lease.id)
+        self.lease = lease
+        self._ended = False
+
+    @property
+    def id(self) -> int:
+        """The transaction's id (a lease id of its space)."""
+        return self.lease.id
+
+    def __enter__(self) -> Transaction:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._ended:
+            return
+        if kind is None:
+            self.commit()
+            return
+        # The block's own error matters more; if the abort fails, the lease ends the transaction.
+        with contextlib.suppress(OutrigError):
+            self.abort()
+
+    def __repr__(self) -> str:
+        return f"Transaction(id={self.id}, space={self._space.name!r}, ended={self._ended})"
+
+    def commit(self) -> None:
+        """Make the writes visible and the takes final, all together (durably, on a durable server).
+        `FailedPreconditionError` if the transaction had aborted (its lease ran out, say)."""
+        self._space._call(self._space._stub.Commit, self._space._end_request(self.id))
+        self._ended = True
+
+    def abort(self) -> None:
+        """Discard the writes and put back what was taken."""
+        self._space._call(self._space._stub.Abort, self._space._end_request(self.id))
+        self._ended = True
+
+    def renew(self, lease: LeaseArg = 30.0) -> Lease:
+        """Extend the transaction's lease to ``lease`` seconds from now."""
+        return self.lease.renew(lease)
+
+    def write(self, entry: AnyEntry, lease: LeaseArg = ANY) -> Lease:
+        return self._under.write(entry, lease)
+
+    def write_many(self, entries: Iterable[AnyEntry], lease: LeaseArg = ANY) -> list[Lease]:
+        return self._under.write_many(entries, lease)
+
+    def read(self, templates: Templates, timeout: float | None = None) -> AnyEntry | None:
+        return self._under.read(templates, timeout)
+
+    def read_nowait(self, templates: Templates, timeout: float | None = 0.0) -> AnyEntry | None:
+        """A match now; if the only matches are locked by other transactions, wait up to
+        ``timeout`` seconds (None: until they end) for them to end."""
+        return self._under.read_nowait(templates, timeout)
+
+    def take(self, templates: Templates, timeout: float | None = None) -> AnyEntry | None:
+        return self._under.take(templates, timeout)
+
+    def take_nowait(self, templates: Templates, timeout: float | None = 0.0) -> AnyEntry | None:
+        """As `read_nowait`, taking."""
+        return self._under.take_nowait(templates, timeout)
+
+    def read_many(
+        self, templates: Templates, *, max_entries: int, timeout: float | None = None
+    ) -> list[AnyEntry]:
+        return self._under.read_many(templates, max_entries=max_entries, timeout=timeout)
+
+    def take_many(
+        self, templates: Templates, *, max_entries: int, timeout: float | None = None
+    ) -> list[AnyEntry]:
+        return self._under.take_many(templates, max_entries=max_entries, timeout=timeout)
+
+    def contents(self, templates: Templates, *, max_entries: int = 0) -> Generator[AnyEntry, None, None]:
+        """The matching entries this transaction may read, which it then holds read-locked."""
+        return self._under.contents(templates, max_entries=max_entries)
+
+    def count(self, templates: Templates) -> int:
+        return self._under.count(templates)
+
+    def notify(self, templates: Templates, lease: LeaseArg = ANY) -> Notification:
+        return self._under.notify(templates, lease)

@@ -47,10 +47,17 @@ class SpaceBackend(Protocol):
         """The server has stopped (in-flight calls are done): flush and release the store."""
 
     async def write(
-        self, space: str, entries: Sequence[NewEntry], lease: float | None, *, request_id: str = ""
+        self,
+        space: str,
+        entries: Sequence[NewEntry],
+        lease: float | None,
+        *,
+        request_id: str = "",
+        transaction: int = 0,
     ) -> list[LeaseGrant]:
         """Store all entries or none; lease in seconds, math.inf = FOREVER, None = the default.
-        A request id seen before (in the window) returns the first call's grants."""
+        A request id seen before (in the window) returns the first call's grants. Under a
+        `transaction` (its id; 0: none) the entries are seen by it alone until it commits."""
 
     async def match(
         self,
@@ -62,19 +69,28 @@ class SpaceBackend(Protocol):
         timeout: float | None,
         if_exists: bool,
         request_id: str = "",
+        transaction: int = 0,
     ) -> list[StoredEntry]:
         """Read or take up to max_entries matches, waiting up to timeout (None: forever) for one.
-        A take's request id seen before (in the window) returns the first call's entries."""
+        A take's request id seen before (in the window) returns the first call's entries.
+        `if_exists` waits only while the matches it could use are locked by other transactions.
+        Under a `transaction`, what it reads is read-locked and what it takes take-locked."""
 
     def contents(
-        self, space: str, templates: Sequence[Template], max_entries: int
+        self, space: str, templates: Sequence[Template], max_entries: int, transaction: int = 0
     ) -> AsyncIterator[list[StoredEntry]]:
         """The visible matches, in chunks, in arrival order; 0 = no limit."""
 
-    async def count(self, space: str, templates: Sequence[Template]) -> int: ...
+    async def count(self, space: str, templates: Sequence[Template], transaction: int = 0) -> int: ...
 
     async def subscribe(
-        self, space: str, templates: Sequence[Template], lease: float | None, *, resume: int | None = None
+        self,
+        space: str,
+        templates: Sequence[Template],
+        lease: float | None,
+        *,
+        resume: int | None = None,
+        transaction: int = 0,
     ) -> Subscription:
         """Register for an event per matching write, or attach to registration `resume`."""
 
@@ -85,3 +101,13 @@ class SpaceBackend(Protocol):
 
     async def cancel(self, space: str, lease_ids: Sequence[int]) -> list[SpaceError | None]:
         """Cancel each lease, reporting each one's error (None when it was cancelled)."""
+
+    async def begin(self, space: str, lease: float | None) -> LeaseGrant:
+        """Open a transaction of the space under a lease; its id is the lease's."""
+
+    async def commit(self, space: str, transaction: int) -> None:
+        """Commit: its writes become visible and its takes final, durably all together. A retry
+        of a commit that happened is OK; TransactionAbortedError if it aborted."""
+
+    async def abort(self, space: str, transaction: int) -> None:
+        """Abort: its writes vanish and what it took is back."""

@@ -209,7 +209,8 @@ def templates(messages: Sequence[pb.Template], limits: Limits) -> tuple[Template
 
 
 def lease_duration(
-    request: pb.WriteRequest | pb.WriteManyRequest | pb.NotifyRequest | pb.LeaseRenewal, field: str = "lease"
+    request: pb.WriteRequest | pb.WriteManyRequest | pb.NotifyRequest | pb.LeaseRenewal | pb.BeginRequest,
+    field: str = "lease",
 ) -> float | None:
     """Requested seconds; math.inf for FOREVER; None for the space's default (Lease.ANY)."""
     if not request.HasField(field):

@@ -26,12 +26,15 @@ from outrig.service.config import ServerConfig
 from outrig.service.engine.clock import Clock, SystemClock
 from outrig.service.engine.model import LeaseGrant, NewEntry, StoredEntry, Template, Waiter
 from outrig.service.engine.space import SpaceEngine
+from outrig.service.engine.transactions import Transaction, TransactionState
 from outrig.service.exceptions import (
     LeaseNotFoundError,
     QuotaExceededError,
     RegistrationBusyError,
     ShuttingDownError,
     SpaceError,
+    TransactionAbortedError,
+    TransactionNotFoundError,
 )
 from outrig.service.recorder import Recorder
 from outrig.service.requests import Outcome, RequestLog
@@ -44,6 +47,14 @@ log = logging.getLogger("outrig.service")
 
 # Candidates a contents call checks before it lets other requests run.
 _SLICE = 1024
+# Transactions whose end is remembered, so that a retried commit or abort gets its answer.
+_ENDED_REMEMBERED = 100_000
+
+
+def _commit_marker(transaction: int) -> str:
+    """The request id under which a durable commit is recorded, to answer a commit retried
+    across a restart."""
+    return f"outrig:commit:{transaction}"
 
 
 class EmbeddedBackend:
@@ -60,6 +71,7 @@ class EmbeddedBackend:
         self._lock: DataDirLock | None = None
         self._requests = RequestLog(config.request_window, self.clock)
         self._subscriptions: dict[tuple[str, int], EmbeddedSubscription] = {}
+        self._ended_transactions: dict[tuple[str, int], TransactionState] = {}
         self.recovery: RecoveryReport | None = None
 
     @property
@@ -85,6 +97,10 @@ class EmbeddedBackend:
             engine = self._spaces[name] = SpaceEngine(name, self.config.space_settings(name), self.clock)
             if self._recorder is not None:
                 engine.on_expired = lambda entry_id: self.note([("delete", name, entry_id)])
+            # Aborts by lease expiry too, so that a late commit is told it aborted.
+            engine.on_transaction_end = lambda outcome: self._ended(
+                name, outcome.transaction.id, outcome.transaction.state
+            )
         return engine
 
     # ------------------------------------------------------------------ life cycle
@@ -203,8 +219,8 @@ class EmbeddedBackend:
             if outcome.done is not None and not outcome.done.done():
                 await asyncio.shield(outcome.done)  # the first call is still in flight
                 continue
-            if self._recorder is None:
-                return outcome.result
+            if self._recorder is None or outcome.result is not None:
+                return outcome.result  # an in-memory server's, or a call under a transaction's
             return await self._recorder.stored_result(outcome)
 
     @contextlib.contextmanager
@@ -218,27 +234,42 @@ class EmbeddedBackend:
                 self._requests.abandon(outcome)
             raise
 
-    def _acted(self, outcome: Outcome | None, result: Any) -> None:
-        """The first call with a request id acted; an in-memory server keeps its result."""
+    def _acted(self, outcome: Outcome | None, result: Any, *, keep: bool = False) -> None:
+        """The first call with a request id acted; an in-memory server keeps its result, and so
+        does a durable one for a call under a transaction (which the store does not see)."""
         if outcome is not None:
-            self._requests.finish(outcome, None if self._recorder is not None else result)
+            self._requests.finish(outcome, result if keep or self._recorder is None else None)
+
+    @staticmethod
+    def _transaction(engine: SpaceEngine, transaction: int) -> Transaction | None:
+        return engine.transaction(transaction) if transaction else None
 
     # ------------------------------------------------------------------ operations
 
     async def write(
-        self, space: str, entries: Sequence[NewEntry], lease: float | None, *, request_id: str = ""
+        self,
+        space: str,
+        entries: Sequence[NewEntry],
+        lease: float | None,
+        *,
+        request_id: str = "",
+        transaction: int = 0,
     ) -> list[LeaseGrant]:
         if request_id:
             earlier = await self._replay(request_id, space, "write")
             if earlier is not None:
                 return list(earlier)
         engine = self.engine(space)
+        txn = self._transaction(engine, transaction)
         self._check_store()
         outcome = self._requests.begin(request_id, space, "write") if request_id else None
         with self._acting_for(outcome):
-            written, granted = engine.write_entries(entries, lease)
+            written, granted = engine.write_entries(entries, lease, txn)
             grants = [LeaseGrant(stored.id, stored.expires_at, granted) for stored in written]
-            if self._recorder is not None:
+            if self._recorder is not None and txn is not None:
+                # The store learns of the entries at commit; their ids are reserved now.
+                self.note(self._recorder.id_records(space, engine))
+            elif self._recorder is not None:
                 records: list[Record] = [
                     ("put", space, s.id, s.arrival, s.expires_at, s.payload) for s in written
                 ]
@@ -261,7 +292,7 @@ class EmbeddedBackend:
                         )
                     )
                 await self._commit(records, lambda: engine.revoke(written), written, outcome)
-        self._acted(outcome, grants)
+        self._acted(outcome, grants, keep=txn is not None)
         return grants
 
     async def match(
@@ -274,6 +305,7 @@ class EmbeddedBackend:
         timeout: float | None,
         if_exists: bool,
         request_id: str = "",
+        transaction: int = 0,
     ) -> list[StoredEntry]:
         request_id = request_id if take else ""
         if request_id:
@@ -281,17 +313,18 @@ class EmbeddedBackend:
             if earlier is not None:
                 return list(earlier)
         engine = self.engine(space)
+        txn = self._transaction(engine, transaction)
         if take:
             self._check_store()
         outcome = self._requests.begin(request_id, space, "take") if request_id else None
         with self._acting_for(outcome):
-            found = await self._find(engine, templates, take, max_entries, timeout, if_exists)
-            if take and found and self._recorder is not None:
+            found = await self._find(engine, templates, take, max_entries, timeout, if_exists, txn)
+            if take and found and self._recorder is not None and txn is None:
                 await self._commit_take(space, engine, found, outcome)
             elif found and not take and not await self.settled(found):
                 self._check_store()
                 return []
-        self._acted(outcome, found)
+        self._acted(outcome, found, keep=txn is not None)
         return found
 
     async def _commit_take(
@@ -328,10 +361,11 @@ class EmbeddedBackend:
         max_entries: int,
         timeout: float | None,
         if_exists: bool,
+        txn: Transaction | None = None,
     ) -> list[StoredEntry]:
-        found = engine.find(templates, take=take, max_entries=max_entries)
-        # Without transactions no entry is ever locked, so *_nowait has nothing to wait for.
-        if found or if_exists or timeout == 0:
+        found, conflicted = engine.find_locked(templates, take=take, max_entries=max_entries, txn=txn)
+        # *_nowait waits only while the entries it could use are locked by other transactions.
+        if found or timeout == 0 or (if_exists and not conflicted):
             return found
         if self.closing:
             raise ShuttingDownError(SHUTTING_DOWN)
@@ -349,7 +383,15 @@ class EmbeddedBackend:
             future.set_result(entries)
             return True
 
-        waiter = Waiter(engine.new_waiter_seq(), tuple(templates), take, deliver, max_entries)
+        waiter = Waiter(
+            engine.new_waiter_seq(),
+            tuple(templates),
+            take,
+            deliver,
+            max_entries,
+            txn=txn,
+            if_exists=if_exists,
+        )
         engine.park(waiter)
         self._parked.add(future)
         try:
@@ -360,24 +402,30 @@ class EmbeddedBackend:
             return future.result() if future.done() and not future.cancelled() else []
         except asyncio.CancelledError:
             delivered = future.done() and not future.cancelled() and future.exception() is None
-            if take and delivered:
-                engine.restore(future.result())  # the caller is gone: put the entries back
+            if take and delivered:  # the caller is gone: put the entries back
+                if txn is None:
+                    engine.restore(future.result())
+                elif txn.active:
+                    engine.untake(txn, future.result())
             raise
         finally:
             engine.unpark(waiter)
             self._parked.discard(future)
 
     async def contents(
-        self, space: str, templates: Sequence[Template], max_entries: int
+        self, space: str, templates: Sequence[Template], max_entries: int, transaction: int = 0
     ) -> AsyncIterator[list[StoredEntry]]:
         engine = self.engine(space)
+        txn = self._transaction(engine, transaction)
         candidates = engine.candidates(templates)
         chunk = self.config.limits.contents_chunk
         left = max_entries or len(candidates)
         ready: list[StoredEntry] = []
         for start in range(0, len(candidates), _SLICE):
             for stored in candidates[start : start + _SLICE]:
-                if engine.visible(templates, stored):
+                if engine.visible(templates, stored, txn):
+                    if txn is not None:
+                        engine.read_lock(txn, stored)  # what a transaction lists, it has read
                     ready.append(stored)
                     left -= 1
                     if len(ready) == chunk or not left:
@@ -391,18 +439,26 @@ class EmbeddedBackend:
             await self.settled(ready)
             yield ready
 
-    async def count(self, space: str, templates: Sequence[Template]) -> int:
-        number = self.engine(space).count(templates)
+    async def count(self, space: str, templates: Sequence[Template], transaction: int = 0) -> int:
+        engine = self.engine(space)
+        number = engine.count(templates, self._transaction(engine, transaction))
         if self._recorder is not None:
             await self._recorder.caught_up()  # count nothing a crash could take back
         return number
 
     async def subscribe(
-        self, space: str, templates: Sequence[Template], lease: float | None, *, resume: int | None = None
+        self,
+        space: str,
+        templates: Sequence[Template],
+        lease: float | None,
+        *,
+        resume: int | None = None,
+        transaction: int = 0,
     ) -> EmbeddedSubscription:
         engine = self.engine(space)
         if resume is not None:
             return self._resume(space, engine, resume)
+        txn = self._transaction(engine, transaction)
         self._check_store()
         limit = self.config.limits.max_registrations
         if engine.registered >= limit:
@@ -412,13 +468,13 @@ class EmbeddedBackend:
             )
         subscription = EmbeddedSubscription(self, space, engine)
         registration, grant = engine.register(
-            tuple(templates), lease, subscription.on_event, subscription.on_end
+            tuple(templates), lease, subscription.on_event, subscription.on_end, txn
         )
         subscription.registration = registration
         subscription.grant = grant
         subscription.attached = True
         self._subscriptions[(space, registration.seq)] = subscription
-        if self._recorder is not None:
+        if self._recorder is not None and txn is None:  # one under a transaction ends with it
             records: list[Record] = [
                 ("register", space, grant.id, grant.expires_at, codec.templates_bytes(templates), 0),
                 *self._recorder.id_records(space, engine),
@@ -480,6 +536,8 @@ class EmbeddedBackend:
                 results.append(err)
                 continue
             results.append(grant)
+            if engine.is_transaction(lease_id):
+                continue  # a transaction lives in memory only
             previous.append((lease_id, old))
             kind = "registration_expiry" if engine.registration(lease_id) is not None else "entry_expiry"
             records.append((kind, space, lease_id, grant.expires_at))
@@ -499,13 +557,16 @@ class EmbeddedBackend:
         records: list[Record] = []
         removed: list[StoredEntry] = []
         for lease_id in lease_ids:
+            transaction = engine.is_transaction(lease_id)
             try:
                 stored = engine.cancel(lease_id)
             except SpaceError as err:
                 results.append(err)
                 continue
             results.append(None)
-            if stored is not None:
+            if transaction:
+                self._ended(space, lease_id, TransactionState.ABORTED)
+            elif stored is not None:
                 removed.append(stored)
                 records.append(("delete", space, lease_id))
             else:
@@ -513,3 +574,87 @@ class EmbeddedBackend:
         if records:
             await self._commit(records, lambda: engine.restore(removed))
         return results
+
+    # ------------------------------------------------------------------ transactions
+
+    async def begin(self, space: str, lease: float | None) -> LeaseGrant:
+        engine = self.engine(space)
+        self._check_store()
+        _txn, grant = engine.begin(lease)
+        if self._recorder is not None:
+            self.note(self._recorder.id_records(space, engine))  # a transaction's id is never reused
+        return grant
+
+    async def commit(self, space: str, transaction: int) -> None:
+        """Commit: on a durable server, the transaction's writes and takes go to the store in one
+        store transaction, so that a crash keeps all of them or none."""
+        engine = self.engine(space)
+        txn = self._ended_or_active(space, engine, transaction, TransactionState.COMMITTED)
+        if txn is None:
+            return  # committed already: a retry
+        self._check_store()
+        result = engine.commit(txn)
+        self._ended(space, transaction, TransactionState.COMMITTED)
+        if self._recorder is None:
+            return
+        outcome = self._requests.begin(_commit_marker(transaction), space, "commit")
+        records: list[Record] = [
+            ("put", space, s.id, s.arrival, s.expires_at, s.payload) for s in result.written
+        ]
+        records += [
+            ("type", space, name, json.dumps(list(stored.lineage[depth + 1 :])))
+            for stored in result.written
+            for depth, name in enumerate(stored.lineage)
+        ]
+        records += [("delete", space, stored.id) for stored in result.taken]
+        records += self._recorder.id_records(space, engine)
+        records.append((*Recorder.request_head(outcome), transaction, 0, None, None))
+
+        def undo() -> None:  # the store failed: the commit did not happen
+            engine.revoke(result.written)
+            engine.restore(result.taken)
+
+        with self._acting_for(outcome):
+            await self._commit(records, undo, result.written, outcome)
+        self._acted(outcome, None)
+
+    async def abort(self, space: str, transaction: int) -> None:
+        """Abort: nothing of the transaction ever reached the store, so only memory changes."""
+        engine = self.engine(space)
+        txn = self._ended_or_active(space, engine, transaction, TransactionState.ABORTED)
+        if txn is not None:
+            engine.abort(txn)
+            self._ended(space, transaction, TransactionState.ABORTED)
+
+    def _ended_or_active(
+        self, space: str, engine: SpaceEngine, transaction: int, wanted: TransactionState
+    ) -> Transaction | None:
+        """The active transaction; None if it already ended as `wanted` (a retried commit or
+        abort); TransactionAbortedError for a commit of an aborted one."""
+        try:
+            return engine.transaction(transaction)
+        except TransactionNotFoundError:
+            ended = self._ended_transactions.get((space, transaction))
+            if (
+                ended is None
+                and self._requests.find(_commit_marker(transaction), space, "commit") is not None
+            ):
+                ended = TransactionState.COMMITTED
+            if ended is wanted:
+                return None
+            if ended is TransactionState.ABORTED:
+                raise TransactionAbortedError(
+                    f"transaction {transaction} in space {space!r} has aborted (cancelled, or its lease "
+                    "ran out): it cannot commit"
+                ) from None
+            if ended is TransactionState.COMMITTED:
+                raise TransactionAbortedError(
+                    f"transaction {transaction} in space {space!r} has committed: it cannot abort"
+                ) from None
+            raise
+
+    def _ended(self, space: str, transaction: int, state: TransactionState) -> None:
+        ended = self._ended_transactions
+        ended[(space, transaction)] = state
+        while len(ended) > _ENDED_REMEMBERED:
+            del ended[next(iter(ended))]

@@ -6,6 +6,7 @@
     │   └── TransactionNotFoundError unknown or ended transaction (its id is a lease id)
     ├── QuotaExceededError        a quota or limit is reached -> RESOURCE_EXHAUSTED
     ├── TypeConflictError         a type redeclared otherwise -> FAILED_PRECONDITION
+    ├── TransactionAbortedError   commit of an aborted transaction -> FAILED_PRECONDITION
     ├── ShuttingDownError         the server is stopping      -> UNAVAILABLE
     ├── RequestConflictError      a request id reused for another call -> FAILED_PRECONDITION
     ├── RegistrationBusyError     resuming a registration another stream holds -> FAILED_PRECONDITION
@@ -39,6 +40,10 @@ class LeaseNotFoundError(SpaceError):
 
 class TransactionNotFoundError(LeaseNotFoundError):
     """The transaction is unknown, or has already committed, aborted or run out of lease."""
+
+
+class TransactionAbortedError(SpaceError):
+    """A commit of a transaction that has aborted (or an abort of one that has committed)."""
 
 
 class QuotaExceededError(SpaceError):

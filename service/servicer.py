@@ -31,6 +31,7 @@ from outrig.service.exceptions import (
     ShuttingDownError,
     SpaceError,
     StoreUnavailableError,
+    TransactionAbortedError,
     TypeConflictError,
     UnauthenticatedError,
 )
@@ -46,6 +47,7 @@ STATUS_BY_ERROR: dict[type[SpaceError], grpc.StatusCode] = {
     LeaseNotFoundError: grpc.StatusCode.NOT_FOUND,
     QuotaExceededError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     TypeConflictError: grpc.StatusCode.FAILED_PRECONDITION,
+    TransactionAbortedError: grpc.StatusCode.FAILED_PRECONDITION,
     ShuttingDownError: grpc.StatusCode.UNAVAILABLE,
     StoreUnavailableError: grpc.StatusCode.UNAVAILABLE,
     RequestConflictError: grpc.StatusCode.FAILED_PRECONDITION,
@@ -144,7 +146,11 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
         encoding = encodings[0] if len(encodings) == 1 else None
         entry = codec.new_entry(request.entry, "entry", self._limits, encoding)
         (grant,) = await self._backend.write(
-            space, [entry], codec.lease_duration(request), request_id=codec.request_id(request)
+            space,
+            [entry],
+            codec.lease_duration(request),
+            request_id=codec.request_id(request),
+            transaction=request.transaction,
         )
         return pb.WriteReply(lease=codec.lease_message(grant))
 
@@ -156,7 +162,11 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
         space = self._space(request)
         entries = codec.new_entries(request.entries, self._limits, wire.entry_encodings(received.raw))
         grants = await self._backend.write(
-            space, entries, codec.lease_duration(request), request_id=codec.request_id(request)
+            space,
+            entries,
+            codec.lease_duration(request),
+            request_id=codec.request_id(request),
+            transaction=request.transaction,
         )
         return pb.WriteManyReply(leases=[codec.lease_message(grant) for grant in grants])
 
@@ -171,6 +181,7 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
             timeout=codec.timeout(request, self._limits),
             if_exists=request.if_exists,
             request_id=codec.request_id(request) if take else "",
+            transaction=request.transaction,
         )
         return _entries_reply(found)  # an encoded MatchReply
 
@@ -196,14 +207,14 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
     ) -> AsyncIterator[bytes]:
         space = self._space(request)
         templates = codec.templates(request.templates, self._limits)
-        async for chunk in self._backend.contents(space, templates, request.max_entries):
+        async for chunk in self._backend.contents(space, templates, request.max_entries, request.transaction):
             yield _entries_reply(chunk)  # an encoded ContentsReply
 
     @unary
     async def Count(self, request: pb.CountRequest, context: grpc.aio.ServicerContext) -> pb.CountReply:
         space = self._space(request)
         templates = codec.templates(request.templates, self._limits)
-        return pb.CountReply(count=await self._backend.count(space, templates))
+        return pb.CountReply(count=await self._backend.count(space, templates, request.transaction))
 
     @streaming
     async def Notify(
@@ -214,7 +225,9 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
             subscription = await self._backend.subscribe(space, (), None, resume=request.resume)
         else:
             templates = codec.templates(request.templates, self._limits)
-            subscription = await self._backend.subscribe(space, templates, codec.lease_duration(request))
+            subscription = await self._backend.subscribe(
+                space, templates, codec.lease_duration(request), transaction=request.transaction
+            )
         try:
             yield pb.NotifyReply(registration=codec.lease_message(subscription.lease)).SerializeToString()
             async for event in subscription:
@@ -256,6 +269,27 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
             for lease_id, outcome in zip(request.ids, outcomes, strict=True)
         ]
         return pb.CancelLeasesReply(results=results)
+
+    @unary
+    async def Begin(self, request: pb.BeginRequest, context: grpc.aio.ServicerContext) -> pb.BeginReply:
+        grant = await self._backend.begin(self._space(request), codec.lease_duration(request))
+        return pb.BeginReply(transaction=codec.lease_message(grant))
+
+    @unary
+    async def Commit(self, request: pb.EndRequest, context: grpc.aio.ServicerContext) -> pb.EndReply:
+        await self._backend.commit(self._space(request), _transaction_id(request))
+        return pb.EndReply()
+
+    @unary
+    async def Abort(self, request: pb.EndRequest, context: grpc.aio.ServicerContext) -> pb.EndReply:
+        await self._backend.abort(self._space(request), _transaction_id(request))
+        return pb.EndReply()
+
+
+def _transaction_id(request: pb.EndRequest) -> int:
+    if not request.transaction:
+        raise InvalidArgumentError("transaction: is required (the id Begin returned)")
+    return int(request.transaction)
 
 
 def _lease_error(lease_id: int, err: SpaceError) -> pb.LeaseResult:

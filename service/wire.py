@@ -178,6 +178,9 @@ _METHODS: dict[str, tuple[str, Any, bool]] = {
     "Notify": ("stream", pb.NotifyRequest, True),
     "RenewLeases": ("unary", pb.RenewLeasesRequest, False),
     "CancelLeases": ("unary", pb.CancelLeasesRequest, False),
+    "Begin": ("unary", pb.BeginRequest, False),
+    "Commit": ("unary", pb.EndRequest, False),
+    "Abort": ("unary", pb.EndRequest, False),
 }
 
 

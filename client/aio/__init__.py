@@ -10,6 +10,6 @@ Entries, templates, leases durations (`outrig.FOREVER`, `outrig.ANY`), `outrig.E
 `outrig.LeaseResult` and the errors are shared with the blocking client in `outrig`.
 """
 
-from outrig.aio._space import AsyncLease, AsyncNotification, AsyncSpace, connect
+from outrig.aio._space import AsyncLease, AsyncNotification, AsyncSpace, AsyncTransaction, connect
 
-__all__ = ["AsyncLease", "AsyncNotification", "AsyncSpace", "connect"]
+__all__ = ["AsyncLease", "AsyncNotification", "AsyncSpace", "AsyncTransaction", "connect"]

@@ -7,6 +7,7 @@ by `outrig._base`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
@@ -34,7 +35,7 @@ from outrig._base import (
     rpc_errors,
 )
 from outrig._codec import AnyEntry, decode_entries
-from outrig._exceptions import CallCancelledError, UnavailableError
+from outrig._exceptions import CallCancelledError, OutrigError, UnavailableError
 from outrig._tls import TLS, channel_credentials, token_metadata
 from outrig.v1 import space_pb2 as pb
 
@@ -122,9 +123,10 @@ class AsyncSpace(BaseSpace):
         reply: pb.MatchReply = await self._call(self._stub.Read, self._match_request(templates, timeout))
         return first_entry(reply)
 
-    async def read_nowait(self, templates: Templates) -> AnyEntry | None:
-        """Return a copy of an entry that matches now, or None."""
-        request = self._match_request(templates, 0, if_exists=True)
+    async def read_nowait(self, templates: Templates, timeout: float | None = 0.0) -> AnyEntry | None:
+        """Return a copy of an entry that matches now, or None; see `outrig.Space.read_nowait`
+        for ``timeout`` (waiting for entries locked by transactions)."""
+        request = self._match_request(templates, timeout, if_exists=True)
         reply: pb.MatchReply = await self._call(self._stub.Read, request)
         return first_entry(reply)
 
@@ -136,9 +138,9 @@ class AsyncSpace(BaseSpace):
         reply: pb.MatchReply = await self._call(self._stub.Take, self._take_request(templates, timeout))
         return first_entry(reply)
 
-    async def take_nowait(self, templates: Templates) -> AnyEntry | None:
-        """Remove and return an entry that matches now, or None."""
-        request = self._take_request(templates, 0, if_exists=True)
+    async def take_nowait(self, templates: Templates, timeout: float | None = 0.0) -> AnyEntry | None:
+        """Remove and return an entry that matches now, or None; see `outrig.Space.take_nowait`."""
+        request = self._take_request(templates, timeout, if_exists=True)
         reply: pb.MatchReply = await self._call(self._stub.Take, request)
         return first_entry(reply)
 
@@ -223,6 +225,11 @@ class AsyncSpace(BaseSpace):
         leases = list(leases)
         reply: pb.CancelLeasesReply = await self._call(self._stub.CancelLeases, self._cancel_request(leases))
         return lease_results(leases, reply.results, renewed=False)
+
+    def transaction(self, lease: LeaseArg = 30.0) -> AsyncTransaction:
+        """A transaction of this space under a lease (seconds, default 30); see
+        `outrig.Space.transaction`. It begins when entered (``async with``) or awaited."""
+        return AsyncTransaction(self, lease)
 
     async def _call(self, method: Callable[[Request], Awaitable[Reply]], request: Request) -> Reply:
         """Make a unary call, retrying it on UNAVAILABLE as long as the retry policy allows."""
@@ -364,3 +371,116 @@ class AsyncNotification:
 def _being_cancelled() -> bool:
     task = asyncio.current_task()
     return task is not None and task.cancelling() > 0
+
+
+class AsyncTransaction:
+    """An open transaction of one space: the asyncio twin of `outrig.Transaction`.
+
+    ``async with space.transaction(lease=30.0) as txn:`` begins it, commits it when the block
+    ends normally and aborts it when the block raises; ``txn = await space.transaction()``
+    begins it for explicit ``commit()`` or ``abort()``.
+    """
+
+    def __init__(self, space: AsyncSpace, lease: LeaseArg) -> None:
+        self._space = space
+        self._lease_arg = lease
+        self._under: AsyncSpace | None = None
+        self._lease: AsyncLease | None = None
+        self._ended = False
+
+    async def _begin(self) -> AsyncTransaction:
+        if self._lease is None:
+            reply: pb.BeginReply = await self._space._call(
+                self._space._stub.Begin, self._space._begin_request(self._lease_arg)
+            )
+            self._lease = AsyncLease(self._space, reply.transaction)
+            self._under = self._space._under(self._lease.id)
+        return self
+
+    def __await__(self) -> Any:
+        return self._begin().__await__()
+
+    async def __aenter__(self) -> AsyncTransaction:
+        return await self._begin()
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._ended or self._lease is None:
+            return
+        if kind is None:
+            await self.commit()
+            return
+        # The block's own error matters more; if the abort fails, the lease ends the transaction.
+        with contextlib.suppress(OutrigError):
+            await self.abort()
+
+    @property
+    def lease(self) -> AsyncLease:
+        """The transaction's lease (once begun)."""
+        if self._lease is None:
+            raise RuntimeError("the transaction has not begun: use `async with` or await it first")
+        return self._lease
+
+    @property
+    def id(self) -> int:
+        return self.lease.id
+
+    def _view(self) -> AsyncSpace:
+        if self._under is None:
+            raise RuntimeError("the transaction has not begun: use `async with` or await it first")
+        return self._under
+
+    def __repr__(self) -> str:
+        state = "not begun" if self._lease is None else f"id={self._lease.id}, ended={self._ended}"
+        return f"AsyncTransaction({state}, space={self._space.name!r})"
+
+    async def commit(self) -> None:
+        """See `outrig.Transaction.commit`."""
+        await self._space._call(self._space._stub.Commit, self._space._end_request(self.id))
+        self._ended = True
+
+    async def abort(self) -> None:
+        """See `outrig.Transaction.abort`."""
+        await self._space._call(self._space._stub.Abort, self._space._end_request(self.id))
+        self._ended = True
+
+    async def renew(self, lease: LeaseArg = 30.0) -> AsyncLease:
+        return await self.lease.renew(lease)
+
+    async def write(self, entry: AnyEntry, lease: LeaseArg = ANY) -> AsyncLease:
+        return await self._view().write(entry, lease)
+
+    async def write_many(self, entries: Iterable[AnyEntry], lease: LeaseArg = ANY) -> list[AsyncLease]:
+        return await self._view().write_many(entries, lease)
+
+    async def read(self, templates: Templates, timeout: float | None = None) -> AnyEntry | None:
+        return await self._view().read(templates, timeout)
+
+    async def read_nowait(self, templates: Templates, timeout: float | None = 0.0) -> AnyEntry | None:
+        return await self._view().read_nowait(templates, timeout)
+
+    async def take(self, templates: Templates, timeout: float | None = None) -> AnyEntry | None:
+        return await self._view().take(templates, timeout)
+
+    async def take_nowait(self, templates: Templates, timeout: float | None = 0.0) -> AnyEntry | None:
+        return await self._view().take_nowait(templates, timeout)
+
+    async def read_many(
+        self, templates: Templates, *, max_entries: int, timeout: float | None = None
+    ) -> list[AnyEntry]:
+        return await self._view().read_many(templates, max_entries=max_entries, timeout=timeout)
+
+    async def take_many(
+        self, templates: Templates, *, max_entries: int, timeout: float | None = None
+    ) -> list[AnyEntry]:
+        return await self._view().take_many(templates, max_entries=max_entries, timeout=timeout)
+
+    def contents(self, templates: Templates, *, max_entries: int = 0) -> AsyncGenerator[AnyEntry, None]:
+        return self._view().contents(templates, max_entries=max_entries)
+
+    async def count(self, templates: Templates) -> int:
+        return await self._view().count(templates)
+
+    def notify(self, templates: Templates, lease: LeaseArg = ANY) -> AsyncNotification:
+        return self._view().notify(templates, lease)

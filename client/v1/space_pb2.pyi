@@ -132,16 +132,18 @@ class Lease(_message.Message):
     def __init__(self, id: _Optional[int] = ..., expires_at: _Optional[float] = ..., granted_seconds: _Optional[float] = ...) -> None: ...
 
 class WriteRequest(_message.Message):
-    __slots__ = ("space", "entry", "lease", "request_id")
+    __slots__ = ("space", "entry", "lease", "request_id", "transaction")
     SPACE_FIELD_NUMBER: _ClassVar[int]
     ENTRY_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_FIELD_NUMBER: _ClassVar[int]
     space: str
     entry: Entry
     lease: LeaseDuration
     request_id: str
-    def __init__(self, space: _Optional[str] = ..., entry: _Optional[_Union[Entry, _Mapping]] = ..., lease: _Optional[_Union[LeaseDuration, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    transaction: int
+    def __init__(self, space: _Optional[str] = ..., entry: _Optional[_Union[Entry, _Mapping]] = ..., lease: _Optional[_Union[LeaseDuration, _Mapping]] = ..., request_id: _Optional[str] = ..., transaction: _Optional[int] = ...) -> None: ...
 
 class WriteReply(_message.Message):
     __slots__ = ("lease",)
@@ -150,16 +152,18 @@ class WriteReply(_message.Message):
     def __init__(self, lease: _Optional[_Union[Lease, _Mapping]] = ...) -> None: ...
 
 class WriteManyRequest(_message.Message):
-    __slots__ = ("space", "entries", "lease", "request_id")
+    __slots__ = ("space", "entries", "lease", "request_id", "transaction")
     SPACE_FIELD_NUMBER: _ClassVar[int]
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_FIELD_NUMBER: _ClassVar[int]
     space: str
     entries: _containers.RepeatedCompositeFieldContainer[Entry]
     lease: LeaseDuration
     request_id: str
-    def __init__(self, space: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ..., lease: _Optional[_Union[LeaseDuration, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    transaction: int
+    def __init__(self, space: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ..., lease: _Optional[_Union[LeaseDuration, _Mapping]] = ..., request_id: _Optional[str] = ..., transaction: _Optional[int] = ...) -> None: ...
 
 class WriteManyReply(_message.Message):
     __slots__ = ("leases",)
@@ -168,20 +172,22 @@ class WriteManyReply(_message.Message):
     def __init__(self, leases: _Optional[_Iterable[_Union[Lease, _Mapping]]] = ...) -> None: ...
 
 class MatchRequest(_message.Message):
-    __slots__ = ("space", "templates", "timeout", "if_exists", "max_entries", "request_id")
+    __slots__ = ("space", "templates", "timeout", "if_exists", "max_entries", "request_id", "transaction")
     SPACE_FIELD_NUMBER: _ClassVar[int]
     TEMPLATES_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     IF_EXISTS_FIELD_NUMBER: _ClassVar[int]
     MAX_ENTRIES_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_FIELD_NUMBER: _ClassVar[int]
     space: str
     templates: _containers.RepeatedCompositeFieldContainer[Template]
     timeout: float
     if_exists: bool
     max_entries: int
     request_id: str
-    def __init__(self, space: _Optional[str] = ..., templates: _Optional[_Iterable[_Union[Template, _Mapping]]] = ..., timeout: _Optional[float] = ..., if_exists: _Optional[bool] = ..., max_entries: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+    transaction: int
+    def __init__(self, space: _Optional[str] = ..., templates: _Optional[_Iterable[_Union[Template, _Mapping]]] = ..., timeout: _Optional[float] = ..., if_exists: _Optional[bool] = ..., max_entries: _Optional[int] = ..., request_id: _Optional[str] = ..., transaction: _Optional[int] = ...) -> None: ...
 
 class MatchReply(_message.Message):
     __slots__ = ("entries",)
@@ -190,14 +196,16 @@ class MatchReply(_message.Message):
     def __init__(self, entries: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ...) -> None: ...
 
 class ContentsRequest(_message.Message):
-    __slots__ = ("space", "templates", "max_entries")
+    __slots__ = ("space", "templates", "max_entries", "transaction")
     SPACE_FIELD_NUMBER: _ClassVar[int]
     TEMPLATES_FIELD_NUMBER: _ClassVar[int]
     MAX_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_FIELD_NUMBER: _ClassVar[int]
     space: str
     templates: _containers.RepeatedCompositeFieldContainer[Template]
     max_entries: int
-    def __init__(self, space: _Optional[str] = ..., templates: _Optional[_Iterable[_Union[Template, _Mapping]]] = ..., max_entries: _Optional[int] = ...) -> None: ...
+    transaction: int
+    def __init__(self, space: _Optional[str] = ..., templates: _Optional[_Iterable[_Union[Template, _Mapping]]] = ..., max_entries: _Optional[int] = ..., transaction: _Optional[int] = ...) -> None: ...
 
 class ContentsReply(_message.Message):
     __slots__ = ("entries",)
@@ -206,12 +214,14 @@ class ContentsReply(_message.Message):
     def __init__(self, entries: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ...) -> None: ...
 
 class CountRequest(_message.Message):
-    __slots__ = ("space", "templates")
+    __slots__ = ("space", "templates", "transaction")
     SPACE_FIELD_NUMBER: _ClassVar[int]
     TEMPLATES_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_FIELD_NUMBER: _ClassVar[int]
     space: str
     templates: _containers.RepeatedCompositeFieldContainer[Template]
-    def __init__(self, space: _Optional[str] = ..., templates: _Optional[_Iterable[_Union[Template, _Mapping]]] = ...) -> None: ...
+    transaction: int
+    def __init__(self, space: _Optional[str] = ..., templates: _Optional[_Iterable[_Union[Template, _Mapping]]] = ..., transaction: _Optional[int] = ...) -> None: ...
 
 class CountReply(_message.Message):
     __slots__ = ("count",)
@@ -220,16 +230,18 @@ class CountReply(_message.Message):
     def __init__(self, count: _Optional[int] = ...) -> None: ...
 
 class NotifyRequest(_message.Message):
-    __slots__ = ("space", "templates", "lease", "resume")
+    __slots__ = ("space", "templates", "lease", "resume", "transaction")
     SPACE_FIELD_NUMBER: _ClassVar[int]
     TEMPLATES_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
     RESUME_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_FIELD_NUMBER: _ClassVar[int]
     space: str
     templates: _containers.RepeatedCompositeFieldContainer[Template]
     lease: LeaseDuration
     resume: int
-    def __init__(self, space: _Optional[str] = ..., templates: _Optional[_Iterable[_Union[Template, _Mapping]]] = ..., lease: _Optional[_Union[LeaseDuration, _Mapping]] = ..., resume: _Optional[int] = ...) -> None: ...
+    transaction: int
+    def __init__(self, space: _Optional[str] = ..., templates: _Optional[_Iterable[_Union[Template, _Mapping]]] = ..., lease: _Optional[_Union[LeaseDuration, _Mapping]] = ..., resume: _Optional[int] = ..., transaction: _Optional[int] = ...) -> None: ...
 
 class NotifyReply(_message.Message):
     __slots__ = ("registration", "sequence", "entry")
@@ -288,3 +300,29 @@ class CancelLeasesReply(_message.Message):
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[LeaseResult]
     def __init__(self, results: _Optional[_Iterable[_Union[LeaseResult, _Mapping]]] = ...) -> None: ...
+
+class BeginRequest(_message.Message):
+    __slots__ = ("space", "lease")
+    SPACE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    space: str
+    lease: LeaseDuration
+    def __init__(self, space: _Optional[str] = ..., lease: _Optional[_Union[LeaseDuration, _Mapping]] = ...) -> None: ...
+
+class BeginReply(_message.Message):
+    __slots__ = ("transaction",)
+    TRANSACTION_FIELD_NUMBER: _ClassVar[int]
+    transaction: Lease
+    def __init__(self, transaction: _Optional[_Union[Lease, _Mapping]] = ...) -> None: ...
+
+class EndRequest(_message.Message):
+    __slots__ = ("space", "transaction")
+    SPACE_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_FIELD_NUMBER: _ClassVar[int]
+    space: str
+    transaction: int
+    def __init__(self, space: _Optional[str] = ..., transaction: _Optional[int] = ...) -> None: ...
+
+class EndReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

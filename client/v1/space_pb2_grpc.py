@@ -92,6 +92,21 @@ class SpaceStub:
                 request_serializer=outrig_dot_v1_dot_space__pb2.CancelLeasesRequest.SerializeToString,
                 response_deserializer=outrig_dot_v1_dot_space__pb2.CancelLeasesReply.FromString,
                 _registered_method=True)
+        self.Begin = channel.unary_unary(
+                '/outrig.v1.Space/Begin',
+                request_serializer=outrig_dot_v1_dot_space__pb2.BeginRequest.SerializeToString,
+                response_deserializer=outrig_dot_v1_dot_space__pb2.BeginReply.FromString,
+                _registered_method=True)
+        self.Commit = channel.unary_unary(
+                '/outrig.v1.Space/Commit',
+                request_serializer=outrig_dot_v1_dot_space__pb2.EndRequest.SerializeToString,
+                response_deserializer=outrig_dot_v1_dot_space__pb2.EndReply.FromString,
+                _registered_method=True)
+        self.Abort = channel.unary_unary(
+                '/outrig.v1.Space/Abort',
+                request_serializer=outrig_dot_v1_dot_space__pb2.EndRequest.SerializeToString,
+                response_deserializer=outrig_dot_v1_dot_space__pb2.EndReply.FromString,
+                _registered_method=True)
 
 
 class SpaceServicer:
@@ -165,6 +180,24 @@ class SpaceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Begin(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Commit(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Abort(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SpaceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -222,6 +255,21 @@ def add_SpaceServicer_to_server(servicer, server):
                     servicer.CancelLeases,
                     request_deserializer=outrig_dot_v1_dot_space__pb2.CancelLeasesRequest.FromString,
                     response_serializer=outrig_dot_v1_dot_space__pb2.CancelLeasesReply.SerializeToString,
+            ),
+            'Begin': grpc.unary_unary_rpc_method_handler(
+                    servicer.Begin,
+                    request_deserializer=outrig_dot_v1_dot_space__pb2.BeginRequest.FromString,
+                    response_serializer=outrig_dot_v1_dot_space__pb2.BeginReply.SerializeToString,
+            ),
+            'Commit': grpc.unary_unary_rpc_method_handler(
+                    servicer.Commit,
+                    request_deserializer=outrig_dot_v1_dot_space__pb2.EndRequest.FromString,
+                    response_serializer=outrig_dot_v1_dot_space__pb2.EndReply.SerializeToString,
+            ),
+            'Abort': grpc.unary_unary_rpc_method_handler(
+                    servicer.Abort,
+                    request_deserializer=outrig_dot_v1_dot_space__pb2.EndRequest.FromString,
+                    response_serializer=outrig_dot_v1_dot_space__pb2.EndReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -523,6 +571,87 @@ class Space:
             '/outrig.v1.Space/CancelLeases',
             outrig_dot_v1_dot_space__pb2.CancelLeasesRequest.SerializeToString,
             outrig_dot_v1_dot_space__pb2.CancelLeasesReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Begin(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/outrig.v1.Space/Begin',
+            outrig_dot_v1_dot_space__pb2.BeginRequest.SerializeToString,
+            outrig_dot_v1_dot_space__pb2.BeginReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Commit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/outrig.v1.Space/Commit',
+            outrig_dot_v1_dot_space__pb2.EndRequest.SerializeToString,
+            outrig_dot_v1_dot_space__pb2.EndReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Abort(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/outrig.v1.Space/Abort',
+            outrig_dot_v1_dot_space__pb2.EndRequest.SerializeToString,
+            outrig_dot_v1_dot_space__pb2.EndReply.FromString,
             options,
             channel_credentials,
             insecure,

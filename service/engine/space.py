@@ -804,6 +804,24 @@ class SpaceEngine:
                 self.unpark(waiter)
                 waiter.deliver([])
 
+    def is_transaction(self, lease_id: int) -> bool:
+        """Whether a lease id is an active transaction's."""
+        return lease_id in self._transactions
+
+    def read_lock(self, txn: Transaction, stored: StoredEntry) -> None:
+        """Read-lock an entry for `txn` (what contents under a transaction returns)."""
+        self._check_active(txn)
+        self._lock_read(txn, stored)
+
+    def untake(self, txn: Transaction, entries: Iterable[StoredEntry]) -> None:
+        """Give back entries `txn` took for a call that could not answer (its caller went away)."""
+        for stored in entries:
+            lock = stored.lock
+            if lock is not None and lock.taker is txn:
+                self._release(stored, taker=txn)
+                if stored.lock is None and stored.id in self._entries:
+                    self._offer(stored)
+
     def _lock(self, stored: StoredEntry) -> EntryLock:
         lock = stored.lock
         if lock is None:

@@ -9,7 +9,8 @@ Types: a write names the entry's type and each of its supertypes (an entry is vi
 them, so writing it needs `write` on all); a read, take, count, contents or notify names each
 template's type (a grant on a type covers the subtypes a template of it matches: see
 docs/security.md). Renew and cancel name leases, not types, and resuming a notify registration
-names the registration: those are checked against the space itself (type None).
+names the registration: those are checked against the space itself (type None), as are Begin,
+Commit (both `renew`: a transaction is a lease of the space) and Abort (`cancel`).
 """
 
 from __future__ import annotations
@@ -118,4 +119,9 @@ ACCESS: dict[str, Callable[[Any, Limits], Access]] = {
     "Notify": _notify,
     "RenewLeases": _space_itself("renew"),
     "CancelLeases": _space_itself("cancel"),
+    # A transaction is a lease of the space: beginning and committing one is renewing, aborting
+    # it is cancelling. Every operation under it is checked on its own.
+    "Begin": _space_itself("renew"),
+    "Commit": _space_itself("renew"),
+    "Abort": _space_itself("cancel"),
 }

@@ -1,0 +1,174 @@
+"""Transactions through the SDK, sync and async, against a real server process."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+import outrig
+
+from .entries import Task
+
+
+@pytest.fixture
+def space(server, space_name):
+    with outrig.connect(server.address, space=space_name) as space:
+        yield space
+
+
+def _later(seconds: float, action) -> threading.Timer:
+    timer = threading.Timer(seconds, action)
+    timer.start()
+    return timer
+
+
+def test_a_block_commits_on_a_normal_exit_and_its_writes_appear_only_then(space):
+    with space.transaction() as txn:
+        txn.write(Task(job="a", n=1))
+        txn.write_many([Task(job="a", n=2), Task(job="a", n=3)])
+        assert txn.count(Task(job="a")) == 3
+        assert space.count(Task(job="a")) == 0
+        assert space.read_nowait(Task(job="a")) is None
+        assert sorted(t.n for t in txn.contents(Task(job="a"))) == [1, 2, 3]
+    assert space.count(Task(job="a")) == 3
+
+
+def test_a_block_aborts_on_an_exception_and_puts_takes_back(space):
+    space.write(Task(job="b", n=1))
+
+    def work() -> None:
+        with space.transaction() as txn:
+            assert txn.take(Task(job="b")) == Task(job="b", n=1)
+            txn.write(Task(job="b", n=2))
+            assert space.read_nowait(Task(job="b")) is None  # taken: nobody sees it
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        work()
+    assert [t.n for t in space.contents(Task(job="b"))] == [1]
+
+
+def test_a_read_lock_lets_others_read_but_makes_their_take_wait(space):
+    space.write(Task(job="c", n=1))
+    txn = space.transaction()
+    assert txn.read(Task(job="c")) == Task(job="c", n=1)
+    assert space.read_nowait(Task(job="c")) == Task(job="c", n=1)
+    assert space.take_nowait(Task(job="c")) is None  # read-locked by another
+    timer = _later(0.3, txn.commit)
+    started = time.monotonic()
+    assert space.take(Task(job="c"), timeout=10.0) == Task(job="c", n=1)  # once the lock goes
+    assert time.monotonic() - started >= 0.25
+    timer.join()
+
+
+def test_a_blocked_take_gets_a_transactions_write_when_it_commits(space):
+    txn = space.transaction()
+    txn.write(Task(job="d", n=1))
+    timer = _later(0.3, txn.commit)
+    assert space.take(Task(job="d"), timeout=10.0) == Task(job="d", n=1)
+    timer.join()
+
+
+def test_nowait_waits_only_for_locked_entries(space):
+    assert space.take_nowait(Task(job="e"), timeout=10.0) is None  # nothing locked: at once
+    space.write(Task(job="e", n=1))
+    txn = space.transaction()
+    txn.take(Task(job="e"))
+    assert space.read_nowait(Task(job="e")) is None  # no timeout: no wait
+    timer = _later(0.3, txn.abort)
+    assert space.read_nowait(Task(job="e"), timeout=10.0) == Task(job="e", n=1)
+    timer.join()
+
+
+def test_two_transactions_never_take_the_same_entry(space):
+    space.write_many([Task(job="f", n=i) for i in range(20)])
+    first, second = space.transaction(), space.transaction()
+    taken = [first.take_nowait(Task(job="f")) for _ in range(10)] + [
+        second.take_nowait(Task(job="f")) for _ in range(10)
+    ]
+    assert len({t.n for t in taken if t is not None}) == 20
+    assert first.take_nowait(Task(job="f")) is None
+    first.commit()
+    second.abort()
+    assert sorted(t.n for t in space.contents(Task(job="f"))) == sorted(t.n for t in taken[10:])
+
+
+def test_notify_hears_committed_writes_and_a_transactions_own(space):
+    with space.notify(Task(job="g"), lease=30.0) as outside:
+        txn = space.transaction()
+        with txn.notify(Task(job="g"), lease=30.0) as inside:
+            txn.write(Task(job="g", n=1))
+            assert next(inside).entry == Task(job="g", n=1)  # its own write, at once
+            aborted = space.transaction()
+            aborted.write(Task(job="g", n=2))
+            aborted.abort()
+            txn.commit()
+            assert list(inside) == []  # a registration under a transaction ends with it
+        assert next(outside).entry == Task(job="g", n=1)  # committed: now; the aborted write never
+        space.write(Task(job="g", n=3))
+        assert next(outside).entry == Task(job="g", n=3)
+
+
+def test_a_transaction_whose_lease_runs_out_aborts(space):
+    space.write(Task(job="h", n=1))
+    txn = space.transaction(lease=0.5)
+    txn.take(Task(job="h"))
+    assert space.take(Task(job="h"), timeout=10.0) == Task(job="h", n=1)  # back once it expired
+    with pytest.raises(outrig.FailedPreconditionError, match="aborted"):
+        txn.commit()
+
+
+def test_renew_keeps_a_transaction_alive(space):
+    txn = space.transaction(lease=1.0)
+    assert txn.renew(30.0).duration == 30.0
+    time.sleep(1.3)
+    txn.write(Task(job="i", n=1))
+    txn.commit()
+    assert space.count(Task(job="i")) == 1
+
+
+def test_commit_and_abort_are_safe_to_repeat_but_not_to_mix(space):
+    txn = space.transaction()
+    txn.commit()
+    txn.commit()  # a retry of a commit that happened: OK
+    with pytest.raises(outrig.FailedPreconditionError, match="committed"):
+        txn.abort()
+    other = space.transaction()
+    other.abort()
+    other.abort()
+    with pytest.raises(outrig.FailedPreconditionError, match="aborted"):
+        other.commit()
+
+
+def test_unknown_transactions_and_other_spaces_are_not_found(space):
+    txn = space.transaction()
+    with pytest.raises(outrig.NotFoundError, match="transaction"):
+        txn._under.with_space(space.name + "-other").write(Task(job="j"))
+    with pytest.raises(outrig.NotFoundError, match="transaction"):
+        space._under(123456789).write(Task(job="j"))
+    txn.abort()
+
+
+async def test_the_async_twin(server, space_name):
+    async with outrig.aio.connect(server.address, space=space_name) as space:
+        async with space.transaction() as txn:
+            await txn.write(Task(job="k", n=1))
+            assert await txn.read_nowait(Task(job="k")) == Task(job="k", n=1)
+            assert await space.read_nowait(Task(job="k")) is None
+        assert await space.count(Task(job="k")) == 1
+
+        async def work() -> None:
+            async with space.transaction() as txn:
+                await txn.take(Task(job="k"))
+                raise RuntimeError("boom")
+
+        with pytest.raises(RuntimeError, match="boom"):
+            await work()
+        assert await space.count(Task(job="k")) == 1
+        txn = await space.transaction(lease=10.0)
+        assert await txn.take_nowait(Task(job="k")) == Task(job="k", n=1)
+        assert [entry async for entry in txn.contents(Task(job="k"))] == []
+        await txn.commit()
+        assert await space.count(Task(job="k")) == 0
