@@ -68,10 +68,17 @@ async def match(
     max_entries: int = 1,
     timeout: float | None = 0,
     if_exists: bool = False,
+    transaction: int = 0,
 ) -> list[StoredEntry]:
     async with asyncio.timeout(WAIT if timeout is None or timeout < WAIT else None):
         return await backend.match(
-            space, list(templates), take=take, max_entries=max_entries, timeout=timeout, if_exists=if_exists
+            space,
+            list(templates),
+            take=take,
+            max_entries=max_entries,
+            timeout=timeout,
+            if_exists=if_exists,
+            transaction=transaction,
         )
 
 

@@ -18,7 +18,6 @@ and docs/transactions.md states it.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 
 from hypothesis import given, settings
@@ -28,14 +27,8 @@ from outrig.service.engine import SpaceEngine
 from outrig.service.engine.space import FOREVER
 from outrig.service.engine.transactions import Transaction, TransactionState
 
+from ..serial_orders import PROGRAMS, Op, Seen, some_serial_order_explains
 from .test_space import make, new, tpl
-
-Op = tuple[str, int | None]  # ("write", value), ("read", value or None: any), ("take", ...)
-
-ops = st.one_of(
-    st.tuples(st.just("write"), st.integers(0, 2)),
-    st.tuples(st.sampled_from(["read", "take"]), st.one_of(st.none(), st.integers(0, 2))),
-)
 
 
 @dataclass
@@ -43,7 +36,7 @@ class Run:
     ops: list[Op]
     txn: Transaction | None = None
     done: int = 0
-    seen: list[tuple[str, int | None, int | None]] = field(default_factory=list)  # (kind, value, entry id)
+    seen: list[Seen] = field(default_factory=list)
 
 
 def _step(space: SpaceEngine, run: Run, values: dict[int, int]) -> None:
@@ -64,27 +57,10 @@ def _step(space: SpaceEngine, run: Run, values: dict[int, int]) -> None:
     run.seen.append((kind, value, found[0].id if found else None))
 
 
-def _serial(initial: dict[int, int], order: list[Run], values: dict[int, int], final: set[int]) -> bool:
-    state = dict(initial)
-    for run in order:
-        for kind, value, entry_id in run.seen:
-            if kind == "write":
-                assert entry_id is not None
-                state[entry_id] = values[entry_id]
-                continue
-            if entry_id is None:
-                continue  # finding nothing locks nothing: see the module's docstring
-            if entry_id not in state or (value is not None and state[entry_id] != value):
-                return False
-            if kind == "take":
-                del state[entry_id]
-    return set(state) == final
-
-
 @settings(max_examples=300, deadline=None)
 @given(
     initial=st.lists(st.integers(0, 2), max_size=3),
-    programs=st.lists(st.lists(ops, min_size=1, max_size=4), min_size=2, max_size=3),
+    programs=PROGRAMS,
     data=st.data(),
 )
 def test_committed_transactions_equal_some_serial_order(
@@ -108,11 +84,11 @@ def test_committed_transactions_equal_some_serial_order(
                 space.commit(run.txn)
             else:
                 space.abort(run.txn)
-    committed = [r for r in runs if r.txn is not None and r.txn.state is TransactionState.COMMITTED]
-    final = {stored.id for stored in space.snapshot([tpl("T")])}
+    committed = [r.seen for r in runs if r.txn is not None and r.txn.state is TransactionState.COMMITTED]
+    final = {stored.id: values[stored.id] for stored in space.snapshot([tpl("T")])}
     assert space.statistics().locked == 0 and space.statistics().transactions == 0
-    assert any(_serial(start, list(order), values, final) for order in itertools.permutations(committed)), (
-        f"no serial order explains {[r.seen for r in committed]} ending with {sorted(final)}"
+    assert some_serial_order_explains(dict(start), committed, dict(final)), (
+        f"no serial order explains {committed} ending with {final}"
     )
 
 

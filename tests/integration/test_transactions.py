@@ -172,3 +172,48 @@ async def test_the_async_twin(server, space_name):
         assert [entry async for entry in txn.contents(Task(job="k"))] == []
         await txn.commit()
         assert await space.count(Task(job="k")) == 0
+
+
+# ---------------------------------------------------------------- the lock table, through the SDK
+
+LOCKS = ["write-locked", "take-locked", "read-locked", "read-locked twice"]
+
+
+def _locked(space, lock: str):
+    """An entry Task(job="t") under `lock` by a holder transaction (and a second reader)."""
+    holder = space.transaction()
+    others = []
+    if lock == "write-locked":
+        holder.write(Task(job="t", n=1))
+        return holder, others
+    space.write(Task(job="t", n=1))
+    if lock == "take-locked":
+        assert holder.take_nowait(Task(job="t")) is not None
+    else:
+        assert holder.read_nowait(Task(job="t")) is not None
+    if lock == "read-locked twice":
+        others.append(space.transaction())
+        assert others[0].read_nowait(Task(job="t")) is not None
+    return holder, others
+
+
+# lock -> (read by holder, take by holder, read by another, take by another): True when it gets the entry
+TABLE = {
+    "write-locked": (True, True, False, False),
+    "take-locked": (False, False, False, False),
+    "read-locked": (True, True, True, False),
+    "read-locked twice": (True, False, True, False),
+}
+
+
+@pytest.mark.parametrize("lock", LOCKS)
+@pytest.mark.parametrize("asker", ["holder", "other transaction", "no transaction"])
+@pytest.mark.parametrize("operation", ["read_nowait", "take_nowait"])
+def test_the_lock_table_through_the_sdk(space, lock, asker, operation):
+    holder, others = _locked(space, lock)
+    expected = TABLE[lock][(0 if asker == "holder" else 2) + (operation == "take_nowait")]
+    who = {"holder": holder, "other transaction": space.transaction(), "no transaction": space}[asker]
+    got = getattr(who, operation)(Task(job="t"))
+    assert (got is not None) == expected, f"{operation} by {asker} of a {lock} entry"
+    for txn in [holder, *others]:
+        txn.abort()
