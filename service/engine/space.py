@@ -126,6 +126,7 @@ class SpaceEngine:
         self._transactions: dict[int, Transaction] = {}
         self._locked = 0  # entries with a lock: while 0, nothing needs the lock table
         self._if_exists: dict[int, Waiter] = {}  # parked if_exists waiters, by seq
+        self._by_seq: dict[int, Waiter] = {}  # parked waiters under a transaction, by seq
         # Told of every commit and abort, including aborts by lease expiry (the reaper's).
         self.on_transaction_end: Callable[[TransactionOutcome], None] | None = None
 
@@ -475,6 +476,10 @@ class SpaceEngine:
 
     def park(self, waiter: Waiter) -> None:
         """Park a read or take that found nothing; a matching write will `deliver` to it."""
+        if waiter.txn is not None:
+            self._check_active(waiter.txn)
+            waiter.txn.waiters.add(waiter.seq)
+            self._by_seq[waiter.seq] = waiter
         self._waiters.add(waiter)
         if waiter.if_exists:
             self._if_exists[waiter.seq] = waiter
@@ -483,6 +488,9 @@ class SpaceEngine:
         """Forget a waiter (its deadline passed or its call was cancelled)."""
         self._waiters.remove(waiter)
         self._if_exists.pop(waiter.seq, None)
+        if waiter.txn is not None:
+            waiter.txn.waiters.discard(waiter.seq)
+            self._by_seq.pop(waiter.seq, None)
 
     def snapshot(
         self, templates: Sequence[Template], max_entries: int = 0, txn: Transaction | None = None
@@ -719,7 +727,10 @@ class SpaceEngine:
     def transaction(self, transaction_id: int) -> Transaction:
         """The active transaction with this id; TransactionNotFoundError if it has ended."""
         txn = self._transactions.get(transaction_id)
-        if txn is None or self._expired_transaction(txn, self._clock.time()):
+        if txn is not None and self._expired_transaction(txn, self._clock.time()):
+            self.abort(txn)  # due, and the reaper has not got to it yet
+            txn = None
+        if txn is None:
             raise TransactionNotFoundError(
                 f"transaction {transaction_id} in space {self.name!r} is unknown or has ended "
                 "(committed, aborted, or its lease ran out)"
@@ -783,6 +794,10 @@ class SpaceEngine:
             registration = self._registration_by_id.get(registration_id)
             if registration is not None:
                 self._end(registration)
+        for seq in list(txn.waiters):  # its blocked reads and takes end, empty-handed
+            waiter = self._by_seq[seq]
+            self.unpark(waiter)
+            waiter.deliver([])
         written, taken, read = (
             list(txn.written.values()),
             list(txn.taken.values()),

@@ -58,7 +58,7 @@ class TransactionState(enum.Enum):
 class Transaction:
     """An open transaction of one space and what it holds. Its id is a lease id of the space."""
 
-    __slots__ = ("expires_at", "id", "read_locked", "registrations", "state", "taken", "written")
+    __slots__ = ("expires_at", "id", "read_locked", "registrations", "state", "taken", "waiters", "written")
 
     def __init__(self, transaction_id: int, expires_at: float | None) -> None:
         self.id = transaction_id
@@ -68,6 +68,7 @@ class Transaction:
         self.taken: dict[int, StoredEntry] = {}  # take-locked: gone for everyone until commit or abort
         self.read_locked: dict[int, StoredEntry] = {}
         self.registrations: set[int] = set()  # notify registrations made under it
+        self.waiters: set[int] = set()  # seqs of its reads and takes parked in the space
 
     @property
     def active(self) -> bool:

@@ -308,3 +308,25 @@ def test_an_entry_whose_lease_ends_while_take_locked_is_not_put_back() -> None:
     space.reap()
     assert space.abort(txn).taken == []
     assert space.count([tpl("T")]) == 0 and space.statistics().locked == 0
+
+
+def test_a_transactions_blocked_calls_end_with_it() -> None:
+    space = make()
+    txn, _ = space.begin(60.0)
+    got = _park(space, take=True, txn=txn)
+    space.commit(txn)
+    assert got == [[]] and space.waiting == 0
+    space.write_entries([new("T", n=1)], FOREVER)  # nothing is handed to (and locked for) it later
+    assert space.count([tpl("T")]) == 1 and space.statistics().locked == 0
+
+
+def test_a_transaction_past_its_lease_is_aborted_when_next_asked_for() -> None:
+    clock = FakeClock()
+    space = make(clock)
+    txn, _ = space.begin(5.0)
+    ended = []
+    space.on_transaction_end = ended.append
+    clock.advance(6.0)  # no reaper pass yet
+    with pytest.raises(TransactionNotFoundError):
+        space.transaction(txn.id)
+    assert txn.state is TransactionState.ABORTED and len(ended) == 1

@@ -82,6 +82,15 @@ def test_nowait_waits_only_for_locked_entries(space):
     timer.join()
 
 
+def test_a_call_blocked_under_a_transaction_ends_when_the_transaction_does(space):
+    txn = space.transaction()
+    timer = _later(0.3, txn.commit)
+    assert txn.take(Task(job="d2"), timeout=30.0) is None  # ended empty-handed by the commit
+    timer.join()
+    space.write(Task(job="d2", n=1))
+    assert space.count(Task(job="d2")) == 1  # and nothing was taken for it afterwards
+
+
 def test_two_transactions_never_take_the_same_entry(space):
     space.write_many([Task(job="f", n=i) for i in range(20)])
     first, second = space.transaction(), space.transaction()
