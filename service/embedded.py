@@ -614,8 +614,14 @@ class EmbeddedBackend:
             engine.revoke(result.written)
             engine.restore(result.taken)
 
-        with self._acting_for(outcome):
-            await self._commit(records, undo, result.written, outcome)
+        try:
+            with self._acting_for(outcome):
+                await self._commit(records, undo, result.written, outcome)
+        except SpaceError:
+            # The store failed and the undo ran: the transaction's effects are gone, so it ended
+            # as an abort, and a retried commit says so.
+            self._ended(space, transaction, TransactionState.ABORTED)
+            raise
         self._acted(outcome, None)
 
     async def abort(self, space: str, transaction: int) -> None:

@@ -88,3 +88,22 @@ def test_a_full_disk_answers_unavailable_and_loses_nothing_acknowledged(tmp_path
             assert sorted(entry.n for entry in space.contents(Task())) == acknowledged  # type: ignore[attr-defined]
     finally:
         restarted.stop()
+
+
+def test_a_commit_the_store_refuses_is_undone_and_the_transaction_has_aborted(tmp_path: Path) -> None:
+    server = start_server("--data-dir", str(tmp_path / "data"), preexec_fn=limit_file_size)
+    try:
+        with outrig.connect(server.address, space="s", retry_deadline=0) as space:
+            space.write(Task(job="keep", n=-1))
+            txn = space.transaction()
+            assert txn.take(Task(job="keep"), timeout=0) is not None
+            txn.write_many([Task(job=BLOB, n=n) for n in range(200)])  # 4 MB: more than the disk holds
+            with pytest.raises(outrig.UnavailableError, match="cannot persist"):
+                txn.commit()
+            # Undone in memory as in the store: no write shows, the take is back.
+            assert space.count(Task(job=BLOB)) == 0
+            assert space.read(Task(job="keep"), timeout=0) == Task(job="keep", n=-1)
+            with pytest.raises(outrig.FailedPreconditionError, match="aborted"):
+                txn.commit()  # a retry learns that it did not commit
+    finally:
+        server.stop(signal.SIGKILL)
