@@ -6,7 +6,8 @@ subtypes in one bucket, a template with set fields starts from its smallest (fie
 bucket, and a wildcard template walks its type in arrival order: nothing scans the space.
 
 All methods are synchronous and run on one thread (the server's event loop); each call is
-atomic with respect to the others, which is what makes take exclusive.
+atomic with respect to the others, which is what makes take exclusive. Transactions (begin, commit,
+abort and the locks) come from `TransactionsMixin` in locking.py.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 
 from outrig.service.engine.clock import Clock
 from outrig.service.engine.leases import LeaseQueue
+from outrig.service.engine.locking import TransactionsMixin
 from outrig.service.engine.model import (
     LeaseGrant,
     NewEntry,
@@ -27,21 +29,12 @@ from outrig.service.engine.model import (
     TransactionOutcome,
     Waiter,
 )
-from outrig.service.engine.transactions import (
-    CONFLICT,
-    OK,
-    EntryLock,
-    Transaction,
-    TransactionState,
-    read_access,
-    take_access,
-)
+from outrig.service.engine.transactions import CONFLICT, OK, Transaction, read_access, take_access
 from outrig.service.engine.values import FULL_KEY_LIMIT
 from outrig.service.engine.watchers import WatcherIndex
 from outrig.service.exceptions import (
     LeaseNotFoundError,
     QuotaExceededError,
-    TransactionNotFoundError,
     TypeConflictError,
 )
 
@@ -96,7 +89,7 @@ def _bucket_is_exact(template: Template) -> bool:
     return not fields or (len(fields) == 1 and fields[0][1].size <= FULL_KEY_LIMIT)
 
 
-class SpaceEngine:
+class SpaceEngine(TransactionsMixin):
     """The matching engine of one space."""
 
     def __init__(self, name: str, settings: SpaceSettings, clock: Clock) -> None:
@@ -712,199 +705,3 @@ class SpaceEngine:
             transactions=len(self._transactions),
             locked=self._locked,
         )
-
-    # ------------------------------------------------------------------ transactions
-
-    def begin(self, lease: float | None) -> tuple[Transaction, LeaseGrant]:
-        """Open a transaction under a lease (its id is a lease id of the space); it aborts when
-        the lease runs out."""
-        expires_at, granted = self._grant(lease, self._clock.time())
-        txn = Transaction(self._new_id(), expires_at)
-        self._transactions[txn.id] = txn
-        self._move_expiry(txn.id, None, expires_at)
-        return txn, LeaseGrant(txn.id, expires_at, granted)
-
-    def transaction(self, transaction_id: int) -> Transaction:
-        """The active transaction with this id; TransactionNotFoundError if it has ended."""
-        txn = self._transactions.get(transaction_id)
-        if txn is not None and self._expired_transaction(txn, self._clock.time()):
-            self.abort(txn)  # due, and the reaper has not got to it yet
-            txn = None
-        if txn is None:
-            raise TransactionNotFoundError(
-                f"transaction {transaction_id} in space {self.name!r} is unknown or has ended "
-                "(committed, aborted, or its lease ran out)"
-            )
-        return txn
-
-    def _check_active(self, txn: Transaction) -> None:
-        if not txn.active or self._transactions.get(txn.id) is not txn:
-            raise TransactionNotFoundError(f"transaction {txn.id} in space {self.name!r} has ended")
-        if self._expired_transaction(txn, self._clock.time()):
-            self.abort(txn)
-            raise TransactionNotFoundError(f"transaction {txn.id} in space {self.name!r} ran out of lease")
-
-    @staticmethod
-    def _expired_transaction(txn: Transaction, now: float) -> bool:
-        return txn.expires_at is not None and txn.expires_at <= now
-
-    def commit(self, txn: Transaction) -> TransactionOutcome:
-        """Make the transaction's writes visible to all and its takes final, release its read
-        locks, and end its notify registrations; then offer what became usable to waiters."""
-        self._check_active(txn)
-        written, taken, read = self._close(txn, TransactionState.COMMITTED)
-        for stored in taken:
-            self._remove(stored)
-        for stored in written:
-            self._release(stored, writer=txn)
-        for stored in written:
-            if stored.id in self._entries:  # not expired or cancelled meanwhile
-                self._publish(stored)
-        self._settle(txn, [*written, *read])
-        outcome = TransactionOutcome(txn, [s for s in written if s.id in self._entries], taken)
-        if self.on_transaction_end is not None:
-            self.on_transaction_end(outcome)
-        return outcome
-
-    def abort(self, txn: Transaction) -> TransactionOutcome:
-        """Discard the transaction's writes, put back what it took, release its read locks, and end
-        its notify registrations; then offer what became usable again to waiters."""
-        if not txn.active or self._transactions.get(txn.id) is not txn:
-            raise TransactionNotFoundError(f"transaction {txn.id} in space {self.name!r} has ended")
-        written, taken, read = self._close(txn, TransactionState.ABORTED)
-        for stored in written:
-            self._remove(stored)
-        for stored in taken:
-            self._release(stored, taker=txn)
-        self._settle(txn, [*taken, *read])
-        outcome = TransactionOutcome(txn, [], [s for s in taken if s.id in self._entries])
-        if self.on_transaction_end is not None:
-            self.on_transaction_end(outcome)
-        return outcome
-
-    def _close(
-        self, txn: Transaction, state: TransactionState
-    ) -> tuple[list[StoredEntry], list[StoredEntry], list[StoredEntry]]:
-        """End `txn`: its lease, its registrations and its read locks. Returns what it had written,
-        taken and read."""
-        txn.state = state
-        del self._transactions[txn.id]
-        self._move_expiry(txn.id, txn.expires_at, None)
-        for registration_id in list(txn.registrations):
-            registration = self._registration_by_id.get(registration_id)
-            if registration is not None:
-                self._end(registration)
-        for seq in list(txn.waiters):  # its blocked reads and takes end, empty-handed
-            waiter = self._by_seq[seq]
-            self.unpark(waiter)
-            waiter.deliver([])
-        written, taken, read = (
-            list(txn.written.values()),
-            list(txn.taken.values()),
-            list(txn.read_locked.values()),
-        )
-        for stored in read:
-            self._release(stored, reader=txn)
-        return written, taken, read
-
-    def _settle(self, txn: Transaction, usable: list[StoredEntry]) -> None:
-        """After `txn` ended: offer the entries it unlocked to waiters, then end the if_exists
-        waiters that have nothing locked left to wait for."""
-        now = self._clock.time()
-        for stored in usable:
-            if stored.id in self._entries and stored.lock is None and not self._expired(stored, now):
-                self._offer(stored)
-        for waiter in list(self._if_exists.values()):
-            if not self._select(waiter.templates, 1 << 62, waiter.txn, waiter.take)[1]:
-                self.unpark(waiter)
-                waiter.deliver([])
-
-    def is_transaction(self, lease_id: int) -> bool:
-        """Whether a lease id is an active transaction's."""
-        return lease_id in self._transactions
-
-    def read_lock(self, txn: Transaction, stored: StoredEntry) -> None:
-        """Read-lock an entry for `txn` (what contents under a transaction returns)."""
-        self._check_active(txn)
-        self._lock_read(txn, stored)
-
-    def untake(self, txn: Transaction, entries: Iterable[StoredEntry]) -> None:
-        """Give back entries `txn` took for a call that could not answer (its caller went away)."""
-        for stored in entries:
-            lock = stored.lock
-            if lock is not None and lock.taker is txn:
-                self._release(stored, taker=txn)
-                if stored.lock is None and stored.id in self._entries:
-                    self._offer(stored)
-
-    def _lock(self, stored: StoredEntry) -> EntryLock:
-        lock = stored.lock
-        if lock is None:
-            lock = stored.lock = EntryLock()
-            self._locked += 1
-        return lock
-
-    def _unlock_if_free(self, stored: StoredEntry) -> None:
-        lock = stored.lock
-        if lock is not None and lock.empty():
-            stored.lock = None
-            self._locked -= 1
-
-    def _lock_read(self, txn: Transaction, stored: StoredEntry) -> None:
-        lock = stored.lock
-        if lock is not None and lock.writer is txn:
-            return  # its own write: nobody else can see it anyway
-        self._lock(stored).readers.add(txn)
-        txn.read_locked[stored.id] = stored
-
-    def _lock_take(self, txn: Transaction, stored: StoredEntry) -> None:
-        lock = stored.lock
-        if lock is not None and lock.writer is txn:  # its own write, taken back: as if never written
-            if stored.id in self._entries:
-                self._remove(stored)
-            else:  # handed straight from the write to its own parked take
-                self._detach(stored)
-            return
-        if stored.id not in self._entries:
-            self._insert(stored)  # handed straight from a write: it must stay until commit or abort
-        lock = self._lock(stored)
-        lock.taker = txn
-        if txn in lock.readers:
-            lock.readers.discard(txn)
-            txn.read_locked.pop(stored.id, None)
-        txn.taken[stored.id] = stored
-
-    def _release(
-        self,
-        stored: StoredEntry,
-        *,
-        writer: Transaction | None = None,
-        taker: Transaction | None = None,
-        reader: Transaction | None = None,
-    ) -> None:
-        lock = stored.lock
-        if lock is None:
-            return
-        if writer is not None and lock.writer is writer:
-            lock.writer = None
-            writer.written.pop(stored.id, None)
-        if taker is not None and lock.taker is taker:
-            lock.taker = None
-            taker.taken.pop(stored.id, None)
-        if reader is not None:
-            lock.readers.discard(reader)
-            reader.read_locked.pop(stored.id, None)
-        self._unlock_if_free(stored)
-
-    def _detach(self, stored: StoredEntry) -> None:
-        """An entry leaves the space (expired, cancelled, taken for good): drop its locks."""
-        lock = stored.lock
-        assert lock is not None
-        if lock.writer is not None:
-            lock.writer.written.pop(stored.id, None)
-        if lock.taker is not None:
-            lock.taker.taken.pop(stored.id, None)
-        for reader in lock.readers:
-            reader.read_locked.pop(stored.id, None)
-        stored.lock = None
-        self._locked -= 1

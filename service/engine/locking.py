@@ -1,0 +1,254 @@
+"""The transactional half of `SpaceEngine`: begin, commit and abort, and the locks a transaction
+takes on entries (the lock table itself is in transactions.py).
+
+A mixin, so that space.py stays about matching and indexes: `SpaceEngine` inherits it, and these
+methods use the engine's indexes and waiters through the names declared for the type checker below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
+
+from outrig.service.engine.clock import Clock
+from outrig.service.engine.model import (
+    LeaseGrant,
+    Registration,
+    StoredEntry,
+    Template,
+    TransactionOutcome,
+    Waiter,
+)
+from outrig.service.engine.transactions import EntryLock, Transaction, TransactionState
+from outrig.service.exceptions import TransactionNotFoundError
+
+__all__ = ["TransactionsMixin"]
+
+
+class TransactionsMixin:
+    """Transactions of one space: see `SpaceEngine` and docs/transactions.md."""
+
+    name: str
+    _clock: Clock
+    _entries: dict[int, StoredEntry]
+    _registration_by_id: dict[int, Registration]
+    _transactions: dict[int, Transaction]
+    _locked: int
+    _if_exists: dict[int, Waiter]
+    _by_seq: dict[int, Waiter]
+    on_transaction_end: Callable[[TransactionOutcome], None] | None
+
+    if TYPE_CHECKING:  # SpaceEngine's, used here
+
+        def _grant(self, requested: float | None, now: float) -> tuple[float | None, float | None]: ...
+        def _new_id(self) -> int: ...
+        def _move_expiry(self, lease_id: int, old: float | None, new: float | None) -> None: ...
+        def _insert(self, stored: StoredEntry) -> None: ...
+        def _remove(self, stored: StoredEntry) -> None: ...
+        def _offer(self, stored: StoredEntry) -> bool: ...
+        def _publish(self, stored: StoredEntry, writer: Transaction | None = None) -> None: ...
+        def _end(self, registration: Registration) -> None: ...
+        def unpark(self, waiter: Waiter) -> None: ...
+        def _select(
+            self,
+            templates: Sequence[Template],
+            limit: int,
+            txn: Transaction | None = None,
+            take: bool = False,
+        ) -> tuple[list[StoredEntry], bool]: ...
+        @staticmethod
+        def _expired(stored: StoredEntry, now: float) -> bool: ...
+
+    def begin(self, lease: float | None) -> tuple[Transaction, LeaseGrant]:
+        """Open a transaction under a lease (its id is a lease id of the space); it aborts when
+        the lease runs out."""
+        expires_at, granted = self._grant(lease, self._clock.time())
+        txn = Transaction(self._new_id(), expires_at)
+        self._transactions[txn.id] = txn
+        self._move_expiry(txn.id, None, expires_at)
+        return txn, LeaseGrant(txn.id, expires_at, granted)
+
+    def transaction(self, transaction_id: int) -> Transaction:
+        """The active transaction with this id; TransactionNotFoundError if it has ended."""
+        txn = self._transactions.get(transaction_id)
+        if txn is not None and self._expired_transaction(txn, self._clock.time()):
+            self.abort(txn)  # due, and the reaper has not got to it yet
+            txn = None
+        if txn is None:
+            raise TransactionNotFoundError(
+                f"transaction {transaction_id} in space {self.name!r} is unknown or has ended "
+                "(committed, aborted, or its lease ran out)"
+            )
+        return txn
+
+    def _check_active(self, txn: Transaction) -> None:
+        if not txn.active or self._transactions.get(txn.id) is not txn:
+            raise TransactionNotFoundError(f"transaction {txn.id} in space {self.name!r} has ended")
+        if self._expired_transaction(txn, self._clock.time()):
+            self.abort(txn)
+            raise TransactionNotFoundError(f"transaction {txn.id} in space {self.name!r} ran out of lease")
+
+    @staticmethod
+    def _expired_transaction(txn: Transaction, now: float) -> bool:
+        return txn.expires_at is not None and txn.expires_at <= now
+
+    def commit(self, txn: Transaction) -> TransactionOutcome:
+        """Make the transaction's writes visible to all and its takes final, release its read
+        locks, and end its notify registrations; then offer what became usable to waiters."""
+        self._check_active(txn)
+        written, taken, read = self._close(txn, TransactionState.COMMITTED)
+        for stored in taken:
+            self._remove(stored)
+        for stored in written:
+            self._release(stored, writer=txn)
+        for stored in written:
+            if stored.id in self._entries:  # not expired or cancelled meanwhile
+                self._publish(stored)
+        self._settle(txn, [*written, *read])
+        outcome = TransactionOutcome(txn, [s for s in written if s.id in self._entries], taken)
+        if self.on_transaction_end is not None:
+            self.on_transaction_end(outcome)
+        return outcome
+
+    def abort(self, txn: Transaction) -> TransactionOutcome:
+        """Discard the transaction's writes, put back what it took, release its read locks, and end
+        its notify registrations; then offer what became usable again to waiters."""
+        if not txn.active or self._transactions.get(txn.id) is not txn:
+            raise TransactionNotFoundError(f"transaction {txn.id} in space {self.name!r} has ended")
+        written, taken, read = self._close(txn, TransactionState.ABORTED)
+        for stored in written:
+            self._remove(stored)
+        for stored in taken:
+            self._release(stored, taker=txn)
+        self._settle(txn, [*taken, *read])
+        outcome = TransactionOutcome(txn, [], [s for s in taken if s.id in self._entries])
+        if self.on_transaction_end is not None:
+            self.on_transaction_end(outcome)
+        return outcome
+
+    def _close(
+        self, txn: Transaction, state: TransactionState
+    ) -> tuple[list[StoredEntry], list[StoredEntry], list[StoredEntry]]:
+        """End `txn`: its lease, its registrations and its read locks. Returns what it had written,
+        taken and read."""
+        txn.state = state
+        del self._transactions[txn.id]
+        self._move_expiry(txn.id, txn.expires_at, None)
+        for registration_id in list(txn.registrations):
+            registration = self._registration_by_id.get(registration_id)
+            if registration is not None:
+                self._end(registration)
+        for seq in list(txn.waiters):  # its blocked reads and takes end, empty-handed
+            waiter = self._by_seq[seq]
+            self.unpark(waiter)
+            waiter.deliver([])
+        written, taken, read = (
+            list(txn.written.values()),
+            list(txn.taken.values()),
+            list(txn.read_locked.values()),
+        )
+        for stored in read:
+            self._release(stored, reader=txn)
+        return written, taken, read
+
+    def _settle(self, txn: Transaction, usable: list[StoredEntry]) -> None:
+        """After `txn` ended: offer the entries it unlocked to waiters, then end the if_exists
+        waiters that have nothing locked left to wait for."""
+        now = self._clock.time()
+        for stored in usable:
+            if stored.id in self._entries and stored.lock is None and not self._expired(stored, now):
+                self._offer(stored)
+        for waiter in list(self._if_exists.values()):
+            if not self._select(waiter.templates, 1 << 62, waiter.txn, waiter.take)[1]:
+                self.unpark(waiter)
+                waiter.deliver([])
+
+    def is_transaction(self, lease_id: int) -> bool:
+        """Whether a lease id is an active transaction's."""
+        return lease_id in self._transactions
+
+    def read_lock(self, txn: Transaction, stored: StoredEntry) -> None:
+        """Read-lock an entry for `txn` (what contents under a transaction returns)."""
+        self._check_active(txn)
+        self._lock_read(txn, stored)
+
+    def untake(self, txn: Transaction, entries: Iterable[StoredEntry]) -> None:
+        """Give back entries `txn` took for a call that could not answer (its caller went away)."""
+        for stored in entries:
+            lock = stored.lock
+            if lock is not None and lock.taker is txn:
+                self._release(stored, taker=txn)
+                if stored.lock is None and stored.id in self._entries:
+                    self._offer(stored)
+
+    def _lock(self, stored: StoredEntry) -> EntryLock:
+        lock = stored.lock
+        if lock is None:
+            lock = stored.lock = EntryLock()
+            self._locked += 1
+        return lock
+
+    def _unlock_if_free(self, stored: StoredEntry) -> None:
+        lock = stored.lock
+        if lock is not None and lock.empty():
+            stored.lock = None
+            self._locked -= 1
+
+    def _lock_read(self, txn: Transaction, stored: StoredEntry) -> None:
+        lock = stored.lock
+        if lock is not None and lock.writer is txn:
+            return  # its own write: nobody else can see it anyway
+        self._lock(stored).readers.add(txn)
+        txn.read_locked[stored.id] = stored
+
+    def _lock_take(self, txn: Transaction, stored: StoredEntry) -> None:
+        lock = stored.lock
+        if lock is not None and lock.writer is txn:  # its own write, taken back: as if never written
+            if stored.id in self._entries:
+                self._remove(stored)
+            else:  # handed straight from the write to its own parked take
+                self._detach(stored)
+            return
+        if stored.id not in self._entries:
+            self._insert(stored)  # handed straight from a write: it must stay until commit or abort
+        lock = self._lock(stored)
+        lock.taker = txn
+        if txn in lock.readers:
+            lock.readers.discard(txn)
+            txn.read_locked.pop(stored.id, None)
+        txn.taken[stored.id] = stored
+
+    def _release(
+        self,
+        stored: StoredEntry,
+        *,
+        writer: Transaction | None = None,
+        taker: Transaction | None = None,
+        reader: Transaction | None = None,
+    ) -> None:
+        lock = stored.lock
+        if lock is None:
+            return
+        if writer is not None and lock.writer is writer:
+            lock.writer = None
+            writer.written.pop(stored.id, None)
+        if taker is not None and lock.taker is taker:
+            lock.taker = None
+            taker.taken.pop(stored.id, None)
+        if reader is not None:
+            lock.readers.discard(reader)
+            reader.read_locked.pop(stored.id, None)
+        self._unlock_if_free(stored)
+
+    def _detach(self, stored: StoredEntry) -> None:
+        """An entry leaves the space (expired, cancelled, taken for good): drop its locks."""
+        lock = stored.lock
+        assert lock is not None
+        if lock.writer is not None:
+            lock.writer.written.pop(stored.id, None)
+        if lock.taker is not None:
+            lock.taker.taken.pop(stored.id, None)
+        for reader in lock.readers:
+            reader.read_locked.pop(stored.id, None)
+        stored.lock = None
+        self._locked -= 1
