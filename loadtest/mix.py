@@ -1,5 +1,5 @@
-"""The random mix: users doing random writes, reads, takes, take_many and notify with random
-templates as fast as they can, while a step shape adds users; then an account of every entry.
+"""The random mix: users doing random writes, reads, takes, take_many, transactions and notify with
+random templates as fast as they can, while a step shape adds users; then an account of every entry.
 
 Templates are drawn at random: a wildcard of one of the 11 campaign classes (which also matches
 its subclasses), or an entry this process wrote recently, used as its own template. Reads and
@@ -133,6 +133,23 @@ class MixWorker:
             got = self.space.take_many(self.template(), max_entries=10, timeout=_WAIT)
             measure.size = self._took(got)
 
+    def transaction(self) -> None:
+        """Under a transaction: take_nowait with a random template and write one or two entries,
+        then commit (four times in five) or abort. Only a commit counts its takes and writes."""
+        with measured(self._fire, "transaction") as measure:
+            txn = self.space.transaction(lease=10.0)
+            got = txn.take_nowait(self.template())
+            entries = [self.factory.make() for _ in range(random.randint(1, 2))]
+            txn.write_many(entries, lease=_LEASE)
+            if random.random() < 0.8:
+                txn.commit()
+                measure.size = self._took([got] if got is not None else [])
+                self.tally.written += len(entries)
+                self._written.extend(identity_of(entry)[1] for entry in entries)
+                self._recent.extend(entries)
+            else:
+                txn.abort()
+
     def notify(self) -> None:
         """Register for a random template (the request timed is the registration), count the
         events of half a second, and end the registration."""
@@ -173,6 +190,10 @@ class MixUser(User):
     @task(1)
     def take_many(self) -> None:
         self._run(self._side.take_many)
+
+    @task(1)
+    def transaction(self) -> None:
+        self._run(self._side.transaction)
 
     @task(1)
     def notify(self) -> None:

@@ -142,7 +142,7 @@ def test_the_random_mix_accounts_for_every_entry(tmp_path: Path) -> None:
     assert re.search(r"notify: \d+ events received", done.stdout)
     with (tmp_path / "report" / "stats_stats.csv").open() as stats:
         names = {row["Name"] for row in csv.DictReader(stats)}
-    assert {"write", "read", "take", "take_many", "notify"} <= names
+    assert {"write", "read", "take", "take_many", "notify", "transaction"} <= names
 
 
 def test_bad_options_exit_2_naming_the_option(tmp_path: Path) -> None:
