@@ -481,3 +481,15 @@ def test_with_mutual_tls_and_tokens_a_token_names_the_caller(
     space = outrig.connect(server.address, tls=tls, space="jobs", retry_deadline=0)
     with space, pytest.raises(outrig.PermissionDeniedError, match="'carol-cert' may not notify"):
         space.notify(Task(), lease=5).__enter__()
+
+
+def test_transactions_are_checked_as_leases_and_their_operations_as_usual(
+    token_server: ServerProcess, pki: Pki
+) -> None:
+    with _as(token_server, pki, "alice", "jobs") as alice, _as(token_server, pki, "carol", "jobs") as carol:
+        with alice.transaction() as txn:  # alice may renew in jobs: she may begin and commit
+            txn.write(Task(n=100), lease=60)
+            with pytest.raises(outrig.PermissionDeniedError, match="take"):
+                txn.take_nowait(Task())  # but under a transaction she still may not take
+        with pytest.raises(outrig.PermissionDeniedError, match=r"renew outrig://jobs \("):
+            carol.transaction()  # carol may take tasks in jobs, but not begin a transaction there
