@@ -127,8 +127,7 @@ def add_arguments(parser: Any, *, campaign_flag: str = "--campaign") -> None:
         ("--restart-wait", float, "seconds between a kill and the restart (10)"),
         ("--query-timeout", float, "timeout of every read and take, in seconds (10)"),
     ]
-    for flag, kind, text in stress:
-        group.add_argument(flag, type=kind, default=None, metavar="N" if kind is int else "S", help=text)
+    _add_valued(group, stress)
     for flag, text in [
         ("--use-if-exists", "read_nowait/take_nowait (readIfExists/takeIfExists) instead of blocking calls"),
         ("--interleave", "readers run alongside the writers, and the kill comes after half the writes"),
@@ -161,7 +160,12 @@ def add_arguments(parser: Any, *, campaign_flag: str = "--campaign") -> None:
         ("--step-seconds", float, "random: seconds per step (10)"),
         ("--duration", float, "random: seconds the mix runs (60)"),
     ]
-    for flag, kind, text in mix:
+    _add_valued(group, mix)
+
+
+def _add_valued(group: Any, options: list[tuple[str, type, str]]) -> None:
+    """Options of a number (N) or of seconds (S), None unless given."""
+    for flag, kind, text in options:
         group.add_argument(flag, type=kind, default=None, metavar="N" if kind is int else "S", help=text)
 
 
