@@ -22,6 +22,16 @@ Campaign = Literal["stress-with-shutdown", "stress", "random"]
 RetryPath = Literal["sdk", "original"]
 
 CAMPAIGNS: Final[tuple[Campaign, ...]] = ("stress-with-shutdown", "stress", "random")
+_STRESS_NUMBERS: Final = (
+    "num_entries",
+    "num_writers",
+    "num_readers",
+    "try_shutdown",
+    "restart_wait",
+    "query_timeout",
+)
+_SWITCHES: Final = ("use_if_exists", "interleave", "verify_takes")
+_MIX_NUMBERS: Final = ("max_users", "step_users", "step_seconds", "duration")
 _WEEK: Final = 7 * 24 * 3600.0
 
 
@@ -127,8 +137,7 @@ def add_arguments(parser: Any, *, campaign_flag: str = "--campaign") -> None:
         ("--restart-wait", float, "seconds between a kill and the restart (10)"),
         ("--query-timeout", float, "timeout of every read and take, in seconds (10)"),
     ]
-    for flag, kind, text in stress:
-        group.add_argument(flag, type=kind, default=None, metavar="N" if kind is int else "S", help=text)
+    _add_valued(group, stress)
     for flag, text in [
         ("--use-if-exists", "read_nowait/take_nowait (readIfExists/takeIfExists) instead of blocking calls"),
         ("--interleave", "readers run alongside the writers, and the kill comes after half the writes"),
@@ -161,7 +170,12 @@ def add_arguments(parser: Any, *, campaign_flag: str = "--campaign") -> None:
         ("--step-seconds", float, "random: seconds per step (10)"),
         ("--duration", float, "random: seconds the mix runs (60)"),
     ]
-    for flag, kind, text in mix:
+    _add_valued(group, mix)
+
+
+def _add_valued(group: Any, options: list[tuple[str, type, str]]) -> None:
+    """Options of a number (N) or of seconds (S), None unless given."""
+    for flag, kind, text in options:
         group.add_argument(flag, type=kind, default=None, metavar="N" if kind is int else "S", help=text)
 
 
@@ -182,24 +196,17 @@ def params_from(options: Any) -> StressParams | MixParams:
         mix = MixParams(
             **{
                 name: _given(options, name) if _given(options, name) is not None else getattr(mix_base, name)
-                for name in ("max_users", "step_users", "step_seconds", "duration", "space")
+                for name in (*_MIX_NUMBERS, "space")
             }
         )
         mix.check()
         return mix
     base = _profile_defaults(campaign)
     values: dict[str, Any] = {}
-    for name in (
-        "num_entries",
-        "num_writers",
-        "num_readers",
-        "try_shutdown",
-        "restart_wait",
-        "query_timeout",
-    ):
+    for name in _STRESS_NUMBERS:
         given = _given(options, name)
         values[name] = given if given is not None else getattr(base, name)
-    for name in ("use_if_exists", "interleave", "verify_takes"):
+    for name in _SWITCHES:
         values[name] = bool(_given(options, name))
     values["retry"] = _given(options, "retry") or base.retry
     values["space"] = _given(options, "space") or base.space
@@ -214,26 +221,11 @@ def namespace_args(options: argparse.Namespace) -> list[str]:
     args: list[str] = []
     if options.campaign is not None:
         args += ["--campaign", options.campaign]
-    for name in (
-        "num_entries",
-        "num_writers",
-        "num_readers",
-        "try_shutdown",
-        "restart_wait",
-        "query_timeout",
-        "retry",
-        "space",
-        "kill_command",
-        "restart_command",
-        "max_users",
-        "step_users",
-        "step_seconds",
-        "duration",
-    ):
+    for name in (*_STRESS_NUMBERS, "retry", "space", "kill_command", "restart_command", *_MIX_NUMBERS):
         value = getattr(options, name, None)
         if value is not None:
             args += ["--" + name.replace("_", "-"), str(value)]
-    for name in ("use_if_exists", "interleave", "verify_takes"):
+    for name in _SWITCHES:
         if getattr(options, name, False):
             args.append("--" + name.replace("_", "-"))
     return args

@@ -35,26 +35,21 @@ def measured(fire: Callable[..., Any], name: str) -> Iterator[Measure]:
     if any, is the event's exception, and is raised again."""
     measure = Measure()
     start = time.perf_counter()
+    failure: Exception | None = None
     try:
         yield measure
     except Exception as err:
+        failure = err
+        raise
+    finally:
         fire(
             request_type=REQUEST_TYPE,
             name=name,
             response_time=(time.perf_counter() - start) * 1000.0,
             response_length=measure.size,
-            exception=err,
+            exception=failure,
             context={},
         )
-        raise
-    fire(
-        request_type=REQUEST_TYPE,
-        name=name,
-        response_time=(time.perf_counter() - start) * 1000.0,
-        response_length=measure.size,
-        exception=None,
-        context={},
-    )
 
 
 @dataclass

@@ -237,24 +237,32 @@ class StressWorker:
     def _read_once(self, entry: StressEntry, size: int, name: str) -> bool:
         if self.params.use_if_exists:
             name = name.replace("read", "read_nowait", 1)
+        return self._match_once(entry, size, name, take=False) is not None
+
+    def _match_once(self, entry: StressEntry, size: int, name: str, *, take: bool) -> StressEntry | None:
+        """One read or take of ``entry`` by itself as the template: the entry, or None (reported
+        as a failed request: the entry should have been there)."""
+        space, nowait = self.space, self.params.use_if_exists
         try:
             with measured(self._fire, name) as measure:
-                if self.params.use_if_exists:
-                    got = self.space.read_nowait(entry)
+                if nowait:
+                    got: Any = space.take_nowait(entry) if take else space.read_nowait(entry)
                 else:
-                    got = self.space.read(entry, timeout=self.params.query_timeout)
+                    call = space.take if take else space.read
+                    got = call(entry, timeout=self.params.query_timeout)
                 if got is None:
-                    raise CheckFailedError(f"could not read existing entry {identity_of(entry)}")
+                    verb = "take" if take else "read"
+                    raise CheckFailedError(f"could not {verb} existing entry {identity_of(entry)}")
                 measure.size = size
         except CheckFailedError:
-            return False
-        return True
+            return None
+        return got  # type: ignore[no-any-return]
 
     def _take(self, entry: StressEntry, size: int) -> StressEntry | None:
         epoch = self.restarts
         name = "take_nowait" if self.params.use_if_exists else "take"
         try:
-            return self._take_once(entry, size, name)
+            return self._match_once(entry, size, name, take=True)
         except UnavailableError as err:
             self._await_restart(epoch, err)
             self.tally.retries += 1
@@ -265,21 +273,7 @@ class StressWorker:
                 self.tally.takes_gone += 1
                 return entry  # gone: the take before the kill is assumed to have succeeded
             self.tally.takes_again += 1
-            return self._take_once(entry, size, name + " (retry)")
-
-    def _take_once(self, entry: StressEntry, size: int, name: str) -> StressEntry | None:
-        try:
-            with measured(self._fire, name) as measure:
-                if self.params.use_if_exists:
-                    got: Any = self.space.take_nowait(entry)
-                else:
-                    got = self.space.take(entry, timeout=self.params.query_timeout)
-                if got is None:
-                    raise CheckFailedError(f"could not take existing entry {identity_of(entry)}")
-                measure.size = size
-        except CheckFailedError:
-            return None
-        return got  # type: ignore[no-any-return]
+            return self._match_once(entry, size, name + " (retry)", take=True)
 
     def _await_restart(self, epoch: int, err: UnavailableError) -> None:
         """On the original path, wait for the restart that follows the kill which broke a call
