@@ -70,7 +70,6 @@ def running_postgres(bindir: Path) -> Iterator[PostgresServer]:
         postgres = pwd.getpwnam("postgres")
         for path in (root, sockets):
             os.chown(path, postgres.pw_uid, postgres.pw_gid)
-    log = root / "postgres.log"
     port = _free_port()
     subprocess.run(
         _as_postgres(
@@ -90,6 +89,7 @@ def running_postgres(bindir: Path) -> Iterator[PostgresServer]:
         check=True,
         capture_output=True,
     )
+    log = (root / "postgres.log").open("w")  # the child writes through it, whoever owns the file
     server = subprocess.Popen(
         _as_postgres(
             [
@@ -99,7 +99,7 @@ def running_postgres(bindir: Path) -> Iterator[PostgresServer]:
             ]
         ),
         stdout=subprocess.DEVNULL,
-        stderr=log.open("w"),  # the child writes through this descriptor, whoever owns the file
+        stderr=log,
         text=True,
     )  # fmt: skip
     try:
@@ -131,4 +131,5 @@ def running_postgres(bindir: Path) -> Iterator[PostgresServer]:
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+        log.close()
         shutil.rmtree(root, ignore_errors=True)
