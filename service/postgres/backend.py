@@ -1,0 +1,360 @@
+"""The PostgreSQL backend: spaces as rows in one database that several outrig servers share.
+
+In progress (issue 8). What works: write, read and take (waiting included, woken across servers
+by LISTEN/NOTIFY and re-checked on a timer because notifications are not replayed), count,
+contents, renew, cancel and a lease reaper. Not yet: notify registrations, transactions, request
+ids, quotas; those raise UnsupportedError (UNIMPLEMENTED).
+
+Matching: a template is a containment query on two GIN indexes, `lineage @> ARRAY[type]` and
+`fields @> {field: key}` (schema.py), in arrival order; a take locks the rows it chose with
+`FOR UPDATE SKIP LOCKED`, so concurrent takes through any number of servers never return the same
+entry and never wait on each other, and deletes them in the same database transaction. Each
+candidate is then checked with the engine's own `Template.matches`, which compares large values
+in full. No database transaction is ever held open across client calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
+
+from outrig.service import codec
+from outrig.service.backend import Subscription
+from outrig.service.config import ServerConfig
+from outrig.service.engine.clock import Clock, SystemClock
+from outrig.service.engine.model import LeaseGrant, NewEntry, StoredEntry, Template
+from outrig.service.exceptions import (
+    LeaseNotFoundError,
+    ShuttingDownError,
+    SpaceError,
+    TypeConflictError,
+    UnsupportedError,
+)
+from outrig.service.postgres.schema import field_key, migrate
+
+__all__ = ["PostgresBackend"]
+
+log = logging.getLogger("outrig.service.postgres")
+
+_CHANNEL = "outrig_changes"
+_RECHECK = 1.0  # seconds between re-checks of a blocked call: notifications are not replayed
+_REAP_BATCH = 1000
+
+
+def _template_sql(templates: Sequence[Template]) -> tuple[str, list[Any]]:
+    clauses, params = [], []
+    for template in templates:
+        fields = {name: field_key(value) for name, value in template.fields}
+        clauses.append("(lineage @> ARRAY[%s]::text[] AND fields @> %s::jsonb)")
+        params += [template.type_name, json.dumps(fields)]
+    return "(" + " OR ".join(clauses) + ")", params
+
+
+def _stored(row: tuple[Any, ...]) -> StoredEntry:
+    entry_id, arrival, payload, expires_at = row
+    stored = StoredEntry(entry_id, codec.stored_entry(bytes(payload)), expires_at)
+    stored.arrival = arrival
+    return stored
+
+
+class PostgresBackend:
+    """Spaces in a PostgreSQL database: `outrig serve --backend postgres --dsn ...` (to come)."""
+
+    def __init__(
+        self, config: ServerConfig, dsn: str, clock: Clock | None = None, pool_size: int = 10
+    ) -> None:
+        self.config = config
+        self.dsn = dsn
+        self.clock = clock or SystemClock()
+        self._pool = AsyncConnectionPool(dsn, min_size=1, max_size=pool_size, open=False)
+        self._changed: dict[str, asyncio.Event] = {}
+        self._listener: asyncio.Task[None] | None = None
+        self._reaper: asyncio.Task[None] | None = None
+        self.closing = False
+
+    async def start(self) -> None:
+        await self._pool.open(wait=True)
+        async with self._pool.connection() as connection:
+            applied = await migrate(connection)
+        if applied:
+            log.info("PostgreSQL schema: applied migrations %s", applied)
+        self._listener = asyncio.create_task(self._listen())
+        self._reaper = asyncio.create_task(self._reap_forever())
+
+    async def close(self) -> None:
+        self.closing = True
+        for task in (self._listener, self._reaper):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        for event in self._changed.values():
+            event.set()
+
+    async def shutdown(self) -> None:
+        await self._pool.close()
+
+    # ------------------------------------------------------------------ wake-ups
+
+    async def _listen(self) -> None:
+        """One listening connection per server fans notifications out to its own waiters."""
+        while True:
+            try:
+                async with await AsyncConnection.connect(self.dsn, autocommit=True) as connection:
+                    await connection.execute(f"LISTEN {_CHANNEL}")
+                    for event in self._changed.values():
+                        event.set()  # anything may have changed while not listening
+                    async for notification in connection.notifies():
+                        woken = self._changed.get(notification.payload)
+                        if woken is not None:
+                            woken.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # the database went away: listen again shortly
+                log.warning("PostgreSQL listener: %s; reconnecting", err)
+                await asyncio.sleep(0.5)
+
+    def _event(self, space: str) -> asyncio.Event:
+        event = self._changed.get(space)
+        if event is None:
+            event = self._changed[space] = asyncio.Event()
+        return event
+
+    async def _reap_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.reap_interval)
+            try:
+                async with self._pool.connection() as connection:
+                    await connection.execute(
+                        "DELETE FROM outrig_entries WHERE ctid IN (SELECT ctid FROM outrig_entries "
+                        "WHERE expires_at <= %s LIMIT %s)",
+                        (self.clock.time(), _REAP_BATCH),
+                    )
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:
+                log.warning("PostgreSQL reaper: %s", err)
+
+    # ------------------------------------------------------------------ operations
+
+    async def write(
+        self,
+        space: str,
+        entries: Sequence[NewEntry],
+        lease: float | None,
+        *,
+        request_id: str = "",
+        transaction: int = 0,
+    ) -> list[LeaseGrant]:
+        if request_id or transaction:
+            raise UnsupportedError(
+                "request ids and transactions: not supported by the PostgreSQL backend yet"
+            )
+        settings = self.config.space_settings(space)
+        duration = min(settings.default_lease if lease is None else lease, settings.max_lease)
+        now = self.clock.time()
+        expires_at, granted = (None, None) if math.isinf(duration) else (now + duration, duration)
+        async with self._pool.connection() as connection, connection.transaction():
+            await self._declare(connection, space, entries)
+            cursor = await connection.execute(
+                "SELECT nextval('outrig_ids') FROM generate_series(1, %s)", (len(entries),)
+            )
+            ids = [row[0] for row in await cursor.fetchall()]
+            async with connection.cursor() as insert:
+                await insert.executemany(
+                    "INSERT INTO outrig_entries (space, id, arrival, lineage, fields, payload, size, "
+                    "expires_at) VALUES (%s, %s, %s, %s, %s::jsonb, %s, %s, %s)",
+                    [
+                        (
+                            space,
+                            entry_id,
+                            entry_id,
+                            [new.type_name, *new.supertypes],
+                            json.dumps({name: field_key(value) for name, value in new.fields.items()}),
+                            bytes(codec.entry_bytes(new.payload)),
+                            new.size,
+                            expires_at,
+                        )
+                        for entry_id, new in zip(ids, entries, strict=True)
+                    ],
+                )
+            await connection.execute("SELECT pg_notify(%s, %s)", (_CHANNEL, space))
+        return [LeaseGrant(entry_id, expires_at, granted) for entry_id in ids]
+
+    async def _declare(
+        self, connection: AsyncConnection[Any], space: str, entries: Sequence[NewEntry]
+    ) -> None:
+        """Declare the entries' types, refusing one that was declared with other supertypes."""
+        wanted: dict[str, list[str]] = {}
+        for new in entries:
+            lineage = [new.type_name, *new.supertypes]
+            for depth, name in enumerate(lineage):
+                wanted.setdefault(name, lineage[depth + 1 :])
+        async with connection.cursor() as cursor:
+            await cursor.executemany(
+                "INSERT INTO outrig_types (space, name, supertypes) VALUES (%s, %s, %s) "
+                "ON CONFLICT DO NOTHING",
+                [(space, name, parents) for name, parents in wanted.items()],
+            )
+        cursor = await connection.execute(
+            "SELECT name, supertypes FROM outrig_types WHERE space = %s AND name = ANY(%s)",
+            (space, list(wanted)),
+        )
+        for name, parents in await cursor.fetchall():
+            if list(parents) != wanted[name]:
+                raise TypeConflictError(
+                    f"type {name!r} has supertypes {list(parents)} in space {space!r}; "
+                    f"an entry declares {wanted[name]}"
+                )
+
+    async def match(
+        self,
+        space: str,
+        templates: Sequence[Template],
+        *,
+        take: bool,
+        max_entries: int,
+        timeout: float | None,
+        if_exists: bool,
+        request_id: str = "",
+        transaction: int = 0,
+    ) -> list[StoredEntry]:
+        if transaction:
+            raise UnsupportedError("transactions: not supported by the PostgreSQL backend yet")
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        event = self._event(space)
+        while True:
+            event.clear()  # before looking: a change after this moment wakes us
+            found = await self._find(space, templates, take, max_entries)
+            if found or if_exists or (deadline is not None and loop.time() >= deadline):
+                return found
+            if self.closing:
+                raise ShuttingDownError("the server is shutting down")
+            wait = _RECHECK if deadline is None else min(_RECHECK, deadline - loop.time())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), max(wait, 0.0))
+
+    async def _find(
+        self, space: str, templates: Sequence[Template], take: bool, limit: int
+    ) -> list[StoredEntry]:
+        where, params = _template_sql(templates)
+        query = (
+            "SELECT id, arrival, payload, expires_at FROM outrig_entries WHERE space = %s AND "
+            f"{where} AND (expires_at IS NULL OR expires_at > %s) AND written_by IS NULL "
+            "AND taken_by IS NULL ORDER BY arrival LIMIT %s"
+        )
+        args = [space, *params, self.clock.time(), limit]
+        async with self._pool.connection() as connection, connection.transaction():
+            cursor = await connection.execute(query + (" FOR UPDATE SKIP LOCKED" if take else ""), args)
+            found = [_stored(row) for row in await cursor.fetchall()]
+            found = [stored for stored in found if any(t.matches(stored) for t in templates)]
+            if take and found:
+                await connection.execute(
+                    "DELETE FROM outrig_entries WHERE space = %s AND id = ANY(%s)",
+                    (space, [s.id for s in found]),
+                )
+        return found
+
+    async def contents(
+        self, space: str, templates: Sequence[Template], max_entries: int, transaction: int = 0
+    ) -> AsyncIterator[list[StoredEntry]]:
+        where, params = _template_sql(templates)
+        chunk = self.config.limits.contents_chunk
+        left = max_entries or math.inf
+        after = -1
+        while left > 0:
+            async with self._pool.connection() as connection:
+                cursor = await connection.execute(
+                    "SELECT id, arrival, payload, expires_at FROM outrig_entries WHERE space = %s AND "
+                    f"{where} AND (expires_at IS NULL OR expires_at > %s) AND written_by IS NULL "
+                    "AND taken_by IS NULL AND arrival > %s ORDER BY arrival LIMIT %s",
+                    [space, *params, self.clock.time(), after, int(min(chunk, left))],
+                )
+                rows = await cursor.fetchall()
+            if not rows:
+                return
+            after = rows[-1][1]
+            ready = [s for s in map(_stored, rows) if any(t.matches(s) for t in templates)]
+            left -= len(ready)
+            if ready:
+                yield ready
+
+    async def count(self, space: str, templates: Sequence[Template], transaction: int = 0) -> int:
+        where, params = _template_sql(templates)
+        async with self._pool.connection() as connection:
+            cursor = await connection.execute(
+                f"SELECT count(*) FROM outrig_entries WHERE space = %s AND {where} "
+                "AND (expires_at IS NULL OR expires_at > %s) AND written_by IS NULL AND taken_by IS NULL",
+                [space, *params, self.clock.time()],
+            )
+            row = await cursor.fetchone()
+        return int(row[0]) if row else 0
+
+    async def subscribe(
+        self,
+        space: str,
+        templates: Sequence[Template],
+        lease: float | None,
+        *,
+        resume: int | None = None,
+        transaction: int = 0,
+    ) -> Subscription:
+        raise UnsupportedError("notify: not supported by the PostgreSQL backend yet")
+
+    async def renew(
+        self, space: str, renewals: Sequence[tuple[int, float | None]]
+    ) -> list[LeaseGrant | SpaceError]:
+        settings = self.config.space_settings(space)
+        results: list[LeaseGrant | SpaceError] = []
+        now = self.clock.time()
+        async with self._pool.connection() as connection:
+            for lease_id, requested in renewals:
+                duration = min(settings.default_lease if requested is None else requested, settings.max_lease)
+                expires_at, granted = (None, None) if math.isinf(duration) else (now + duration, duration)
+                cursor = await connection.execute(
+                    "UPDATE outrig_entries SET expires_at = %s WHERE space = %s AND id = %s "
+                    "AND (expires_at IS NULL OR expires_at > %s)",
+                    (expires_at, space, lease_id, now),
+                )
+                if cursor.rowcount:
+                    results.append(LeaseGrant(lease_id, expires_at, granted))
+                else:
+                    results.append(
+                        LeaseNotFoundError(f"lease {lease_id} in space {space!r} is unknown or has ended")
+                    )
+        return results
+
+    async def cancel(self, space: str, lease_ids: Sequence[int]) -> list[SpaceError | None]:
+        results: list[SpaceError | None] = []
+        now = self.clock.time()
+        async with self._pool.connection() as connection:
+            for lease_id in lease_ids:
+                cursor = await connection.execute(
+                    "DELETE FROM outrig_entries WHERE space = %s AND id = %s "
+                    "AND (expires_at IS NULL OR expires_at > %s)",
+                    (space, lease_id, now),
+                )
+                results.append(
+                    None
+                    if cursor.rowcount
+                    else LeaseNotFoundError(f"lease {lease_id} in space {space!r} is unknown or has ended")
+                )
+        return results
+
+    async def begin(self, space: str, lease: float | None) -> LeaseGrant:
+        raise UnsupportedError("transactions: not supported by the PostgreSQL backend yet")
+
+    async def commit(self, space: str, transaction: int) -> None:
+        raise UnsupportedError("transactions: not supported by the PostgreSQL backend yet")
+
+    async def abort(self, space: str, transaction: int) -> None:
+        raise UnsupportedError("transactions: not supported by the PostgreSQL backend yet")

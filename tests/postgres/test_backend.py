@@ -1,0 +1,137 @@
+"""The PostgreSQL backend against a real PostgreSQL, with several backends ("servers") sharing one
+database: what works so far (issue 8 is in progress)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import psycopg
+import pytest
+
+from outrig.service.config import ServerConfig
+from outrig.service.engine import FakeClock
+from outrig.service.exceptions import LeaseNotFoundError, TypeConflictError, UnsupportedError
+from outrig.service.postgres.backend import PostgresBackend
+
+from ..conformance.test_backend_conformance import entry, ids, template
+from ..postgres_server import PostgresServer
+
+CONFIG = ServerConfig(reap_interval=0.05)
+
+
+@pytest.fixture
+async def database(postgres: PostgresServer) -> str:
+    name = f"b_{uuid.uuid4().hex[:12]}"
+    async with await psycopg.AsyncConnection.connect(postgres.dsn(), autocommit=True) as admin:
+        await admin.execute(f"CREATE DATABASE {name}")
+    return postgres.dsn(name)
+
+
+@asynccontextmanager
+async def servers(
+    dsn: str, count: int, clock: FakeClock | None = None
+) -> AsyncIterator[list[PostgresBackend]]:
+    started = [PostgresBackend(CONFIG, dsn, clock or FakeClock()) for _ in range(count)]
+    for backend in started:
+        await backend.start()
+    try:
+        yield started
+    finally:
+        for backend in started:
+            await backend.close()
+            await backend.shutdown()
+
+
+async def test_what_one_server_writes_another_reads_and_takes(database: str) -> None:
+    async with servers(database, 2) as (first, second):
+        grants = await first.write("s", [entry(n=1), entry(n=2)], 60.0)
+        assert [g.granted for g in grants] == [60.0, 60.0]
+        found = await second.match(
+            "s", [template(n=2)], take=False, max_entries=1, timeout=0, if_exists=False
+        )
+        assert ids(found) == [grants[1].id]
+        assert await second.count("s", [template()]) == 2
+        taken = await second.match("s", [template()], take=True, max_entries=10, timeout=0, if_exists=False)
+        assert ids(taken) == [g.id for g in grants]  # in arrival order
+        assert await first.count("s", [template()]) == 0
+
+
+async def test_a_write_through_one_server_wakes_a_take_blocked_on_another(database: str) -> None:
+    async with servers(database, 2) as (first, second):
+        blocked = asyncio.ensure_future(
+            second.match("s", [template(n=7)], take=True, max_entries=1, timeout=30.0, if_exists=False)
+        )
+        await asyncio.sleep(0.2)
+        assert not blocked.done()
+        (grant,) = await first.write("s", [entry(n=7)], 60.0)
+        assert ids(await asyncio.wait_for(blocked, 10)) == [grant.id]
+
+
+async def test_concurrent_takes_through_many_servers_never_return_the_same_entry(database: str) -> None:
+    async with servers(database, 3) as backends:
+        written = await backends[0].write("s", [entry(n=i) for i in range(300)], 600.0)
+
+        async def taker(backend: PostgresBackend) -> list[int]:
+            got: list[int] = []
+            while found := await backend.match(
+                "s", [template()], take=True, max_entries=3, timeout=0, if_exists=False
+            ):
+                got += ids(found)
+            return got
+
+        results = await asyncio.gather(*(taker(backend) for backend in backends for _ in range(4)))
+        taken = [entry_id for result in results for entry_id in result]
+        assert Counter(taken).most_common(1)[0][1] == 1  # no entry twice
+        assert sorted(taken) == sorted(g.id for g in written)  # and none left behind
+
+
+async def test_supertype_templates_and_type_conflicts(database: str) -> None:
+    async with servers(database, 1) as (backend,):
+        (dog,) = await backend.write("s", [entry("Dog", "Animal", legs=4)], 60.0)
+        found = await backend.match(
+            "s", [template("Animal")], take=False, max_entries=1, timeout=0, if_exists=False
+        )
+        assert ids(found) == [dog.id]
+        with pytest.raises(TypeConflictError, match="Dog"):
+            await backend.write("s", [entry("Dog", "Plant")], 60.0)
+
+
+async def test_large_values_stay_bytes_and_match_in_full(database: str) -> None:
+    big = bytes(range(256)) * 16  # larger than the index key limit: keyed by a sample, compared in full
+    other = big[:-1] + b"\x00"
+    async with servers(database, 1) as (backend,):
+        (kept,) = await backend.write("s", [entry(blob=big)], 60.0)
+        await backend.write("s", [entry(blob=other)], 60.0)
+        found = await backend.match(
+            "s", [template(blob=big)], take=False, max_entries=5, timeout=0, if_exists=False
+        )
+        assert ids(found) == [kept.id]
+        assert found[0].fields["blob"].data == big
+
+
+async def test_leases_renew_cancel_and_expire(database: str) -> None:
+    clock = FakeClock()
+    async with servers(database, 1, clock) as (backend,):
+        first, second = await backend.write("s", [entry(n=1), entry(n=2)], 10.0)
+        (renewed,) = await backend.renew("s", [(first.id, 100.0)])
+        assert isinstance(renewed, type(first)) and renewed.granted == 100.0
+        cancelled, unknown = await backend.cancel("s", [second.id, 999_999])
+        assert cancelled is None and isinstance(unknown, LeaseNotFoundError)
+        clock.advance(50.0)
+        assert await backend.count("s", [template()]) == 1  # the cancelled one is gone
+        clock.advance(100.0)
+        assert await backend.count("s", [template()]) == 0  # and the renewed one expired
+        (missing,) = await backend.renew("s", [(first.id, 10.0)])
+        assert isinstance(missing, LeaseNotFoundError)
+
+
+async def test_what_is_not_there_yet_says_so(database: str) -> None:
+    async with servers(database, 1) as (backend,):
+        with pytest.raises(UnsupportedError, match="PostgreSQL"):
+            await backend.begin("s", 10.0)
+        with pytest.raises(UnsupportedError, match="PostgreSQL"):
+            await backend.subscribe("s", [template()], 10.0)
