@@ -3,7 +3,9 @@
 In progress (issue 8). What works: write, read and take (waiting included, woken across servers
 by LISTEN/NOTIFY and re-checked on a timer because notifications are not replayed), count,
 contents, renew, cancel and a lease reaper. Not yet: notify registrations, transactions, request
-ids, quotas; those raise UnsupportedError (UNIMPLEMENTED).
+ids; those raise UnsupportedError (UNIMPLEMENTED). Quotas count in a row per space
+(`outrig_spaces`), updated in the same database transaction as the entries' rows: correct, but
+a hot row that serializes the writes and takes of one space across servers (to measure).
 
 Matching: a template is a containment query on two GIN indexes, `lineage @> ARRAY[type]` and
 `fields @> {field: key}` (schema.py), in arrival order; a take locks the rows it chose with
@@ -34,6 +36,7 @@ from outrig.service.engine.model import LeaseGrant, NewEntry, StoredEntry, Templ
 from outrig.service.engine.values import FULL_KEY_LIMIT
 from outrig.service.exceptions import (
     LeaseNotFoundError,
+    QuotaExceededError,
     ShuttingDownError,
     SpaceError,
     TypeConflictError,
@@ -134,9 +137,9 @@ class PostgresBackend:
             await asyncio.sleep(self.config.reap_interval)
             try:
                 async with self._pool.connection() as connection:
-                    await connection.execute(
-                        "DELETE FROM outrig_entries WHERE ctid IN (SELECT ctid FROM outrig_entries "
-                        "WHERE expires_at <= %s LIMIT %s)",
+                    await self._delete(
+                        connection,
+                        "ctid IN (SELECT ctid FROM outrig_entries WHERE expires_at <= %s LIMIT %s)",
                         (self.clock.time(), _REAP_BATCH),
                     )
             except asyncio.CancelledError:
@@ -165,6 +168,7 @@ class PostgresBackend:
         expires_at, granted = (None, None) if math.isinf(duration) else (now + duration, duration)
         async with self._pool.connection() as connection, connection.transaction():
             await self._declare(connection, space, entries)
+            await self._charge(connection, space, len(entries), sum(new.size for new in entries), now)
             cursor = await connection.execute(
                 "SELECT nextval('outrig_ids') FROM generate_series(1, %s)", (len(entries),)
             )
@@ -189,6 +193,55 @@ class PostgresBackend:
                 )
             await connection.execute("SELECT pg_notify(%s, %s)", (_CHANNEL, space))
         return [LeaseGrant(entry_id, expires_at, granted) for entry_id in ids]
+
+    async def _charge(
+        self, connection: AsyncConnection[Any], space: str, count: int, size: int, now: float
+    ) -> None:
+        """Count a write against the space's quotas (rolled back with the write if it fails).
+        Expired entries the reaper has not deleted yet do not count: they are deleted first."""
+        settings = self.config.space_settings(space)
+        await connection.execute(
+            "INSERT INTO outrig_spaces (name) VALUES (%s) ON CONFLICT DO NOTHING", (space,)
+        )
+        entries = held = 0
+        for attempt in range(2):
+            cursor = await connection.execute(
+                "UPDATE outrig_spaces SET entries = entries + %s, bytes = bytes + %s WHERE name = %s "
+                "RETURNING entries, bytes",
+                (count, size, space),
+            )
+            row = await cursor.fetchone()
+            assert row is not None
+            entries, held = int(row[0]), int(row[1])
+            if entries <= settings.max_entries and held <= settings.max_bytes:
+                return
+            await connection.execute(
+                "UPDATE outrig_spaces SET entries = entries - %s, bytes = bytes - %s WHERE name = %s",
+                (count, size, space),
+            )
+            if attempt == 0:
+                await self._delete(connection, "space = %s AND expires_at <= %s", (space, now))
+        if entries > settings.max_entries:
+            raise QuotaExceededError(
+                f"space {space!r} holds {entries - count} entries; writing {count} more exceeds its quota "
+                f"max_entries={settings.max_entries}"
+            )
+        raise QuotaExceededError(
+            f"space {space!r} holds {held - size} bytes; writing {size} more exceeds its quota "
+            f"max_bytes={settings.max_bytes}"
+        )
+
+    @staticmethod
+    async def _delete(connection: AsyncConnection[Any], where: str, params: Sequence[Any]) -> int:
+        """Delete entries and take them off their spaces' counts; how many went."""
+        cursor = await connection.execute(
+            "WITH gone AS (DELETE FROM outrig_entries WHERE " + where + " RETURNING space, size) "
+            "UPDATE outrig_spaces SET entries = entries - g.n, bytes = bytes - g.b "
+            "FROM (SELECT space, count(*) AS n, sum(size) AS b FROM gone GROUP BY space) AS g "
+            "WHERE outrig_spaces.name = g.space RETURNING g.n",
+            params,
+        )
+        return sum(int(row[0]) for row in await cursor.fetchall())
 
     async def _declare(
         self, connection: AsyncConnection[Any], space: str, entries: Sequence[NewEntry]
@@ -264,10 +317,7 @@ class PostgresBackend:
             found = [_stored(row) for row in await cursor.fetchall()]
             found = [stored for stored in found if any(t.matches(stored) for t in templates)]
             if take and found:
-                await connection.execute(
-                    "DELETE FROM outrig_entries WHERE space = %s AND id = ANY(%s)",
-                    (space, [s.id for s in found]),
-                )
+                await self._delete(connection, "space = %s AND id = ANY(%s)", (space, [s.id for s in found]))
         return found
 
     async def contents(
@@ -347,14 +397,14 @@ class PostgresBackend:
         now = self.clock.time()
         async with self._pool.connection() as connection:
             for lease_id in lease_ids:
-                cursor = await connection.execute(
-                    "DELETE FROM outrig_entries WHERE space = %s AND id = %s "
-                    "AND (expires_at IS NULL OR expires_at > %s)",
+                gone = await self._delete(
+                    connection,
+                    "space = %s AND id = %s AND (expires_at IS NULL OR expires_at > %s)",
                     (space, lease_id, now),
                 )
                 results.append(
                     None
-                    if cursor.rowcount
+                    if gone
                     else LeaseNotFoundError(f"lease {lease_id} in space {space!r} is unknown or has ended")
                 )
         return results

@@ -29,8 +29,12 @@ MIGRATIONS: Final[tuple[tuple[int, str], ...]] = (
     (
         1,
         """
+        -- What each space holds, for its quotas: kept in step with its entries' rows, in the same
+        -- database transactions, so a quota check reads one row instead of counting.
         CREATE TABLE outrig_spaces (
-            name text PRIMARY KEY
+            name text PRIMARY KEY,
+            entries bigint NOT NULL DEFAULT 0,
+            bytes bigint NOT NULL DEFAULT 0
         );
         CREATE TABLE outrig_types (
             space text NOT NULL,
