@@ -2,8 +2,8 @@
 
 In progress (issue 8). What works: write, read and take (waiting included, woken across servers
 by LISTEN/NOTIFY and re-checked on a timer because notifications are not replayed), count,
-contents, renew, cancel and a lease reaper. Not yet: notify registrations, transactions, request
-ids; those raise UnsupportedError (UNIMPLEMENTED). Quotas count in a row per space
+contents, renew, cancel, a lease reaper, and transactions (docs/postgres.md). Not yet: notify
+registrations and request ids; those raise UnsupportedError (UNIMPLEMENTED). Quotas count in a row per space
 (`outrig_spaces`), updated in the same database transaction as the entries' rows: correct, but
 a hot row that serializes the writes and takes of one space across servers (to measure).
 
@@ -39,6 +39,8 @@ from outrig.service.exceptions import (
     QuotaExceededError,
     ShuttingDownError,
     SpaceError,
+    TransactionAbortedError,
+    TransactionNotFoundError,
     TypeConflictError,
     UnsupportedError,
 )
@@ -53,12 +55,30 @@ _RECHECK = 1.0  # seconds between re-checks of a blocked call: notifications are
 _REAP_BATCH = 1000
 
 
-def _template_sql(templates: Sequence[Template]) -> tuple[str, list[Any]]:
-    clauses, params = [], []
-    for template in templates:
+# Rows a caller under transaction %(txn)s (0: none) may read, and may take.
+_READABLE = "taken_by IS NULL AND (written_by IS NULL OR written_by = %(txn)s)"
+_TAKEABLE = (
+    _READABLE + " AND NOT EXISTS (SELECT 1 FROM outrig_read_locks r WHERE r.space = e.space "
+    "AND r.entry_id = e.id AND r.txn <> %(txn)s)"
+)
+# Rows it skipped for another transaction's lock: they may become usable when that one ends.
+_LOCKED_FOR_READ = (
+    "(taken_by IS NOT NULL AND taken_by <> %(txn)s) OR (written_by IS NOT NULL AND written_by <> %(txn)s)"
+)
+_LOCKED_FOR_TAKE = (
+    "(" + _LOCKED_FOR_READ + ") OR EXISTS (SELECT 1 FROM outrig_read_locks r WHERE r.space = e.space "
+    "AND r.entry_id = e.id AND r.txn <> %(txn)s)"
+)
+_ACTIVE, _COMMITTED, _ABORTED = 0, 1, 2
+
+
+def _named(templates: Sequence[Template]) -> tuple[str, dict[str, Any]]:
+    """The template condition with named parameters (t0, f0, t1, f1, ...)."""
+    clauses, params = [], {}
+    for i, template in enumerate(templates):
         fields = {name: field_key(value) for name, value in template.fields}
-        clauses.append("(lineage @> ARRAY[%s]::text[] AND fields @> %s::jsonb)")
-        params += [template.type_name, json.dumps(fields)]
+        clauses.append(f"(lineage @> ARRAY[%(t{i})s]::text[] AND fields @> %(f{i})s::jsonb)")
+        params[f"t{i}"], params[f"f{i}"] = template.type_name, json.dumps(fields)
     return "(" + " OR ".join(clauses) + ")", params
 
 
@@ -142,6 +162,15 @@ class PostgresBackend:
                         "ctid IN (SELECT ctid FROM outrig_entries WHERE expires_at <= %s LIMIT %s)",
                         (self.clock.time(), _REAP_BATCH),
                     )
+                    cursor = await connection.execute(
+                        "SELECT space, id FROM outrig_transactions WHERE state = 0 AND expires_at <= %s "
+                        "LIMIT %s",
+                        (self.clock.time(), _REAP_BATCH),
+                    )
+                    due = await cursor.fetchall()
+                for space, txn in due:  # a transaction whose lease runs out aborts
+                    with contextlib.suppress(SpaceError):
+                        await self._end(space, txn, commit=False)
             except asyncio.CancelledError:
                 raise
             except Exception as err:
@@ -158,15 +187,15 @@ class PostgresBackend:
         request_id: str = "",
         transaction: int = 0,
     ) -> list[LeaseGrant]:
-        if request_id or transaction:
-            raise UnsupportedError(
-                "request ids and transactions: not supported by the PostgreSQL backend yet"
-            )
+        if request_id:
+            raise UnsupportedError("request ids: not supported by the PostgreSQL backend yet")
         settings = self.config.space_settings(space)
         duration = min(settings.default_lease if lease is None else lease, settings.max_lease)
         now = self.clock.time()
         expires_at, granted = (None, None) if math.isinf(duration) else (now + duration, duration)
         async with self._pool.connection() as connection, connection.transaction():
+            if transaction:
+                await self._active(connection, space, transaction)
             await self._declare(connection, space, entries)
             await self._charge(connection, space, len(entries), sum(new.size for new in entries), now)
             cursor = await connection.execute(
@@ -176,7 +205,7 @@ class PostgresBackend:
             async with connection.cursor() as insert:
                 await insert.executemany(
                     "INSERT INTO outrig_entries (space, id, arrival, lineage, fields, payload, size, "
-                    "expires_at) VALUES (%s, %s, %s, %s, %s::jsonb, %s, %s, %s)",
+                    "expires_at, written_by) VALUES (%s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s)",
                     [
                         (
                             space,
@@ -187,6 +216,7 @@ class PostgresBackend:
                             bytes(codec.entry_bytes(new.payload)),
                             new.size,
                             expires_at,
+                            transaction or None,
                         )
                         for entry_id, new in zip(ids, entries, strict=True)
                     ],
@@ -286,15 +316,13 @@ class PostgresBackend:
         request_id: str = "",
         transaction: int = 0,
     ) -> list[StoredEntry]:
-        if transaction:
-            raise UnsupportedError("transactions: not supported by the PostgreSQL backend yet")
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         event = self._event(space)
         while True:
             event.clear()  # before looking: a change after this moment wakes us
-            found = await self._find(space, templates, take, max_entries)
-            if found or if_exists or (deadline is not None and loop.time() >= deadline):
+            found, conflicted = await self._find(space, templates, take, max_entries, transaction, if_exists)
+            if found or (if_exists and not conflicted) or (deadline is not None and loop.time() >= deadline):
                 return found
             if self.closing:
                 raise ShuttingDownError("the server is shutting down")
@@ -303,37 +331,78 @@ class PostgresBackend:
                 await asyncio.wait_for(event.wait(), max(wait, 0.0))
 
     async def _find(
-        self, space: str, templates: Sequence[Template], take: bool, limit: int
-    ) -> list[StoredEntry]:
-        where, params = _template_sql(templates)
+        self, space: str, templates: Sequence[Template], take: bool, limit: int, txn: int, if_exists: bool
+    ) -> tuple[list[StoredEntry], bool]:
+        """Up to `limit` matches `txn` (0: none) may use, locked or taken for it; and, when nothing
+        was found for an `if_exists` call, whether some match is locked by another transaction."""
+        where, params = _named(templates)
+        params.update(space=space, now=self.clock.time(), limit=limit, txn=txn)
+        usable = _TAKEABLE if take else _READABLE
         query = (
-            "SELECT id, arrival, payload, expires_at FROM outrig_entries WHERE space = %s AND "
-            f"{where} AND (expires_at IS NULL OR expires_at > %s) AND written_by IS NULL "
-            "AND taken_by IS NULL ORDER BY arrival LIMIT %s"
+            "SELECT id, arrival, payload, expires_at, written_by FROM outrig_entries e "
+            "WHERE space = %(space)s "
+            f"AND {where} AND (expires_at IS NULL OR expires_at > %(now)s) AND {usable} "
+            "ORDER BY arrival LIMIT %(limit)s"
         )
-        args = [space, *params, self.clock.time(), limit]
         async with self._pool.connection() as connection, connection.transaction():
-            cursor = await connection.execute(query + (" FOR UPDATE SKIP LOCKED" if take else ""), args)
-            found = [_stored(row) for row in await cursor.fetchall()]
-            found = [stored for stored in found if any(t.matches(stored) for t in templates)]
-            if take and found:
-                await self._delete(connection, "space = %s AND id = ANY(%s)", (space, [s.id for s in found]))
-        return found
+            if txn:
+                await self._active(connection, space, txn)
+            cursor = await connection.execute(query + (" FOR UPDATE SKIP LOCKED" if take else ""), params)
+            rows = await cursor.fetchall()
+            mine = {row[0] for row in rows if row[4] == txn and txn}
+            found = [s for s in (_stored(row[:4]) for row in rows) if any(t.matches(s) for t in templates)]
+            ids = [s.id for s in found]
+            if take and found and not txn:
+                await self._delete(connection, "space = %s AND id = ANY(%s)", (space, ids))
+            elif take and found:
+                own = [i for i in ids if i in mine]  # its own writes, taken back: as if never written
+                if own:
+                    await self._delete(connection, "space = %s AND id = ANY(%s)", (space, own))
+                await connection.execute(
+                    "UPDATE outrig_entries SET taken_by = %s WHERE space = %s AND id = ANY(%s)",
+                    (txn, space, [i for i in ids if i not in mine]),
+                )
+                await connection.execute(
+                    "DELETE FROM outrig_read_locks WHERE space = %s AND txn = %s AND entry_id = ANY(%s)",
+                    (space, txn, ids),
+                )
+            elif found and txn:
+                async with connection.cursor() as lock:
+                    await lock.executemany(
+                        "INSERT INTO outrig_read_locks (space, entry_id, txn) VALUES (%s, %s, %s) "
+                        "ON CONFLICT DO NOTHING",
+                        [(space, i, txn) for i in ids if i not in mine],
+                    )
+            conflicted = False
+            if not found and if_exists:
+                locked = _LOCKED_FOR_TAKE if take else _LOCKED_FOR_READ
+                cursor = await connection.execute(
+                    f"SELECT EXISTS (SELECT 1 FROM outrig_entries e WHERE space = %(space)s AND {where} "
+                    f"AND (expires_at IS NULL OR expires_at > %(now)s) AND ({locked}))",
+                    params,
+                )
+                row = await cursor.fetchone()
+                conflicted = bool(row and row[0])
+        return found, conflicted
 
     async def contents(
         self, space: str, templates: Sequence[Template], max_entries: int, transaction: int = 0
     ) -> AsyncIterator[list[StoredEntry]]:
-        where, params = _template_sql(templates)
+        where, params = _named(templates)
         chunk = self.config.limits.contents_chunk
         left = max_entries or math.inf
         after = -1
         while left > 0:
+            params.update(
+                space=space, now=self.clock.time(), after=after, limit=int(min(chunk, left)), txn=transaction
+            )
             async with self._pool.connection() as connection:
                 cursor = await connection.execute(
-                    "SELECT id, arrival, payload, expires_at FROM outrig_entries WHERE space = %s AND "
-                    f"{where} AND (expires_at IS NULL OR expires_at > %s) AND written_by IS NULL "
-                    "AND taken_by IS NULL AND arrival > %s ORDER BY arrival LIMIT %s",
-                    [space, *params, self.clock.time(), after, int(min(chunk, left))],
+                    "SELECT id, arrival, payload, expires_at FROM outrig_entries e "
+                    "WHERE space = %(space)s AND "
+                    f"{where} AND (expires_at IS NULL OR expires_at > %(now)s) AND {_READABLE} "
+                    "AND arrival > %(after)s ORDER BY arrival LIMIT %(limit)s",
+                    params,
                 )
                 rows = await cursor.fetchall()
             if not rows:
@@ -347,13 +416,14 @@ class PostgresBackend:
     async def count(self, space: str, templates: Sequence[Template], transaction: int = 0) -> int:
         if any(value.size > FULL_KEY_LIMIT for template in templates for _, value in template.fields):
             # A large value's index key is a sample: compare the candidates in full.
-            return sum([len(chunk) async for chunk in self.contents(space, templates, 0)])
-        where, params = _template_sql(templates)
+            return sum([len(chunk) async for chunk in self.contents(space, templates, 0, transaction)])
+        where, params = _named(templates)
+        params.update(space=space, now=self.clock.time(), txn=transaction)
         async with self._pool.connection() as connection:
             cursor = await connection.execute(
-                f"SELECT count(*) FROM outrig_entries WHERE space = %s AND {where} "
-                "AND (expires_at IS NULL OR expires_at > %s) AND written_by IS NULL AND taken_by IS NULL",
-                [space, *params, self.clock.time()],
+                f"SELECT count(*) FROM outrig_entries e WHERE space = %(space)s AND {where} "
+                f"AND (expires_at IS NULL OR expires_at > %(now)s) AND {_READABLE}",
+                params,
             )
             row = await cursor.fetchone()
         return int(row[0]) if row else 0
@@ -410,10 +480,79 @@ class PostgresBackend:
         return results
 
     async def begin(self, space: str, lease: float | None) -> LeaseGrant:
-        raise UnsupportedError("transactions: not supported by the PostgreSQL backend yet")
+        settings = self.config.space_settings(space)
+        duration = min(settings.default_lease if lease is None else lease, settings.max_lease)
+        expires_at, granted = (
+            (None, None) if math.isinf(duration) else (self.clock.time() + duration, duration)
+        )
+        async with self._pool.connection() as connection:
+            cursor = await connection.execute(
+                "INSERT INTO outrig_transactions (space, id, expires_at) "
+                "VALUES (%s, nextval('outrig_ids'), %s) "
+                "RETURNING id",
+                (space, expires_at),
+            )
+            row = await cursor.fetchone()
+        assert row is not None
+        return LeaseGrant(int(row[0]), expires_at, granted)
+
+    async def _active(self, connection: AsyncConnection[Any], space: str, txn: int) -> None:
+        """Raise unless `txn` is active (aborting it first if its lease ran out)."""
+        cursor = await connection.execute(
+            "SELECT state, expires_at FROM outrig_transactions WHERE space = %s AND id = %s FOR SHARE",
+            (space, txn),
+        )
+        row = await cursor.fetchone()
+        if row is None or row[0] != _ACTIVE:
+            raise TransactionNotFoundError(f"transaction {txn} in space {space!r} is unknown or has ended")
+        if row[1] is not None and row[1] <= self.clock.time():
+            raise TransactionNotFoundError(f"transaction {txn} in space {space!r} ran out of lease")
+
+    async def _end(self, space: str, txn: int, commit: bool) -> None:
+        async with self._pool.connection() as connection, connection.transaction():
+            cursor = await connection.execute(
+                "SELECT state, expires_at FROM outrig_transactions WHERE space = %s AND id = %s FOR UPDATE",
+                (space, txn),
+            )
+            row = await cursor.fetchone()
+            if row is None:
+                raise TransactionNotFoundError(
+                    f"transaction {txn} in space {space!r} is unknown or has ended"
+                )
+            state, expires_at = row
+            if state == _ACTIVE and expires_at is not None and expires_at <= self.clock.time():
+                await self._finish(connection, space, txn, commit=False)  # its lease ran out: it aborted
+                state = _ABORTED
+            wanted = _COMMITTED if commit else _ABORTED
+            if state == wanted:
+                return  # a repeated commit or abort
+            if state != _ACTIVE:
+                ended = "aborted" if state == _ABORTED else "committed"
+                raise TransactionAbortedError(f"transaction {txn} in space {space!r} has {ended}")
+            await self._finish(connection, space, txn, commit=commit)
+
+    async def _finish(self, connection: AsyncConnection[Any], space: str, txn: int, *, commit: bool) -> None:
+        """Commit or abort `txn` inside the caller's database transaction."""
+        if commit:
+            await connection.execute(
+                "UPDATE outrig_entries SET written_by = NULL WHERE space = %s AND written_by = %s",
+                (space, txn),
+            )
+            await self._delete(connection, "space = %s AND taken_by = %s", (space, txn))
+        else:
+            await self._delete(connection, "space = %s AND written_by = %s", (space, txn))
+            await connection.execute(
+                "UPDATE outrig_entries SET taken_by = NULL WHERE space = %s AND taken_by = %s", (space, txn)
+            )
+        await connection.execute("DELETE FROM outrig_read_locks WHERE space = %s AND txn = %s", (space, txn))
+        await connection.execute(
+            "UPDATE outrig_transactions SET state = %s, ended_at = %s WHERE space = %s AND id = %s",
+            (_COMMITTED if commit else _ABORTED, self.clock.time(), space, txn),
+        )
+        await connection.execute("SELECT pg_notify(%s, %s)", (_CHANNEL, space))
 
     async def commit(self, space: str, transaction: int) -> None:
-        raise UnsupportedError("transactions: not supported by the PostgreSQL backend yet")
+        await self._end(space, transaction, commit=True)
 
     async def abort(self, space: str, transaction: int) -> None:
-        raise UnsupportedError("transactions: not supported by the PostgreSQL backend yet")
+        await self._end(space, transaction, commit=False)

@@ -58,6 +58,26 @@ MIGRATIONS: Final[tuple[tuple[int, str], ...]] = (
             taken_by bigint,                       -- a transaction's take, undone by abort
             PRIMARY KEY (space, id)
         );
+        -- Transactions: their state stays a while after they end, to answer a repeated commit.
+        CREATE TABLE outrig_transactions (
+            space text NOT NULL,
+            id bigint NOT NULL,
+            expires_at double precision,
+            state smallint NOT NULL DEFAULT 0,     -- 0 active, 1 committed, 2 aborted
+            ended_at double precision,
+            PRIMARY KEY (space, id)
+        );
+        -- Read locks: several transactions may hold one on the same entry.
+        CREATE TABLE outrig_read_locks (
+            space text NOT NULL,
+            entry_id bigint NOT NULL,
+            txn bigint NOT NULL,
+            PRIMARY KEY (space, entry_id, txn)
+        );
+        CREATE INDEX outrig_read_locks_txn ON outrig_read_locks (space, txn);
+        CREATE INDEX outrig_entries_written_by ON outrig_entries (space, written_by)
+            WHERE written_by IS NOT NULL;
+        CREATE INDEX outrig_entries_taken_by ON outrig_entries (space, taken_by) WHERE taken_by IS NOT NULL;
         CREATE INDEX outrig_entries_lineage ON outrig_entries USING gin (lineage);
         CREATE INDEX outrig_entries_fields ON outrig_entries USING gin (fields jsonb_path_ops);
         CREATE INDEX outrig_entries_arrival ON outrig_entries (space, arrival);

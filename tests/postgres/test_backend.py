@@ -132,6 +132,28 @@ async def test_leases_renew_cancel_and_expire(database: str) -> None:
 async def test_what_is_not_there_yet_says_so(database: str) -> None:
     async with servers(database, 1) as (backend,):
         with pytest.raises(UnsupportedError, match="PostgreSQL"):
-            await backend.begin("s", 10.0)
-        with pytest.raises(UnsupportedError, match="PostgreSQL"):
             await backend.subscribe("s", [template()], 10.0)
+
+
+async def test_a_server_gone_mid_transaction_leaves_the_space_consistent(database: str) -> None:
+    clock = FakeClock()
+    async with servers(database, 1, clock) as (survivor,):
+        (written,) = await survivor.write("s", [entry(n=1)], 600.0)
+        doomed = PostgresBackend(CONFIG, database, clock)
+        await doomed.start()
+        txn = (await doomed.begin("s", 30.0)).id
+        taken = await doomed.match(
+            "s", [template()], take=True, max_entries=1, timeout=0, if_exists=False, transaction=txn
+        )
+        assert ids(taken) == [written.id]
+        await doomed.write("s", [entry(n=2)], 600.0, transaction=txn)
+        await doomed.close()  # the server is gone, its transaction still open
+        await doomed.shutdown()
+        assert await survivor.count("s", [template()]) == 0  # taken, and the write invisible
+        clock.advance(31.0)  # its lease runs out: the survivor's reaper aborts it
+        for _ in range(100):
+            if await survivor.count("s", [template()]) == 1:
+                break
+            await asyncio.sleep(0.05)
+        found = await survivor.match("s", [template()], take=False, max_entries=5, timeout=0, if_exists=False)
+        assert ids(found) == [written.id]  # the take undone, the write gone
