@@ -2,8 +2,9 @@
 
 In progress (issue 8). What works: write, read and take (waiting included, woken across servers
 by LISTEN/NOTIFY and re-checked on a timer because notifications are not replayed), count,
-contents, renew, cancel, a lease reaper, and transactions (docs/postgres.md). Not yet: notify
-registrations and request ids; those raise UnsupportedError (UNIMPLEMENTED). Quotas count in a row per space
+contents, renew, cancel, a lease reaper, transactions and notify (docs/postgres.md). Not yet:
+resuming a registration and request ids; those raise UnsupportedError (UNIMPLEMENTED). Quotas
+count in a row per space
 (`outrig_spaces`), updated in the same database transaction as the entries' rows: correct, but
 a hot row that serializes the writes and takes of one space across servers (to measure).
 
@@ -44,6 +45,7 @@ from outrig.service.exceptions import (
     TypeConflictError,
     UnsupportedError,
 )
+from outrig.service.postgres.notify import PgSubscription
 from outrig.service.postgres.schema import field_key, migrate
 
 __all__ = ["PostgresBackend"]
@@ -51,6 +53,21 @@ __all__ = ["PostgresBackend"]
 log = logging.getLogger("outrig.service.postgres")
 
 _CHANNEL = "outrig_changes"
+_SEPARATOR = "\x1f"  # between the space and the ids a notification carries
+_IDS_PER_NOTIFICATION = 500  # base-36 ids: well under PostgreSQL's 8,000-byte payload limit
+_DELIVERED_REMEMBERED = 100_000
+
+
+def _base36(number: int) -> str:
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+    text = ""
+    while True:
+        number, rest = divmod(number, 36)
+        text = digits[rest] + text
+        if not number:
+            return text
+
+
 _RECHECK = 1.0  # seconds between re-checks of a blocked call: notifications are not replayed
 _REAP_BATCH = 1000
 
@@ -100,9 +117,14 @@ class PostgresBackend:
         self.clock = clock or SystemClock()
         self._pool = AsyncConnectionPool(dsn, min_size=1, max_size=pool_size, open=False)
         self._changed: dict[str, asyncio.Event] = {}
+        self._streams: dict[str, dict[int, PgSubscription]] = {}  # attached here, by space and id
+        self._delivered: dict[int, None] = {}  # ids this server offered its streams itself (recent)
         self._listener: asyncio.Task[None] | None = None
         self._reaper: asyncio.Task[None] | None = None
         self.closing = False
+        self._background: set[asyncio.Task[Any]] = set()
+        self._pending_offers: list[tuple[str, list[StoredEntry]]] = []
+        self._listening = asyncio.Event()
 
     async def start(self) -> None:
         await self._pool.open(wait=True)
@@ -111,6 +133,7 @@ class PostgresBackend:
         if applied:
             log.info("PostgreSQL schema: applied migrations %s", applied)
         self._listener = asyncio.create_task(self._listen())
+        await asyncio.wait_for(self._listening.wait(), 30)  # no notification missed from the start
         self._reaper = asyncio.create_task(self._reap_forever())
 
     async def close(self) -> None:
@@ -122,6 +145,9 @@ class PostgresBackend:
                     await task
         for event in self._changed.values():
             event.set()
+        for streams in self._streams.values():
+            for stream in list(streams.values()):
+                stream.end()
 
     async def shutdown(self) -> None:
         await self._pool.close()
@@ -134,17 +160,77 @@ class PostgresBackend:
             try:
                 async with await AsyncConnection.connect(self.dsn, autocommit=True) as connection:
                     await connection.execute(f"LISTEN {_CHANNEL}")
+                    self._listening.set()
                     for event in self._changed.values():
                         event.set()  # anything may have changed while not listening
                     async for notification in connection.notifies():
-                        woken = self._changed.get(notification.payload)
+                        space, _, listed = notification.payload.partition(_SEPARATOR)
+                        woken = self._changed.get(space)
                         if woken is not None:
                             woken.set()
+                        if listed and self._streams.get(space):
+                            await self._fan_out(space, [int(x, 36) for x in listed.split(",")])
             except asyncio.CancelledError:
                 raise
             except Exception as err:  # the database went away: listen again shortly
                 log.warning("PostgreSQL listener: %s; reconnecting", err)
                 await asyncio.sleep(0.5)
+
+    async def _reap_registrations(self) -> None:
+        """End the streams here whose registration's lease ran out, and drop the expired rows."""
+        now = self.clock.time()
+        for space, streams in self._streams.items():
+            expired = [s.id for s in streams.values() if s.expires_at is not None and s.expires_at <= now]
+            if expired:
+                self._end_streams(space, expired)
+        async with self._pool.connection() as connection:
+            await connection.execute("DELETE FROM outrig_registrations WHERE expires_at <= %s", (now,))
+
+    async def _fan_out(self, space: str, ids: list[int]) -> None:
+        """Offer entries another server wrote (or committed) to the streams attached here."""
+        wanted = [entry_id for entry_id in ids if entry_id not in self._delivered]
+        if not wanted:
+            return
+        async with self._pool.connection() as connection:
+            cursor = await connection.execute(
+                "SELECT id, arrival, payload, expires_at FROM outrig_entries "
+                "WHERE space = %s AND id = ANY(%s) "
+                "ORDER BY arrival",
+                (space, wanted),
+            )
+            rows = await cursor.fetchall()
+        # Offered here meanwhile (this server's own write or commit)? Then not again.
+        fresh = [_stored(row) for row in rows if row[0] not in self._delivered]
+        self._offer(space, fresh, transaction=0)
+
+    def _offer(self, space: str, entries: Sequence[StoredEntry], transaction: int) -> None:
+        """Offer entries to the streams attached here: committed ones to all, a transaction's own
+        writes only to the streams registered under it."""
+        streams = self._streams.get(space)
+        if not streams:
+            return
+        self._mark_delivered([stored.id for stored in entries])
+        for stored in entries:
+            for stream in list(streams.values()):
+                if transaction and stream.transaction != transaction:
+                    continue
+                stream.offer(stored)
+
+    def _mark_delivered(self, ids: Sequence[int]) -> None:
+        for entry_id in ids:
+            self._delivered[entry_id] = None
+        while len(self._delivered) > _DELIVERED_REMEMBERED:
+            del self._delivered[next(iter(self._delivered))]
+
+    async def _notify(self, connection: AsyncConnection[Any], space: str, ids: Sequence[int]) -> None:
+        """Tell every server (at commit, in commit order) that these entries of `space` appeared."""
+        if not ids:
+            await connection.execute("SELECT pg_notify(%s, %s)", (_CHANNEL, space))
+            return
+        listed = [_base36(entry_id) for entry_id in ids]
+        for start in range(0, len(listed), _IDS_PER_NOTIFICATION):
+            payload = space + _SEPARATOR + ",".join(listed[start : start + _IDS_PER_NOTIFICATION])
+            await connection.execute("SELECT pg_notify(%s, %s)", (_CHANNEL, payload))
 
     def _event(self, space: str) -> asyncio.Event:
         event = self._changed.get(space)
@@ -171,6 +257,8 @@ class PostgresBackend:
                 for space, txn in due:  # a transaction whose lease runs out aborts
                     with contextlib.suppress(SpaceError):
                         await self._end(space, txn, commit=False)
+                self._flush_offers()
+                await self._reap_registrations()
             except asyncio.CancelledError:
                 raise
             except Exception as err:
@@ -221,7 +309,10 @@ class PostgresBackend:
                         for entry_id, new in zip(ids, entries, strict=True)
                     ],
                 )
-            await connection.execute("SELECT pg_notify(%s, %s)", (_CHANNEL, space))
+            self._mark_delivered(ids)  # before the commit: this server's listener must skip them
+            await self._notify(connection, space, [] if transaction else ids)
+        written = [StoredEntry(entry_id, new, expires_at) for entry_id, new in zip(ids, entries, strict=True)]
+        self._offer(space, written, transaction)
         return [LeaseGrant(entry_id, expires_at, granted) for entry_id in ids]
 
     async def _charge(
@@ -437,7 +528,56 @@ class PostgresBackend:
         resume: int | None = None,
         transaction: int = 0,
     ) -> Subscription:
-        raise UnsupportedError("notify: not supported by the PostgreSQL backend yet")
+        if resume is not None:
+            raise UnsupportedError(
+                "notify: resuming a registration is not supported by the PostgreSQL backend yet"
+            )
+        settings = self.config.space_settings(space)
+        duration = min(settings.default_lease if lease is None else lease, settings.max_lease)
+        now = self.clock.time()
+        expires_at, granted = (None, None) if math.isinf(duration) else (now + duration, duration)
+        async with self._pool.connection() as connection:
+            if transaction:
+                await self._active(connection, space, transaction)
+            cursor = await connection.execute(
+                "INSERT INTO outrig_registrations (space, id, expires_at, transaction) "
+                "VALUES (%s, nextval('outrig_ids'), %s, %s) RETURNING id",
+                (space, expires_at, transaction or None),
+            )
+            row = await cursor.fetchone()
+        assert row is not None
+        registration_id = int(row[0])
+        stream = PgSubscription(
+            registration_id,
+            templates,
+            LeaseGrant(registration_id, expires_at, granted),
+            limit=self.config.limits.notify_queue,
+            on_close=lambda closed: self._forget(space, closed),
+            transaction=transaction,
+        )
+        self._streams.setdefault(space, {})[registration_id] = stream
+        return stream
+
+    def _forget(self, space: str, stream: PgSubscription) -> None:
+        """A stream's listener went away: its registration ends."""
+        self._streams.get(space, {}).pop(stream.id, None)
+        task = asyncio.get_running_loop().create_task(self._delete_registration(space, stream.id))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _delete_registration(self, space: str, registration_id: int) -> int:
+        async with self._pool.connection() as connection:
+            cursor = await connection.execute(
+                "DELETE FROM outrig_registrations WHERE space = %s AND id = %s", (space, registration_id)
+            )
+            return cursor.rowcount
+
+    def _end_streams(self, space: str, ids: Sequence[int] | None = None, transaction: int = 0) -> None:
+        streams = self._streams.get(space, {})
+        for stream in list(streams.values()):
+            if (ids is not None and stream.id in ids) or (transaction and stream.transaction == transaction):
+                streams.pop(stream.id, None)
+                stream.end()
 
     async def renew(
         self, space: str, renewals: Sequence[tuple[int, float | None]]
@@ -454,6 +594,15 @@ class PostgresBackend:
                     "AND (expires_at IS NULL OR expires_at > %s)",
                     (expires_at, space, lease_id, now),
                 )
+                if not cursor.rowcount:
+                    cursor = await connection.execute(
+                        "UPDATE outrig_registrations SET expires_at = %s WHERE space = %s AND id = %s "
+                        "AND (expires_at IS NULL OR expires_at > %s)",
+                        (expires_at, space, lease_id, now),
+                    )
+                    stream = self._streams.get(space, {}).get(lease_id)
+                    if cursor.rowcount and stream is not None:
+                        stream.expires_at = expires_at
                 if cursor.rowcount:
                     results.append(LeaseGrant(lease_id, expires_at, granted))
                 else:
@@ -472,6 +621,14 @@ class PostgresBackend:
                     "space = %s AND id = %s AND (expires_at IS NULL OR expires_at > %s)",
                     (space, lease_id, now),
                 )
+                if not gone:
+                    cursor = await connection.execute(
+                        "DELETE FROM outrig_registrations WHERE space = %s AND id = %s "
+                        "AND (expires_at IS NULL OR expires_at > %s)",
+                        (space, lease_id, now),
+                    )
+                    gone = cursor.rowcount
+                    self._end_streams(space, [lease_id])
                 results.append(
                     None
                     if gone
@@ -533,11 +690,14 @@ class PostgresBackend:
 
     async def _finish(self, connection: AsyncConnection[Any], space: str, txn: int, *, commit: bool) -> None:
         """Commit or abort `txn` inside the caller's database transaction."""
+        committed: list[StoredEntry] = []
         if commit:
-            await connection.execute(
-                "UPDATE outrig_entries SET written_by = NULL WHERE space = %s AND written_by = %s",
+            cursor = await connection.execute(
+                "UPDATE outrig_entries SET written_by = NULL WHERE space = %s AND written_by = %s "
+                "RETURNING id, arrival, payload, expires_at",
                 (space, txn),
             )
+            committed = sorted(map(_stored, await cursor.fetchall()), key=lambda s: s.arrival)
             await self._delete(connection, "space = %s AND taken_by = %s", (space, txn))
         else:
             await self._delete(connection, "space = %s AND written_by = %s", (space, txn))
@@ -549,10 +709,25 @@ class PostgresBackend:
             "UPDATE outrig_transactions SET state = %s, ended_at = %s WHERE space = %s AND id = %s",
             (_COMMITTED if commit else _ABORTED, self.clock.time(), space, txn),
         )
-        await connection.execute("SELECT pg_notify(%s, %s)", (_CHANNEL, space))
+        await connection.execute(
+            "DELETE FROM outrig_registrations WHERE space = %s AND transaction = %s", (space, txn)
+        )
+        self._mark_delivered([stored.id for stored in committed])
+        await self._notify(connection, space, [stored.id for stored in committed])
+        self._end_streams(space, transaction=txn)  # a registration under a transaction ends with it
+        self._pending_offers.append((space, committed))
 
     async def commit(self, space: str, transaction: int) -> None:
         await self._end(space, transaction, commit=True)
+        self._flush_offers()
+
+    def _flush_offers(self) -> None:
+        """Offer what commits made visible to the streams here, once their database transaction
+        has committed."""
+        pending, self._pending_offers = self._pending_offers, []
+        for space, entries in pending:
+            self._offer(space, entries, transaction=0)
 
     async def abort(self, space: str, transaction: int) -> None:
         await self._end(space, transaction, commit=False)
+        self._flush_offers()

@@ -67,6 +67,14 @@ MIGRATIONS: Final[tuple[tuple[int, str], ...]] = (
             ended_at double precision,
             PRIMARY KEY (space, id)
         );
+        -- Notify registrations: their leases live here, their streams on the server attached.
+        CREATE TABLE outrig_registrations (
+            space text NOT NULL,
+            id bigint NOT NULL,
+            expires_at double precision,
+            transaction bigint,
+            PRIMARY KEY (space, id)
+        );
         -- Read locks: several transactions may hold one on the same entry.
         CREATE TABLE outrig_read_locks (
             space text NOT NULL,

@@ -72,6 +72,7 @@ def _embedded_parked_waiters(backend: EmbeddedBackend, space: str) -> int:
 # such call, but "a cancelled or timed-out call leaves no waiter behind" deserves a check.
 PARKED_WAITERS: dict[type, Callable[[Any, str], int]] = {EmbeddedBackend: _embedded_parked_waiters}
 
+
 @asynccontextmanager
 async def postgresql(config: ServerConfig, clock: FakeClock) -> AsyncIterator[SpaceBackend]:
     """The PostgreSQL backend on a fresh database of the session's throwaway server."""

@@ -132,7 +132,22 @@ async def test_leases_renew_cancel_and_expire(database: str) -> None:
 async def test_what_is_not_there_yet_says_so(database: str) -> None:
     async with servers(database, 1) as (backend,):
         with pytest.raises(UnsupportedError, match="PostgreSQL"):
-            await backend.subscribe("s", [template()], 10.0)
+            await backend.subscribe("s", [template()], 10.0, resume=12345)
+
+
+async def test_a_write_through_one_server_reaches_a_subscription_on_another(database: str) -> None:
+    async with servers(database, 2) as (first, second):
+        subscription = await second.subscribe("s", [template(n=1)], 60.0)
+        written = await first.write("s", [entry(n=1), entry(n=2), entry(n=1)], 60.0)
+        events = []
+        async with asyncio.timeout(10):
+            async for event in subscription:
+                events.append(event)
+                if len(events) == 2:
+                    break
+        assert [e.entry.id for e in events] == [written[0].id, written[2].id]
+        assert [e.sequence for e in events] == [1, 2]
+        subscription.close()
 
 
 async def test_a_server_gone_mid_transaction_leaves_the_space_consistent(database: str) -> None:
