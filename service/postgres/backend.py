@@ -3,7 +3,8 @@
 In progress (issue 8). What works: write, read and take (waiting included, woken across servers
 by LISTEN/NOTIFY and re-checked on a timer because notifications are not replayed), count,
 contents, renew, cancel, a lease reaper, transactions and notify (docs/postgres.md). Not yet:
-resuming a registration and request ids; those raise UnsupportedError (UNIMPLEMENTED). Quotas
+resuming a registration, which raises UnsupportedError (UNIMPLEMENTED). Request ids are rows
+shared by all servers (`outrig_requests`), recorded in the same database transaction as the change. Quotas
 count in a row per space
 (`outrig_spaces`), updated in the same database transaction as the entries' rows: correct, but
 a hot row that serializes the writes and takes of one space across servers (to measure).
@@ -38,6 +39,7 @@ from outrig.service.engine.values import FULL_KEY_LIMIT
 from outrig.service.exceptions import (
     LeaseNotFoundError,
     QuotaExceededError,
+    RequestConflictError,
     ShuttingDownError,
     SpaceError,
     TransactionAbortedError,
@@ -97,6 +99,10 @@ def _named(templates: Sequence[Template]) -> tuple[str, dict[str, Any]]:
         clauses.append(f"(lineage @> ARRAY[%(t{i})s]::text[] AND fields @> %(f{i})s::jsonb)")
         params[f"t{i}"], params[f"f{i}"] = template.type_name, json.dumps(fields)
     return "(" + " OR ".join(clauses) + ")", params
+
+
+class _Replay(Exception):  # noqa: N818 - a signal within this module, not an error
+    """Another call with the same request id acted first: roll back and answer with its reply."""
 
 
 def _stored(row: tuple[Any, ...]) -> StoredEntry:
@@ -186,6 +192,40 @@ class PostgresBackend:
         async with self._pool.connection() as connection:
             await connection.execute("DELETE FROM outrig_registrations WHERE expires_at <= %s", (now,))
 
+    async def _claim(self, connection: AsyncConnection[Any], request_id: str, space: str, kind: str) -> None:
+        """Record a request id in the caller's database transaction; `_Replay` if a call with it got
+        there first (waiting for that call's transaction, if it is still open)."""
+        cursor = await connection.execute(
+            "INSERT INTO outrig_requests (id, space, kind, expires_at, result) "
+            "VALUES (%s, %s, %s, %s, 'null') ON CONFLICT DO NOTHING RETURNING id",
+            (request_id, space, kind, self.clock.time() + self.config.request_window),
+        )
+        if await cursor.fetchone() is None:
+            raise _Replay
+
+    async def _replay(self, request_id: str, space: str, kind: str) -> list[Any] | None:
+        """The first reply to a request id, or None if there was no first call (in the window)."""
+        async with self._pool.connection() as connection:
+            cursor = await connection.execute(
+                "SELECT space, kind, result, payloads FROM outrig_requests WHERE id = %s AND expires_at > %s",
+                (request_id, self.clock.time()),
+            )
+            row = await cursor.fetchone()
+        if row is None:
+            return None
+        first_space, first_kind, result, payloads = row
+        if (first_space, first_kind) != (space, kind):
+            raise RequestConflictError(
+                f"request_id: {request_id!r} was used for a {first_kind} in space {first_space!r}; "
+                f"a retry must repeat the same call (this is a {kind} in space {space!r})"
+            )
+        if kind == "write":
+            return [LeaseGrant(i, result["expires_at"], result["granted"]) for i in result["ids"]]
+        return [
+            _stored((entry_id, arrival, payload, expires_at))
+            for (entry_id, arrival, expires_at), payload in zip(result, payloads or [], strict=True)
+        ]
+
     async def _fan_out(self, space: str, ids: list[int]) -> None:
         """Offer entries another server wrote (or committed) to the streams attached here."""
         wanted = [entry_id for entry_id in ids if entry_id not in self._delivered]
@@ -259,6 +299,10 @@ class PostgresBackend:
                         await self._end(space, txn, commit=False)
                 self._flush_offers()
                 await self._reap_registrations()
+                async with self._pool.connection() as connection:
+                    await connection.execute(
+                        "DELETE FROM outrig_requests WHERE expires_at <= %s", (self.clock.time(),)
+                    )
             except asyncio.CancelledError:
                 raise
             except Exception as err:
@@ -275,8 +319,18 @@ class PostgresBackend:
         request_id: str = "",
         transaction: int = 0,
     ) -> list[LeaseGrant]:
-        if request_id:
-            raise UnsupportedError("request ids: not supported by the PostgreSQL backend yet")
+        if request_id and (earlier := await self._replay(request_id, space, "write")) is not None:
+            return earlier
+        try:
+            return await self._write(space, entries, lease, request_id, transaction)
+        except _Replay:
+            replayed = await self._replay(request_id, space, "write")
+            assert replayed is not None
+            return replayed
+
+    async def _write(
+        self, space: str, entries: Sequence[NewEntry], lease: float | None, request_id: str, transaction: int
+    ) -> list[LeaseGrant]:
         settings = self.config.space_settings(space)
         duration = min(settings.default_lease if lease is None else lease, settings.max_lease)
         now = self.clock.time()
@@ -284,6 +338,8 @@ class PostgresBackend:
         async with self._pool.connection() as connection, connection.transaction():
             if transaction:
                 await self._active(connection, space, transaction)
+            if request_id:
+                await self._claim(connection, request_id, space, "write")
             await self._declare(connection, space, entries)
             await self._charge(connection, space, len(entries), sum(new.size for new in entries), now)
             cursor = await connection.execute(
@@ -308,6 +364,11 @@ class PostgresBackend:
                         )
                         for entry_id, new in zip(ids, entries, strict=True)
                     ],
+                )
+            if request_id:
+                await connection.execute(
+                    "UPDATE outrig_requests SET result = %s::jsonb WHERE id = %s",
+                    (json.dumps({"ids": ids, "expires_at": expires_at, "granted": granted}), request_id),
                 )
             self._mark_delivered(ids)  # before the commit: this server's listener must skip them
             await self._notify(connection, space, [] if transaction else ids)
@@ -407,12 +468,22 @@ class PostgresBackend:
         request_id: str = "",
         transaction: int = 0,
     ) -> list[StoredEntry]:
+        request_id = request_id if take else ""
+        if request_id and (earlier := await self._replay(request_id, space, "take")) is not None:
+            return earlier
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         event = self._event(space)
         while True:
             event.clear()  # before looking: a change after this moment wakes us
-            found, conflicted = await self._find(space, templates, take, max_entries, transaction, if_exists)
+            try:
+                found, conflicted = await self._find(
+                    space, templates, take, max_entries, transaction, if_exists, request_id
+                )
+            except _Replay:
+                replayed = await self._replay(request_id, space, "take")
+                assert replayed is not None
+                return replayed
             if found or (if_exists and not conflicted) or (deadline is not None and loop.time() >= deadline):
                 return found
             if self.closing:
@@ -422,7 +493,14 @@ class PostgresBackend:
                 await asyncio.wait_for(event.wait(), max(wait, 0.0))
 
     async def _find(
-        self, space: str, templates: Sequence[Template], take: bool, limit: int, txn: int, if_exists: bool
+        self,
+        space: str,
+        templates: Sequence[Template],
+        take: bool,
+        limit: int,
+        txn: int,
+        if_exists: bool,
+        request_id: str = "",
     ) -> tuple[list[StoredEntry], bool]:
         """Up to `limit` matches `txn` (0: none) may use, locked or taken for it; and, when nothing
         was found for an `if_exists` call, whether some match is locked by another transaction."""
@@ -443,6 +521,16 @@ class PostgresBackend:
             mine = {row[0] for row in rows if row[4] == txn and txn}
             found = [s for s in (_stored(row[:4]) for row in rows) if any(t.matches(s) for t in templates)]
             ids = [s.id for s in found]
+            if request_id and found:  # a take with an id records what it took, or replays
+                await self._claim(connection, request_id, space, "take")
+                await connection.execute(
+                    "UPDATE outrig_requests SET result = %s::jsonb, payloads = %s WHERE id = %s",
+                    (
+                        json.dumps([[s.id, s.arrival, s.expires_at] for s in found]),
+                        [bytes(codec.entry_bytes(s.payload)) for s in found],
+                        request_id,
+                    ),
+                )
             if take and found and not txn:
                 await self._delete(connection, "space = %s AND id = ANY(%s)", (space, ids))
             elif take and found:

@@ -75,6 +75,16 @@ MIGRATIONS: Final[tuple[tuple[int, str], ...]] = (
             transaction bigint,
             PRIMARY KEY (space, id)
         );
+        -- Request ids, shared by all servers: a retry through any server gets the first reply.
+        CREATE TABLE outrig_requests (
+            id text PRIMARY KEY,
+            space text NOT NULL,
+            kind text NOT NULL,
+            expires_at double precision NOT NULL,
+            result jsonb NOT NULL,
+            payloads bytea[]
+        );
+        CREATE INDEX outrig_requests_expiry ON outrig_requests (expires_at);
         -- Read locks: several transactions may hold one on the same entry.
         CREATE TABLE outrig_read_locks (
             space text NOT NULL,

@@ -14,7 +14,12 @@ import pytest
 
 from outrig.service.config import ServerConfig
 from outrig.service.engine import FakeClock
-from outrig.service.exceptions import LeaseNotFoundError, TypeConflictError, UnsupportedError
+from outrig.service.exceptions import (
+    LeaseNotFoundError,
+    RequestConflictError,
+    TypeConflictError,
+    UnsupportedError,
+)
 from outrig.service.postgres.backend import PostgresBackend
 
 from ..conformance.test_backend_conformance import entry, ids, template
@@ -172,3 +177,22 @@ async def test_a_server_gone_mid_transaction_leaves_the_space_consistent(databas
             await asyncio.sleep(0.05)
         found = await survivor.match("s", [template()], take=False, max_entries=5, timeout=0, if_exists=False)
         assert ids(found) == [written.id]  # the take undone, the write gone
+
+
+async def test_request_ids_are_shared_by_all_servers(database: str) -> None:
+    async with servers(database, 2) as (first, second):
+        grants = await first.write("s", [entry(n=1)], 60.0, request_id="w-1")
+        assert await second.write("s", [entry(n=1)], 60.0, request_id="w-1") == grants  # a retry elsewhere
+        assert await first.count("s", [template()]) == 1
+        taken = await first.match(
+            "s", [template()], take=True, max_entries=1, timeout=0, if_exists=False, request_id="t-1"
+        )
+        again = await second.match(
+            "s", [template()], take=True, max_entries=1, timeout=0, if_exists=False, request_id="t-1"
+        )
+        assert ids(again) == ids(taken) == [grants[0].id]
+        assert again[0].payload == taken[0].payload
+        with pytest.raises(RequestConflictError, match="w-1"):
+            await second.match(
+                "s", [template()], take=True, max_entries=1, timeout=0, if_exists=False, request_id="w-1"
+            )
