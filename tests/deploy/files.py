@@ -100,6 +100,13 @@ def dockerfile_stages(path: Path = DOCKERFILE) -> dict[str, Stage]:
     return stages
 
 
+def image_env(stages: dict[str, Stage], name: str) -> dict[str, str]:
+    """The environment of the image a stage makes: its ENV over that of the stages it is FROM."""
+    stage = stages[name]
+    inherited = image_env(stages, stage.base) if stage.base in stages else {}
+    return inherited | stage.env()
+
+
 def load_yaml_documents(path: Path) -> list[dict[str, object]]:
     with path.open() as file:
         return [doc for doc in yaml.safe_load_all(file) if doc is not None]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import outrig
 
-from .files import BIN, dockerfile_stages
+from .files import BIN, dockerfile_stages, image_env
 
 
 @dataclass
@@ -42,16 +42,17 @@ def run(argv: list[str], env: dict[str, str], timeout: float = 30) -> subprocess
 
 
 def test_the_image_command_serves_is_healthy_and_stops_cleanly(tmp_path: Path) -> None:
-    server = dockerfile_stages()["server"]
+    stages = dockerfile_stages()
+    server = stages["server"]
     argv = server.exec_form("ENTRYPOINT") + server.exec_form("CMD")
-    image_env = server.env()
-    assert image_env["OUTRIG_LISTEN"].startswith("0.0.0.0:")
+    environment = image_env(stages, "server")
+    assert environment["OUTRIG_LISTEN"].startswith("0.0.0.0:") and "PYTHONUNBUFFERED" in environment
     data = tmp_path / "var-lib-outrig"
     data.mkdir()
     # The image's environment on a machine without one: its ENV, with the listen address moved to
     # a free loopback port (this test must not serve beyond loopback) and the volume to a temp dir.
     env = {k: v for k, v in os.environ.items() if not k.startswith("OUTRIG_")}
-    env |= image_env | {"OUTRIG_LISTEN": f"127.0.0.1:{free_port()}", "OUTRIG_DATA_DIR": str(data)}
+    env |= environment | {"OUTRIG_LISTEN": f"127.0.0.1:{free_port()}", "OUTRIG_DATA_DIR": str(data)}
     log = tmp_path / "server.log"
     with log.open("w") as stderr:
         process = subprocess.Popen(
