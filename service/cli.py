@@ -1,7 +1,8 @@
 """The `outrig` command: `outrig serve` runs a server; `outrig backup` and `outrig check` copy and
-verify a data dir's store, also while a server is using it; `outrig certs dev`, `outrig keys
-ed25519` and `outrig token issue` make what TLS and tokens need (service/security/commands.py);
-`outrig stress` runs a Locust campaign (outrig.loadtest.runner)."""
+verify a data dir's store, also while a server is using it; `outrig health` probes a server's
+gRPC health service (service/health_probe.py); `outrig certs dev`, `outrig keys ed25519` and `outrig
+token issue` make what TLS and tokens need (service/security/commands.py); `outrig stress` runs a
+Locust campaign (outrig.loadtest.runner)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from outrig.service import software_version
+from outrig.service import health_probe, software_version
 from outrig.service.exceptions import ConfigError, StoreError
 from outrig.service.security import commands as security_commands
 
@@ -98,6 +99,7 @@ def _parser() -> argparse.ArgumentParser:
         "0 ok; 1 problems found; 2 DATA_DIR holds no store, an incompatible one, or cannot be read.",
     )
     check.add_argument("data_dir", metavar="DATA_DIR", type=Path, help="the data dir to check")
+    health_probe.add_parser(commands)
     security_commands.add_parsers(commands)
     commands.add_parser(
         "stress",
@@ -141,6 +143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command in security_commands.COMMANDS:
         return security_commands.run(args)
+    if args.command == "health":
+        return health_probe.run(args)
     if args.command != "serve":
         return _store_command(args)
     try:

@@ -137,8 +137,10 @@ def mtls_server(pki: Pki) -> Iterator[ServerProcess]:
 def _as(
     server: ServerProcess, pki: Pki, principal: str, space: str, groups: tuple[str, ...] = ()
 ) -> outrig.Space:
+    # Retries on: a TLS handshake that times out on a loaded machine is UNAVAILABLE, which the SDK
+    # retries; the refusals these tests expect (PERMISSION_DENIED, UNAUTHENTICATED) never are.
     return outrig.connect(
-        server.address, tls=pki.tls(), token=pki.token(principal, groups), space=space, retry_deadline=0
+        server.address, tls=pki.tls(), token=pki.token(principal, groups), space=space, retry_deadline=10.0
     )
 
 

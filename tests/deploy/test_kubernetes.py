@@ -1,0 +1,182 @@
+"""deploy/kubernetes, checked without a cluster: kubernetes-validate (strict) on every manifest, and
+what the manifests must hold together (docs/deploy.md)."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from outrig.service.security.policy import parse_policy
+
+from .files import KUBERNETES, MANIFESTS, dockerfile_stages, load_yaml_documents, tool
+
+Resources = dict[tuple[str, str, str], Any]  # (directory, kind, name) -> the resource
+
+
+def validate(*paths: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [tool("kubernetes-validate"), "--strict", "--quiet", *map(str, paths)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_every_manifest_is_valid_kubernetes() -> None:
+    assert len(MANIFESTS) == 7, MANIFESTS
+    done = validate(*MANIFESTS)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_validation_can_fail(tmp_path: Path) -> None:
+    """Strict: a misspelt field is refused, as is a wrong type."""
+    doc = load_yaml_documents(KUBERNETES / "statefulset.yaml")[0]
+    bad = copy.deepcopy(doc)
+    bad["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["grpc"]["servcie"] = "x"
+    wrong = copy.deepcopy(doc)
+    wrong["spec"]["replicas"] = "one"
+    for n, broken in enumerate((bad, wrong)):
+        path = tmp_path / f"broken{n}.yaml"
+        path.write_text(yaml.safe_dump(broken))
+        done = validate(path)
+        assert done.returncode != 0, done.stdout
+
+
+def _resources() -> Resources:
+    found = {}
+    for path in MANIFESTS:
+        for doc in load_yaml_documents(path):
+            found[(path.parent.name, str(doc["kind"]), str(doc["metadata"]["name"]))] = doc
+    return found
+
+
+@pytest.fixture(scope="module")
+def resources() -> Resources:
+    return _resources()
+
+
+def _container(statefulset: dict[str, Any]) -> dict[str, Any]:
+    containers = statefulset["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return containers[0]
+
+
+def _env(container: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in container["env"]}
+
+
+def test_the_statefulset_keeps_its_data_dir_on_a_volume_claim(resources: Resources) -> None:
+    sts = resources[("kubernetes", "StatefulSet", "outrig")]
+    assert sts["spec"]["replicas"] == 1
+    assert sts["spec"]["serviceName"] == "outrig-headless"
+    (claim,) = sts["spec"]["volumeClaimTemplates"]
+    container = _container(sts)
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts[claim["metadata"]["name"]] == _env(container)["OUTRIG_DATA_DIR"] == "/var/lib/outrig"
+    assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
+    # The image's user, so that fsGroup makes the volume writable for it.
+    user = dockerfile_stages()["server"].last("USER")
+    pod = sts["spec"]["template"]["spec"]["securityContext"]
+    assert f"{pod['runAsUser']}:{pod['fsGroup']}" == user and pod["runAsNonRoot"] is True
+    limits, requests = container["resources"]["limits"], container["resources"]["requests"]
+    assert set(limits) == set(requests) == {"cpu", "memory"}
+    # SIGTERM drains for the grace, and the kubelet must not SIGKILL before.
+    grace = float(_env(container)["OUTRIG_GRACE_SECONDS"])
+    assert sts["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > grace + 10
+
+
+def test_plain_probes_are_native_grpc(resources: Resources) -> None:
+    container = _container(resources[("kubernetes", "StatefulSet", "outrig")])
+    port = container["ports"][0]["containerPort"]
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert container[probe]["grpc"]["port"] == port, probe
+    assert container["readinessProbe"]["grpc"]["service"] == "outrig.v1.Space"
+    assert _env(container)["OUTRIG_INSECURE"] == "true"  # plaintext: what the kubelet's probes speak
+
+
+def test_the_mtls_variant_differs_only_in_env_probes_and_tls(resources: Resources) -> None:
+    plain = resources[("kubernetes", "StatefulSet", "outrig")]
+    mtls = resources[("mtls", "StatefulSet", "outrig")]
+    secret = resources[("kubernetes", "Secret", "outrig-tls")]
+    container = _container(mtls)
+    env = _env(container)
+    assert "OUTRIG_INSECURE" not in env
+    mount = next(m["mountPath"] for m in container["volumeMounts"] if m["name"] == "tls")
+    volume = next(v for v in mtls["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls")
+    assert volume["secret"]["secretName"] == secret["metadata"]["name"]
+    keys = set(secret["stringData"])
+    for name in ("OUTRIG_TLS_CERT", "OUTRIG_TLS_KEY", "OUTRIG_TLS_CLIENT_CA", "OUTRIG_TOKEN_PUBLIC_KEY"):
+        directory, _, key = env[name].rpartition("/")
+        assert directory == mount and key in keys, name
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        argv = container[probe]["exec"]["command"]
+        assert argv[:3] == ["outrig", "health", "127.0.0.1:7480"], argv
+        flags = dict(a.removeprefix("--").split("=", 1) for a in argv[3:] if "=" in a)
+        for flag in ("tls-ca", "tls-cert", "tls-key"):
+            directory, _, key = flags[flag].rpartition("/")
+            assert directory == mount and key in keys, (probe, flag)
+        assert flags["tls-ca"] == env["OUTRIG_TLS_CLIENT_CA"]
+        assert "server-name" in flags
+    assert "--service=outrig.v1.Space" in container["readinessProbe"]["exec"]["command"]
+
+    # Take the differences away, and the two are the same StatefulSet.
+    def without_differences(sts: dict[str, Any]) -> dict[str, Any]:
+        sts = copy.deepcopy(sts)
+        pod = sts["spec"]["template"]["spec"]
+        c = pod["containers"][0]
+        for key in ("env", "startupProbe", "livenessProbe", "readinessProbe"):
+            del c[key]
+        c["volumeMounts"] = [m for m in c["volumeMounts"] if m["name"] != "tls"]
+        pod["volumes"] = [v for v in pod["volumes"] if v["name"] != "tls"]
+        return sts
+
+    assert without_differences(plain) == without_differences(mtls)
+    shared = {k: v for k, v in _env(_container(plain)).items() if k != "OUTRIG_INSECURE"}
+    assert shared.items() <= env.items()
+
+
+def test_services_select_the_server(resources: Resources) -> None:
+    labels = resources[("kubernetes", "StatefulSet", "outrig")]["spec"]["template"]["metadata"]["labels"]
+    service = resources[("kubernetes", "Service", "outrig")]
+    headless = resources[("kubernetes", "Service", "outrig-headless")]
+    assert headless["spec"]["clusterIP"] == "None"
+    for svc in (service, headless):
+        assert svc["spec"]["selector"].items() <= labels.items()
+        assert svc["spec"]["ports"][0]["port"] == 7480 and svc["spec"]["ports"][0]["targetPort"] == "grpc"
+    pdb = resources[("kubernetes", "PodDisruptionBudget", "outrig")]
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+
+
+def test_the_policy_configmap_is_a_policy_outrig_accepts(resources: Resources) -> None:
+    config_map = resources[("kubernetes", "ConfigMap", "outrig-policy")]
+    policy = parse_policy(tomllib.loads(config_map["data"]["policy.toml"]), "configmap-policy.yaml")
+    assert len(policy.grants) == 2
+    container = _container(resources[("kubernetes", "StatefulSet", "outrig")])
+    directory, _, key = _env(container)["OUTRIG_POLICY"].rpartition("/")
+    mount = next(m for m in container["volumeMounts"] if m["mountPath"] == directory)
+    assert "subPath" not in mount, "a subPath mount never sees an edited ConfigMap"
+    assert key in config_map["data"]
+
+
+def test_the_secret_holds_placeholders_only() -> None:
+    text = (KUBERNETES / "secret-tls.yaml").read_text()
+    assert "BEGIN" not in text and "PRIVATE KEY" not in text
+    (secret,) = load_yaml_documents(KUBERNETES / "secret-tls.yaml")
+    assert all(str(v).startswith("REPLACE") for v in secret["stringData"].values())
+
+
+def test_the_job_runs_the_stress_campaign(resources: Resources) -> None:
+    job = resources[("kubernetes", "Job", "outrig-stress")]
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    args = container["args"]
+    assert args[:4] == ["-f", "loadtest/locustfile.py", "--campaign", "stress"]
+    assert args[args.index("--host") + 1] == "outrig:7480"
+    assert "--headless" in args
+    assert job["spec"]["backoffLimit"] == 0
+    assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
