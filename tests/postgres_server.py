@@ -61,8 +61,9 @@ def _as_postgres(command: list[str]) -> list[str]:
 
 
 @contextlib.contextmanager
-def running_postgres(bindir: Path) -> Iterator[PostgresServer]:
-    """Make a cluster in a temporary directory, start it, create database `outrig`, stop it after."""
+def running_postgres(bindir: Path, *, fsync: bool = False) -> Iterator[PostgresServer]:
+    """Make a cluster in a temporary directory, start it, create database `outrig`, stop it after.
+    Tests run it without fsync (nothing survives it anyway); a benchmark asks for `fsync`."""
     root = Path(tempfile.mkdtemp(prefix="outrig-pg-"))
     data, sockets = root / "data", root / "sockets"
     sockets.mkdir()
@@ -95,7 +96,8 @@ def running_postgres(bindir: Path) -> Iterator[PostgresServer]:
             [
                 str(bindir / "postgres"), "-D", str(data), "-p", str(port), "-k", str(sockets),
                 "-c", "listen_addresses=127.0.0.1", "-c", "max_connections=200",
-                "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
+                *([] if fsync else ["-c", "fsync=off", "-c", "synchronous_commit=off"]),
+                *([] if fsync else ["-c", "full_page_writes=off"]),
             ]
         ),
         stdout=subprocess.DEVNULL,

@@ -123,7 +123,10 @@ class PostgresBackend:
         self.clock = clock or SystemClock()
         self._pool = AsyncConnectionPool(dsn, min_size=1, max_size=pool_size, open=False)
         self._changed: dict[str, asyncio.Event] = {}
-        self._streams: dict[str, dict[int, PgSubscription]] = {}  # attached here, by space and id
+        self._streams: dict[str, dict[int, PgSubscription]] = {}
+        self._types: dict[
+            str, dict[str, list[str]]
+        ] = {}  # declarations seen in the database  # attached here, by space and id
         self._delivered: dict[int, None] = {}  # ids this server offered its streams itself (recent)
         self._listener: asyncio.Task[None] | None = None
         self._reaper: asyncio.Task[None] | None = None
@@ -340,7 +343,7 @@ class PostgresBackend:
                 await self._active(connection, space, transaction)
             if request_id:
                 await self._claim(connection, request_id, space, "write")
-            await self._declare(connection, space, entries)
+            declared = await self._declare(connection, space, entries)
             await self._charge(connection, space, len(entries), sum(new.size for new in entries), now)
             cursor = await connection.execute(
                 "SELECT nextval('outrig_ids') FROM generate_series(1, %s)", (len(entries),)
@@ -372,6 +375,7 @@ class PostgresBackend:
                 )
             self._mark_delivered(ids)  # before the commit: this server's listener must skip them
             await self._notify(connection, space, [] if transaction else ids)
+        self._types.setdefault(space, {}).update(declared)  # committed: the database holds them
         written = [StoredEntry(entry_id, new, expires_at) for entry_id, new in zip(ids, entries, strict=True)]
         self._offer(space, written, transaction)
         return [LeaseGrant(entry_id, expires_at, granted) for entry_id in ids]
@@ -427,8 +431,9 @@ class PostgresBackend:
 
     async def _declare(
         self, connection: AsyncConnection[Any], space: str, entries: Sequence[NewEntry]
-    ) -> None:
-        """Declare the entries' types, refusing one that was declared with other supertypes."""
+    ) -> dict[str, list[str]]:
+        """Declare the entries' types, refusing one that was declared with other supertypes; the
+        declarations the database holds, to remember once the write has committed."""
         wanted: dict[str, list[str]] = {}
         for new in entries:
             lineage = [new.type_name, *new.supertypes]
@@ -439,6 +444,9 @@ class PostgresBackend:
                         f"type {name!r} is declared with supertypes {parents} and {lineage[depth + 1 :]} "
                         f"in one write to space {space!r}"
                     )
+        known = self._types.setdefault(space, {})
+        if all(known.get(name) == parents for name, parents in wanted.items()):
+            return {}  # declared before, as now: a declaration never changes, so no round trip
         async with connection.cursor() as cursor:
             await cursor.executemany(
                 "INSERT INTO outrig_types (space, name, supertypes) VALUES (%s, %s, %s) "
@@ -449,12 +457,14 @@ class PostgresBackend:
             "SELECT name, supertypes FROM outrig_types WHERE space = %s AND name = ANY(%s)",
             (space, list(wanted)),
         )
-        for name, parents in await cursor.fetchall():
-            if list(parents) != wanted[name]:
+        declared = {name: list(parents) for name, parents in await cursor.fetchall()}
+        for name, parents in declared.items():
+            if parents != wanted[name]:
                 raise TypeConflictError(
-                    f"type {name!r} has supertypes {list(parents)} in space {space!r}; "
+                    f"type {name!r} has supertypes {parents} in space {space!r}; "
                     f"an entry declares {wanted[name]}"
                 )
+        return declared
 
     async def match(
         self,
