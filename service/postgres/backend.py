@@ -5,9 +5,8 @@ by LISTEN/NOTIFY and re-checked on a timer because notifications are not replaye
 contents, renew, cancel, a lease reaper, transactions and notify (docs/postgres.md). Not yet:
 resuming a registration, which raises UnsupportedError (UNIMPLEMENTED). Request ids are rows
 shared by all servers (`outrig_requests`), recorded in the same database transaction as the change. Quotas
-count in a row per space
-(`outrig_spaces`), updated in the same database transaction as the entries' rows: correct, but
-a hot row that serializes the writes and takes of one space across servers (to measure).
+count in 16 shards per space (`outrig_space_counts`), updated in the same database transaction as
+the entries' rows (concurrent writes may overshoot a quota by what they write together).
 
 Matching: a template is a containment query on two GIN indexes, `lineage @> ARRAY[type]` and
 `fields @> {field: key}` (schema.py), in arrival order; a take locks the rows it chose with
@@ -24,6 +23,7 @@ import contextlib
 import json
 import logging
 import math
+import random
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -103,6 +103,19 @@ def _named(templates: Sequence[Template]) -> tuple[str, dict[str, Any]]:
 
 class _Replay(Exception):  # noqa: N818 - a signal within this module, not an error
     """Another call with the same request id acted first: roll back and answer with its reply."""
+
+
+_SHARDS = 16
+
+
+async def _add_to_counts(connection: AsyncConnection[Any], space: str, count: int, size: int) -> None:
+    """Add to a random shard of the space's counts (only their sum means anything)."""
+    await connection.execute(
+        "INSERT INTO outrig_space_counts (space, shard, entries, bytes) VALUES (%s, %s, %s, %s) "
+        "ON CONFLICT (space, shard) DO UPDATE SET entries = outrig_space_counts.entries + excluded.entries, "
+        "bytes = outrig_space_counts.bytes + excluded.bytes",
+        (space, random.randrange(_SHARDS), count, size),
+    )
 
 
 def _stored(row: tuple[Any, ...]) -> StoredEntry:
@@ -384,27 +397,24 @@ class PostgresBackend:
         self, connection: AsyncConnection[Any], space: str, count: int, size: int, now: float
     ) -> None:
         """Count a write against the space's quotas (rolled back with the write if it fails).
-        Expired entries the reaper has not deleted yet do not count: they are deleted first."""
+        Expired entries the reaper has not deleted yet do not count: they are deleted first.
+
+        The counts are summed over shards, and writes racing on other shards are not seen until
+        they commit: concurrent writes can overshoot a quota by what they write together."""
         settings = self.config.space_settings(space)
-        await connection.execute(
-            "INSERT INTO outrig_spaces (name) VALUES (%s) ON CONFLICT DO NOTHING", (space,)
-        )
+        await _add_to_counts(connection, space, count, size)
         entries = held = 0
         for attempt in range(2):
             cursor = await connection.execute(
-                "UPDATE outrig_spaces SET entries = entries + %s, bytes = bytes + %s WHERE name = %s "
-                "RETURNING entries, bytes",
-                (count, size, space),
+                "SELECT coalesce(sum(entries), 0), coalesce(sum(bytes), 0) FROM outrig_space_counts "
+                "WHERE space = %s",
+                (space,),
             )
             row = await cursor.fetchone()
             assert row is not None
             entries, held = int(row[0]), int(row[1])
             if entries <= settings.max_entries and held <= settings.max_bytes:
                 return
-            await connection.execute(
-                "UPDATE outrig_spaces SET entries = entries - %s, bytes = bytes - %s WHERE name = %s",
-                (count, size, space),
-            )
             if attempt == 0:
                 await self._delete(connection, "space = %s AND expires_at <= %s", (space, now))
         if entries > settings.max_entries:
@@ -421,13 +431,16 @@ class PostgresBackend:
     async def _delete(connection: AsyncConnection[Any], where: str, params: Sequence[Any]) -> int:
         """Delete entries and take them off their spaces' counts; how many went."""
         cursor = await connection.execute(
-            "WITH gone AS (DELETE FROM outrig_entries WHERE " + where + " RETURNING space, size) "
-            "UPDATE outrig_spaces SET entries = entries - g.n, bytes = bytes - g.b "
-            "FROM (SELECT space, count(*) AS n, sum(size) AS b FROM gone GROUP BY space) AS g "
-            "WHERE outrig_spaces.name = g.space RETURNING g.n",
-            params,
+            "DELETE FROM outrig_entries WHERE " + where + " RETURNING space, size", params
         )
-        return sum(int(row[0]) for row in await cursor.fetchall())
+        gone: dict[str, list[int]] = {}
+        for space, size in await cursor.fetchall():
+            tally = gone.setdefault(space, [0, 0])
+            tally[0] += 1
+            tally[1] += size
+        for space, (count, size) in gone.items():
+            await _add_to_counts(connection, space, -count, -size)
+        return sum(count for count, _ in gone.values())
 
     async def _declare(
         self, connection: AsyncConnection[Any], space: str, entries: Sequence[NewEntry]

@@ -29,12 +29,16 @@ MIGRATIONS: Final[tuple[tuple[int, str], ...]] = (
     (
         1,
         """
-        -- What each space holds, for its quotas: kept in step with its entries' rows, in the same
-        -- database transactions, so a quota check reads one row instead of counting.
-        CREATE TABLE outrig_spaces (
-            name text PRIMARY KEY,
+        -- What each space holds, for its quotas, kept in step with its entries' rows in the same
+        -- database transactions: a quota check sums a few rows instead of counting entries. The
+        -- counts are split over 16 shards, each change adding to a random one, so that concurrent
+        -- writes and takes of one space do not all queue on one row lock (held until commit).
+        CREATE TABLE outrig_space_counts (
+            space text NOT NULL,
+            shard smallint NOT NULL,
             entries bigint NOT NULL DEFAULT 0,
-            bytes bigint NOT NULL DEFAULT 0
+            bytes bigint NOT NULL DEFAULT 0,
+            PRIMARY KEY (space, shard)
         );
         CREATE TABLE outrig_types (
             space text NOT NULL,
