@@ -2,8 +2,8 @@
 
 In progress (issue 8). What works: write, read and take (waiting included, woken across servers
 by LISTEN/NOTIFY and re-checked on a timer because notifications are not replayed), count,
-contents, renew, cancel, a lease reaper, transactions and notify (docs/postgres.md). Not yet:
-resuming a registration, which raises UnsupportedError (UNIMPLEMENTED). Request ids are rows
+contents, renew, cancel, a lease reaper, transactions and notify, whose registrations a client
+resumes through another server when its own stops (docs/postgres.md). Request ids are rows
 shared by all servers (`outrig_requests`), recorded in the same database transaction as the change. Quotas
 count in 16 shards per space (`outrig_space_counts`), updated in the same database transaction as
 the entries' rows (concurrent writes may overshoot a quota by what they write together).
@@ -39,13 +39,13 @@ from outrig.service.engine.values import FULL_KEY_LIMIT
 from outrig.service.exceptions import (
     LeaseNotFoundError,
     QuotaExceededError,
+    RegistrationBusyError,
     RequestConflictError,
     ShuttingDownError,
     SpaceError,
     TransactionAbortedError,
     TransactionNotFoundError,
     TypeConflictError,
-    UnsupportedError,
 )
 from outrig.service.postgres.notify import PgSubscription
 from outrig.service.postgres.schema import field_key, migrate
@@ -58,6 +58,7 @@ _CHANNEL = "outrig_changes"
 _SEPARATOR = "\x1f"  # between the space and the ids a notification carries
 _IDS_PER_NOTIFICATION = 500  # base-36 ids: well under PostgreSQL's 8,000-byte payload limit
 _DELIVERED_REMEMBERED = 100_000
+_SEQUENCE_JUMP = 1 << 31  # as the embedded backend's restart: numbers never repeat
 
 
 def _base36(number: int) -> str:
@@ -169,7 +170,8 @@ class PostgresBackend:
             event.set()
         for streams in self._streams.values():
             for stream in list(streams.values()):
-                stream.end()
+                stream.end(shutting_down=True)  # the registration stays: its client resumes elsewhere
+        self._streams.clear()
 
     async def shutdown(self) -> None:
         await self._pool.close()
@@ -640,9 +642,7 @@ class PostgresBackend:
         transaction: int = 0,
     ) -> Subscription:
         if resume is not None:
-            raise UnsupportedError(
-                "notify: resuming a registration is not supported by the PostgreSQL backend yet"
-            )
+            return await self._resume(space, resume)
         settings = self.config.space_settings(space)
         duration = min(settings.default_lease if lease is None else lease, settings.max_lease)
         now = self.clock.time()
@@ -651,9 +651,9 @@ class PostgresBackend:
             if transaction:
                 await self._active(connection, space, transaction)
             cursor = await connection.execute(
-                "INSERT INTO outrig_registrations (space, id, expires_at, transaction) "
-                "VALUES (%s, nextval('outrig_ids'), %s, %s) RETURNING id",
-                (space, expires_at, transaction or None),
+                "INSERT INTO outrig_registrations (space, id, expires_at, templates, transaction) "
+                "VALUES (%s, nextval('outrig_ids'), %s, %s, %s) RETURNING id",
+                (space, expires_at, codec.templates_bytes(templates), transaction or None),
             )
             row = await cursor.fetchone()
         assert row is not None
@@ -665,6 +665,38 @@ class PostgresBackend:
             limit=self.config.limits.notify_queue,
             on_close=lambda closed: self._forget(space, closed),
             transaction=transaction,
+        )
+        self._streams.setdefault(space, {})[registration_id] = stream
+        return stream
+
+    async def _resume(self, space: str, registration_id: int) -> Subscription:
+        """Attach a stream here to a registration made through any server (whose server stopped)."""
+        if registration_id in self._streams.get(space, {}):
+            raise RegistrationBusyError(
+                f"resume: registration {registration_id} in space {space!r} already has a listener"
+            )
+        now = self.clock.time()
+        async with self._pool.connection() as connection:
+            cursor = await connection.execute(
+                "SELECT expires_at, templates, sequence, transaction FROM outrig_registrations "
+                "WHERE space = %s AND id = %s AND (expires_at IS NULL OR expires_at > %s)",
+                (space, registration_id, now),
+            )
+            row = await cursor.fetchone()
+        if row is None:
+            raise LeaseNotFoundError(
+                f"resume: registration {registration_id} in space {space!r} is unknown or has ended"
+            )
+        expires_at, templates, sequence, transaction = row
+        granted = None if expires_at is None else max(0.0, expires_at - now)
+        stream = PgSubscription(
+            registration_id,
+            codec.stored_templates(bytes(templates)),
+            LeaseGrant(registration_id, expires_at, granted),
+            limit=self.config.limits.notify_queue,
+            on_close=lambda closed: self._forget(space, closed),
+            transaction=transaction or 0,
+            sequence=int(sequence) + _SEQUENCE_JUMP,  # a gap says events may have been missed
         )
         self._streams.setdefault(space, {})[registration_id] = stream
         return stream

@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 
 from outrig.service.backend import Event
 from outrig.service.engine.model import LeaseGrant, StoredEntry, Template
+from outrig.service.exceptions import ShuttingDownError
 
 __all__ = ["PgSubscription"]
 
@@ -38,14 +39,16 @@ class PgSubscription:
         limit: int,
         on_close: Callable[[PgSubscription], None],
         transaction: int = 0,
+        sequence: int = 0,
     ) -> None:
         self.id = registration_id
         self.templates = tuple(templates)
         self.grant = grant
         self.expires_at = grant.expires_at
         self.transaction = transaction
-        self.sequence = 0
+        self.sequence = sequence
         self.dropped = 0
+        self.shutting_down = False
         self._limit = limit
         self._on_close = on_close
         self._events: deque[Event] = deque()
@@ -67,8 +70,10 @@ class PgSubscription:
         else:
             self.dropped += 1
 
-    def end(self) -> None:
-        """The registration's lease ended (expired, cancelled, or its transaction ended)."""
+    def end(self, *, shutting_down: bool = False) -> None:
+        """The registration's lease ended (expired, cancelled, or its transaction ended); or, with
+        `shutting_down`, this server is stopping and the registration lives on for a resume."""
+        self.shutting_down = shutting_down
         self.ended = True
         self._wake.set()
 
@@ -80,6 +85,10 @@ class PgSubscription:
             while self._events:
                 yield self._events.popleft()
             if self.ended:
+                if self.shutting_down:
+                    raise ShuttingDownError(
+                        f"the server is shutting down; resume registration {self.id} through another server"
+                    )
                 return
             self._wake.clear()
             await self._wake.wait()

@@ -76,6 +76,8 @@ MIGRATIONS: Final[tuple[tuple[int, str], ...]] = (
             space text NOT NULL,
             id bigint NOT NULL,
             expires_at double precision,
+            templates bytea NOT NULL,
+            sequence bigint NOT NULL DEFAULT 0,    -- a resumed stream numbers from here + 2^31
             transaction bigint,
             PRIMARY KEY (space, id)
         );
