@@ -59,6 +59,7 @@ _SEPARATOR = "\x1f"  # between the space and the ids a notification carries
 _IDS_PER_NOTIFICATION = 500  # base-36 ids: well under PostgreSQL's 8,000-byte payload limit
 _DELIVERED_REMEMBERED = 100_000
 _SEQUENCE_JUMP = 1 << 31  # as the embedded backend's restart: numbers never repeat
+_TAKEN_KEPT = 60.0  # seconds a taken entry stays fetchable for other servers' notify events
 
 
 def _base36(number: int) -> str:
@@ -76,7 +77,7 @@ _REAP_BATCH = 1000
 
 
 # Rows a caller under transaction %(txn)s (0: none) may read, and may take.
-_READABLE = "taken_by IS NULL AND (written_by IS NULL OR written_by = %(txn)s)"
+_READABLE = "taken_at IS NULL AND taken_by IS NULL AND (written_by IS NULL OR written_by = %(txn)s)"
 _TAKEABLE = (
     _READABLE + " AND NOT EXISTS (SELECT 1 FROM outrig_read_locks r WHERE r.space = e.space "
     "AND r.entry_id = e.id AND r.txn <> %(txn)s)"
@@ -107,6 +108,18 @@ class _Replay(Exception):  # noqa: N818 - a signal within this module, not an er
 
 
 _SHARDS = 16
+
+
+async def _uncount(connection: AsyncConnection[Any], rows: Sequence[tuple[Any, ...]]) -> int:
+    """Take (space, size) rows off their spaces' counts; how many rows."""
+    gone: dict[str, list[int]] = {}
+    for space, size in rows:
+        tally = gone.setdefault(space, [0, 0])
+        tally[0] += 1
+        tally[1] += size
+    for space, (count, size) in gone.items():
+        await _add_to_counts(connection, space, -count, -size)
+    return len(rows)
 
 
 async def _add_to_counts(connection: AsyncConnection[Any], space: str, count: int, size: int) -> None:
@@ -303,8 +316,14 @@ class PostgresBackend:
                 async with self._pool.connection() as connection:
                     await self._delete(
                         connection,
-                        "ctid IN (SELECT ctid FROM outrig_entries WHERE expires_at <= %s LIMIT %s)",
+                        "ctid IN (SELECT ctid FROM outrig_entries WHERE expires_at <= %s "
+                        "AND taken_at IS NULL LIMIT %s)",
                         (self.clock.time(), _REAP_BATCH),
+                    )
+                    await connection.execute(
+                        "DELETE FROM outrig_entries WHERE ctid IN (SELECT ctid FROM outrig_entries "
+                        "WHERE taken_at <= %s LIMIT %s)",
+                        (self.clock.time() - _TAKEN_KEPT, _REAP_BATCH),
                     )
                     cursor = await connection.execute(
                         "SELECT space, id FROM outrig_transactions WHERE state = 0 AND expires_at <= %s "
@@ -418,7 +437,9 @@ class PostgresBackend:
             if entries <= settings.max_entries and held <= settings.max_bytes:
                 return
             if attempt == 0:
-                await self._delete(connection, "space = %s AND expires_at <= %s", (space, now))
+                await self._delete(
+                    connection, "space = %s AND expires_at <= %s AND taken_at IS NULL", (space, now)
+                )
         if entries > settings.max_entries:
             raise QuotaExceededError(
                 f"space {space!r} holds {entries - count} entries; writing {count} more exceeds its quota "
@@ -431,18 +452,23 @@ class PostgresBackend:
 
     @staticmethod
     async def _delete(connection: AsyncConnection[Any], where: str, params: Sequence[Any]) -> int:
-        """Delete entries and take them off their spaces' counts; how many went."""
+        """Delete live entries (expired, cancelled, never committed) and take them off their
+        spaces' counts; how many went."""
         cursor = await connection.execute(
-            "DELETE FROM outrig_entries WHERE " + where + " RETURNING space, size", params
+            "DELETE FROM outrig_entries WHERE taken_at IS NULL AND (" + where + ") RETURNING space, size",
+            params,
         )
-        gone: dict[str, list[int]] = {}
-        for space, size in await cursor.fetchall():
-            tally = gone.setdefault(space, [0, 0])
-            tally[0] += 1
-            tally[1] += size
-        for space, (count, size) in gone.items():
-            await _add_to_counts(connection, space, -count, -size)
-        return sum(count for count, _ in gone.values())
+        return await _uncount(connection, await cursor.fetchall())
+
+    async def _retire(self, connection: AsyncConnection[Any], where: str, params: Sequence[Any]) -> int:
+        """Mark entries taken: gone for every match, off their spaces' counts, but kept for
+        `_TAKEN_KEPT` seconds so that other servers can still fetch them for their notify events."""
+        cursor = await connection.execute(
+            "UPDATE outrig_entries SET taken_at = %s WHERE taken_at IS NULL AND (" + where + ") "
+            "RETURNING space, size",
+            (self.clock.time(), *params),
+        )
+        return await _uncount(connection, await cursor.fetchall())
 
     async def _declare(
         self, connection: AsyncConnection[Any], space: str, entries: Sequence[NewEntry]
@@ -557,7 +583,7 @@ class PostgresBackend:
                     ),
                 )
             if take and found and not txn:
-                await self._delete(connection, "space = %s AND id = ANY(%s)", (space, ids))
+                await self._retire(connection, "space = %s AND id = ANY(%s)", (space, ids))
             elif take and found:
                 own = [i for i in ids if i in mine]  # its own writes, taken back: as if never written
                 if own:
@@ -579,7 +605,7 @@ class PostgresBackend:
                     )
             conflicted = False
             if not found and if_exists:
-                locked = _LOCKED_FOR_TAKE if take else _LOCKED_FOR_READ
+                locked = "taken_at IS NULL AND (" + (_LOCKED_FOR_TAKE if take else _LOCKED_FOR_READ) + ")"
                 cursor = await connection.execute(
                     f"SELECT EXISTS (SELECT 1 FROM outrig_entries e WHERE space = %(space)s AND {where} "
                     f"AND (expires_at IS NULL OR expires_at > %(now)s) AND ({locked}))",
@@ -734,7 +760,7 @@ class PostgresBackend:
                 expires_at, granted = (None, None) if math.isinf(duration) else (now + duration, duration)
                 cursor = await connection.execute(
                     "UPDATE outrig_entries SET expires_at = %s WHERE space = %s AND id = %s "
-                    "AND (expires_at IS NULL OR expires_at > %s)",
+                    "AND taken_at IS NULL AND (expires_at IS NULL OR expires_at > %s)",
                     (expires_at, space, lease_id, now),
                 )
                 if not cursor.rowcount:
@@ -841,7 +867,7 @@ class PostgresBackend:
                 (space, txn),
             )
             committed = sorted(map(_stored, await cursor.fetchall()), key=lambda s: s.arrival)
-            await self._delete(connection, "space = %s AND taken_by = %s", (space, txn))
+            await self._retire(connection, "space = %s AND taken_by = %s", (space, txn))
         else:
             await self._delete(connection, "space = %s AND written_by = %s", (space, txn))
             await connection.execute(

@@ -60,6 +60,7 @@ MIGRATIONS: Final[tuple[tuple[int, str], ...]] = (
             expires_at double precision,           -- epoch seconds; NULL: forever
             written_by bigint,                     -- a transaction's write, invisible until commit
             taken_by bigint,                       -- a transaction's take, undone by abort
+            taken_at double precision,             -- taken: kept a while for other servers' events
             PRIMARY KEY (space, id)
         );
         -- Transactions: their state stays a while after they end, to answer a repeated commit.
@@ -105,7 +106,9 @@ MIGRATIONS: Final[tuple[tuple[int, str], ...]] = (
         CREATE INDEX outrig_entries_lineage ON outrig_entries USING gin (lineage);
         CREATE INDEX outrig_entries_fields ON outrig_entries USING gin (fields jsonb_path_ops);
         CREATE INDEX outrig_entries_arrival ON outrig_entries (space, arrival);
-        CREATE INDEX outrig_entries_expiry ON outrig_entries (expires_at) WHERE expires_at IS NOT NULL;
+        CREATE INDEX outrig_entries_expiry ON outrig_entries (expires_at)
+            WHERE expires_at IS NOT NULL AND taken_at IS NULL;
+        CREATE INDEX outrig_entries_taken ON outrig_entries (taken_at) WHERE taken_at IS NOT NULL;
         """,
     ),
 )

@@ -162,6 +162,22 @@ async def test_a_registration_resumes_through_another_server_when_its_own_stops(
             await resume_until_gone()
 
 
+async def test_an_entry_taken_at_once_still_reaches_a_subscription_on_another_server(database: str) -> None:
+    async with servers(database, 2) as (first, second):
+        subscription = await second.subscribe("s", [template()], 60.0)
+        for n in range(20):  # written and taken through the first, before the second can fetch it
+            await first.write("s", [entry(n=n)], 60.0)
+            await first.match("s", [template(n=n)], take=True, max_entries=1, timeout=0, if_exists=False)
+        events = []
+        async with asyncio.timeout(10):
+            async for event in subscription:
+                events.append(event)
+                if len(events) == 20:
+                    break
+        assert [e.sequence for e in events] == list(range(1, 21))
+        subscription.close()
+
+
 async def test_a_write_through_one_server_reaches_a_subscription_on_another(database: str) -> None:
     async with servers(database, 2) as (first, second):
         subscription = await second.subscribe("s", [template(n=1)], 60.0)
