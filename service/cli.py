@@ -37,6 +37,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--listen", metavar="HOST:PORT", help="address to serve on (default 127.0.0.1:7480)")
     serve.add_argument(
+        "--backend",
+        choices=["embedded", "postgres"],
+        help="embedded (default: in memory, or SQLite with --data-dir) or postgres (several servers, one "
+        "database: --dsn)",
+    )
+    serve.add_argument("--dsn", metavar="URL", help="the PostgreSQL database of --backend postgres")
+    serve.add_argument(
         "--data-dir",
         metavar="DIR",
         help="keep spaces durably in DIR (SQLite); without it they live in memory",
@@ -158,6 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.config,
             flags={
                 "listen": args.listen,
+                "backend": args.backend,
+                "dsn": args.dsn,
                 "data_dir": args.data_dir,
                 "in_memory": args.in_memory,
                 "durability": args.durability,

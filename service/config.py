@@ -55,6 +55,8 @@ class ServerConfig:
     """Everything `outrig serve` needs."""
 
     listen: str = DEFAULT_LISTEN
+    backend: str = "embedded"  # "embedded" (memory, or SQLite in data_dir) or "postgres" (dsn)
+    dsn: str = ""  # the PostgreSQL database of the postgres backend (postgresql://...)
     data_dir: Path | None = None  # None: spaces live in memory only
     in_memory: bool = False  # ignore data_dir: ephemeral spaces
     durability: str = "always"  # "always": reply once durable; "interval": commit every commit_interval_ms
@@ -84,6 +86,8 @@ class ServerConfig:
 
 _SCALARS = (
     "listen",
+    "backend",
+    "dsn",
     "data_dir",
     "in_memory",
     "durability",
@@ -104,6 +108,7 @@ _SCALARS = (
     "policy_poll_interval",
 )
 
+_BACKENDS = frozenset({"embedded", "postgres"})
 _PATHS = frozenset({"data_dir", "tls_cert", "tls_key", "tls_client_ca", "token_public_key", "policy"})
 
 
@@ -167,6 +172,10 @@ def _convert(section: str, name: str, value: Any, current: Any) -> Any:
             return None if value in (None, "") else Path(value)
         if not isinstance(value, str | Path) or (name == "token_audience" and not value):
             raise ValueError(value)
+        if name == "backend":
+            if value not in _BACKENDS:
+                raise ValueError(value)
+            return str(value)
         if name == "durability":
             if value not in _DURABILITY:
                 raise ValueError(value)
@@ -180,6 +189,8 @@ def _convert(section: str, name: str, value: Any, current: Any) -> Any:
     except (TypeError, ValueError):
         if name == "durability":
             need = " or ".join(map(repr, _DURABILITY))
+        elif name == "backend":
+            need = " or ".join(map(repr, sorted(_BACKENDS)))
         else:
             need = "a positive number" if name in _POSITIVE else f"a value like {current!r}"
         raise ConfigError(f"{section}.{name}: invalid value {value!r} (expected {need})") from None
@@ -230,4 +241,6 @@ def load_config(
         raise ConfigError(f"spaces: expected a table of spaces, got {per_space!r}")
     spaces = {name: _apply(defaults, values, f"spaces.{name}") for name, values in per_space.items()}
     result: ServerConfig = dataclasses.replace(config, limits=limits, space_defaults=defaults, spaces=spaces)
+    if result.backend == "postgres" and not result.dsn:
+        raise ConfigError("server.dsn: the postgres backend needs a database (--dsn postgresql://...)")
     return result

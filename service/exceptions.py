@@ -5,6 +5,7 @@
     ├── LeaseNotFoundError        unknown or expired lease    -> NOT_FOUND
     │   └── TransactionNotFoundError unknown or ended transaction (its id is a lease id)
     ├── QuotaExceededError        a quota or limit is reached -> RESOURCE_EXHAUSTED
+    ├── UnsupportedError          not provided by this backend (yet) -> UNIMPLEMENTED
     ├── TypeConflictError         a type redeclared otherwise -> FAILED_PRECONDITION
     ├── TransactionAbortedError   commit of an aborted transaction -> FAILED_PRECONDITION
     ├── ShuttingDownError         the server is stopping      -> UNAVAILABLE
@@ -44,6 +45,10 @@ class TransactionNotFoundError(LeaseNotFoundError):
 
 class TransactionAbortedError(SpaceError):
     """A commit of a transaction that has aborted (or an abort of one that has committed)."""
+
+
+class UnsupportedError(SpaceError):
+    """An operation this backend does not provide (yet)."""
 
 
 class QuotaExceededError(SpaceError):

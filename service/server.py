@@ -27,6 +27,18 @@ log = logging.getLogger("outrig.service")
 SERVICE_NAME = space_pb2.DESCRIPTOR.services_by_name["Space"].full_name
 
 
+def _backend_for(config: ServerConfig, clock: Clock | None) -> SpaceBackend:
+    if config.backend == "postgres":
+        try:
+            from outrig.service.postgres.backend import PostgresBackend
+        except ImportError as err:  # pragma: no cover - depends on the install
+            raise ConfigError(
+                f"backend: postgres needs its extra: pip install 'outrig[postgres]' ({err})"
+            ) from err
+        return PostgresBackend(config, config.dsn, clock)
+    return EmbeddedBackend(config, clock)
+
+
 def split_listen(listen: str) -> tuple[str, int]:
     host, sep, port = listen.rpartition(":")
     if not sep or not host or not port.isdigit() or int(port) > 65535:
@@ -44,7 +56,7 @@ class OutrigServer:
         # Security files first: a bad policy or certificate stops the start before a store is opened.
         self.guard = build_guard(config)
         self._credentials = server_credentials(config)
-        self.backend = backend or EmbeddedBackend(config, clock)
+        self.backend = backend or _backend_for(config, clock)
         self.port = 0
         self._watch: asyncio.Task[None] | None = None
         self._health = HealthServicer()

@@ -34,6 +34,7 @@ from outrig.service.exceptions import (
     TransactionAbortedError,
     TypeConflictError,
     UnauthenticatedError,
+    UnsupportedError,
 )
 from outrig.service.security.access import ACCESS
 from outrig.service.security.guard import Authenticator, Guard
@@ -47,6 +48,7 @@ STATUS_BY_ERROR: dict[type[SpaceError], grpc.StatusCode] = {
     LeaseNotFoundError: grpc.StatusCode.NOT_FOUND,
     QuotaExceededError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     TypeConflictError: grpc.StatusCode.FAILED_PRECONDITION,
+    UnsupportedError: grpc.StatusCode.UNIMPLEMENTED,
     TransactionAbortedError: grpc.StatusCode.FAILED_PRECONDITION,
     ShuttingDownError: grpc.StatusCode.UNAVAILABLE,
     StoreUnavailableError: grpc.StatusCode.UNAVAILABLE,

@@ -72,10 +72,42 @@ def _embedded_parked_waiters(backend: EmbeddedBackend, space: str) -> int:
 # such call, but "a cancelled or timed-out call leaves no waiter behind" deserves a check.
 PARKED_WAITERS: dict[type, Callable[[Any, str], int]] = {EmbeddedBackend: _embedded_parked_waiters}
 
+
+@asynccontextmanager
+async def postgresql(config: ServerConfig, clock: FakeClock) -> AsyncIterator[SpaceBackend]:
+    """The PostgreSQL backend on a fresh database of the session's throwaway server."""
+    import psycopg
+
+    from outrig.service.postgres.backend import PostgresBackend
+
+    from ..postgres_server import find_bindir, running_postgres
+
+    global _postgres
+    if _postgres is None:
+        bindir = find_bindir()
+        assert bindir is not None, "no PostgreSQL server binaries"
+        _postgres_context.append(running_postgres(bindir))
+        _postgres = _postgres_context[-1].__enter__()
+    name = f"c_{uuid.uuid4().hex[:12]}"
+    async with await psycopg.AsyncConnection.connect(_postgres.dsn(), autocommit=True) as admin:
+        await admin.execute(f"CREATE DATABASE {name}")
+    backend = PostgresBackend(config, _postgres.dsn(name), clock)
+    await backend.start()
+    try:
+        yield backend
+    finally:
+        await backend.close()
+        await backend.shutdown()
+
+
+_postgres: Any = None
+_postgres_context: list[Any] = []
+
+
 BACKENDS: list[object] = [
     pytest.param(embedded, id="embedded"),
     pytest.param(embedded_durable, id="embedded-durable"),
-    # pytest.param(postgresql, id="postgresql"),  # when the PostgreSQL backend lands
+    pytest.param(postgresql, id="postgresql"),
 ]
 
 

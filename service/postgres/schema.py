@@ -1,0 +1,158 @@
+"""The PostgreSQL backend's schema, and its versioned migrations, applied at start.
+
+Several outrig servers share one database, so a migration runs under a transaction-scoped
+advisory lock: the first server to start applies what is missing, the others wait and find it
+done. `outrig_schema` records each applied version; a database newer than this server knows is
+refused (IncompatibleStoreError), as an old binary must not write a newer layout.
+
+Entries are rows. Template matching uses two GIN indexes: `lineage` (the entry's type and its
+supertypes, so a template of a supertype finds its subtypes) and `fields`, a JSONB object of each
+field's index key (`field_key`), searched by containment (`jsonb_path_ops`). Large values are
+keyed by kind, length and a sample of each end, as the engine keys them, and compared in full
+against the payload when a template names one. The payload column holds the entry's encoding, as
+the embedded store keeps it: HD arrays stay bytes end to end.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from outrig.service.engine.values import FULL_KEY_LIMIT, FieldValue
+from outrig.service.exceptions import IncompatibleStoreError
+
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "field_key", "migrate"]
+
+# An arbitrary, fixed key for pg_advisory_xact_lock: "outrig" in ASCII.
+_LOCK_KEY: Final = 0x6F7574726967
+
+MIGRATIONS: Final[tuple[tuple[int, str], ...]] = (
+    (
+        1,
+        """
+        -- What each space holds, for its quotas, kept in step with its entries' rows in the same
+        -- database transactions: a quota check sums a few rows instead of counting entries. The
+        -- counts are split over 16 shards, each change adding to a random one, so that concurrent
+        -- writes and takes of one space do not all queue on one row lock (held until commit).
+        CREATE TABLE outrig_space_counts (
+            space text NOT NULL,
+            shard smallint NOT NULL,
+            entries bigint NOT NULL DEFAULT 0,
+            bytes bigint NOT NULL DEFAULT 0,
+            PRIMARY KEY (space, shard)
+        );
+        CREATE TABLE outrig_types (
+            space text NOT NULL,
+            name text NOT NULL,
+            supertypes text[] NOT NULL,
+            PRIMARY KEY (space, name)
+        );
+        -- Lease ids (entries, registrations, transactions) come from one sequence shared by all
+        -- servers, so they are unique across the database and never reused.
+        CREATE SEQUENCE outrig_ids;
+        CREATE TABLE outrig_entries (
+            space text NOT NULL,
+            id bigint NOT NULL,
+            arrival bigint NOT NULL,
+            lineage text[] NOT NULL,
+            fields jsonb NOT NULL,
+            payload bytea NOT NULL,
+            size integer NOT NULL,
+            expires_at double precision,           -- epoch seconds; NULL: forever
+            written_by bigint,                     -- a transaction's write, invisible until commit
+            taken_by bigint,                       -- a transaction's take, undone by abort
+            taken_at double precision,             -- taken: kept a while for other servers' events
+            PRIMARY KEY (space, id)
+        );
+        -- Transactions: their state stays a while after they end, to answer a repeated commit.
+        CREATE TABLE outrig_transactions (
+            space text NOT NULL,
+            id bigint NOT NULL,
+            expires_at double precision,
+            state smallint NOT NULL DEFAULT 0,     -- 0 active, 1 committed, 2 aborted
+            ended_at double precision,
+            PRIMARY KEY (space, id)
+        );
+        -- Notify registrations: their leases live here, their streams on the server attached.
+        CREATE TABLE outrig_registrations (
+            space text NOT NULL,
+            id bigint NOT NULL,
+            expires_at double precision,
+            templates bytea NOT NULL,
+            sequence bigint NOT NULL DEFAULT 0,    -- a resumed stream numbers from here + 2^31
+            transaction bigint,
+            PRIMARY KEY (space, id)
+        );
+        -- Request ids, shared by all servers: a retry through any server gets the first reply.
+        CREATE TABLE outrig_requests (
+            id text PRIMARY KEY,
+            space text NOT NULL,
+            kind text NOT NULL,
+            expires_at double precision NOT NULL,
+            result jsonb NOT NULL,
+            payloads bytea[]
+        );
+        CREATE INDEX outrig_requests_expiry ON outrig_requests (expires_at);
+        -- Read locks: several transactions may hold one on the same entry.
+        CREATE TABLE outrig_read_locks (
+            space text NOT NULL,
+            entry_id bigint NOT NULL,
+            txn bigint NOT NULL,
+            PRIMARY KEY (space, entry_id, txn)
+        );
+        CREATE INDEX outrig_read_locks_txn ON outrig_read_locks (space, txn);
+        CREATE INDEX outrig_entries_written_by ON outrig_entries (space, written_by)
+            WHERE written_by IS NOT NULL;
+        CREATE INDEX outrig_entries_taken_by ON outrig_entries (space, taken_by) WHERE taken_by IS NOT NULL;
+        CREATE INDEX outrig_entries_lineage ON outrig_entries USING gin (lineage);
+        CREATE INDEX outrig_entries_fields ON outrig_entries USING gin (fields jsonb_path_ops);
+        CREATE INDEX outrig_entries_arrival ON outrig_entries (space, arrival);
+        CREATE INDEX outrig_entries_expiry ON outrig_entries (expires_at)
+            WHERE expires_at IS NOT NULL AND taken_at IS NULL;
+        CREATE INDEX outrig_entries_taken ON outrig_entries (taken_at) WHERE taken_at IS NOT NULL;
+        """,
+    ),
+)
+
+SCHEMA_VERSION: Final = MIGRATIONS[-1][0]
+
+
+def field_key(value: FieldValue) -> str:
+    """The text a field's value is indexed by: its kind and canonical data, or for a large value
+    its kind, length and 32 bytes from each end (compared in full after the index narrows)."""
+    data = value.data
+    if data is None:
+        return value.kind
+    if isinstance(data, bool | int):
+        return f"{value.kind}:{int(data)}"
+    raw = data.encode() if isinstance(data, str) else bytes(data)
+    if len(raw) > FULL_KEY_LIMIT:
+        return f"{value.kind}:L{len(raw)}:{raw[:32].hex()}:{raw[-32:].hex()}"
+    return f"{value.kind}:{raw.hex()}"
+
+
+async def migrate(connection: object) -> list[int]:
+    """Apply the migrations this database lacks (psycopg AsyncConnection); the versions applied."""
+    from psycopg import AsyncConnection
+
+    assert isinstance(connection, AsyncConnection)
+    applied: list[int] = []
+    async with connection.transaction():
+        await connection.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+        await connection.execute(
+            "CREATE TABLE IF NOT EXISTS outrig_schema (version integer PRIMARY KEY, applied_at timestamptz "
+            "NOT NULL DEFAULT now())"
+        )
+        cursor = await connection.execute("SELECT coalesce(max(version), 0) FROM outrig_schema")
+        row = await cursor.fetchone()
+        current = int(row[0]) if row else 0
+        if current > SCHEMA_VERSION:
+            raise IncompatibleStoreError(
+                f"the database has outrig schema version {current}; this server knows up to "
+                f"{SCHEMA_VERSION}: upgrade the server"
+            )
+        for version, sql in MIGRATIONS:
+            if version > current:
+                await connection.execute(sql)
+                await connection.execute("INSERT INTO outrig_schema (version) VALUES (%s)", (version,))
+                applied.append(version)
+    return applied

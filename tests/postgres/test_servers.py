@@ -1,0 +1,81 @@
+"""Several `outrig serve --backend postgres` processes on one real database, through the SDK."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import psycopg
+import pytest
+
+import outrig
+
+from ..conftest import ServerProcess, start_server
+from ..postgres_server import PostgresServer
+
+
+@dataclass
+class Job(outrig.Entry, type_name="pg.Job"):
+    n: int | None = None
+
+
+@pytest.fixture
+def database(postgres: PostgresServer) -> str:
+    name = f"s_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres.dsn(), autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name}")
+    return postgres.dsn(name)
+
+
+@pytest.fixture
+def three(database: str) -> Iterator[list[ServerProcess]]:
+    servers = [start_server("--backend", "postgres", "--dsn", database) for _ in range(3)]
+    yield servers
+    for server in servers:
+        server.stop()
+
+
+def test_three_servers_serve_one_space(three: list[ServerProcess]) -> None:
+    first, second, third = (outrig.connect(s.address, space="jobs", retry_deadline=0) for s in three)
+    with first, second, third:
+        got: list[object] = []
+        blocked = threading.Thread(target=lambda: got.append(second.take(Job(n=1), timeout=20.0)))
+        blocked.start()
+        first.write(Job(n=1))  # through one server; the take blocked on another gets it
+        blocked.join(30)
+        assert got == [Job(n=1)]
+        first.write_many([Job(n=i) for i in range(100)])
+        taken: list[int] = []
+        takers = [
+            threading.Thread(target=lambda space=space: taken.extend(
+                job.n for job in iter(lambda: space.take_nowait(Job()), None)  # type: ignore[union-attr]
+            ))
+            for space in (first, second, third)
+        ]  # fmt: skip
+        for thread in takers:
+            thread.start()
+        for thread in takers:
+            thread.join(60)
+        assert sorted(taken) == list(range(100))  # each entry once, through whichever server
+        with first.transaction() as txn:
+            txn.write(Job(n=500))
+            assert third.read_nowait(Job(n=500)) is None
+        assert third.read_nowait(Job(n=500)) == Job(n=500)
+
+
+def test_a_server_killed_mid_transaction_leaves_the_space_consistent(three: list[ServerProcess]) -> None:
+    doomed, survivor = three[0], three[1]
+    with outrig.connect(survivor.address, space="jobs", retry_deadline=0) as space:
+        space.write(Job(n=1))
+    with outrig.connect(doomed.address, space="jobs", retry_deadline=0) as space:
+        txn = space.transaction(lease=1.0)
+        assert txn.take(Job(n=1), timeout=0) == Job(n=1)
+        txn.write(Job(n=2))
+    doomed.stop(signal.SIGKILL)
+    with outrig.connect(survivor.address, space="jobs", retry_deadline=0) as space:
+        # The transaction's lease runs out; a surviving server's reaper aborts it.
+        assert space.take(Job(n=1), timeout=20.0) == Job(n=1)
+        assert space.read_nowait(Job(n=2)) is None
