@@ -35,7 +35,7 @@ def test_docker_compose_config() -> None:
     command = _compose_command()
     if command is None:
         pytest.skip("neither docker compose nor docker-compose is installed here")
-    for profile in ([], ["--profile", "stress"]):
+    for profile in ([], ["--profile", "stress"], ["--profile", "postgres", "--profile", "postgres-stress"]):
         done = subprocess.run(
             [*command, "-f", str(COMPOSE), *profile, "config", "--quiet"],
             capture_output=True,
@@ -87,7 +87,34 @@ def test_the_stress_profile_runs_the_campaign_distributed(compose: dict[str, Any
 
 def test_every_build_target_is_a_stage(compose: dict[str, Any]) -> None:
     stages = dockerfile_stages()
-    for svc in compose["services"].values():
+    built = [svc for svc in compose["services"].values() if "build" in svc]
+    for svc in built:
         assert svc["build"]["target"] in stages
-    images = {svc["build"]["target"]: svc["image"] for svc in compose["services"].values()}
+    images = {svc["build"]["target"]: svc["image"] for svc in built}
     assert len(images) == 2  # one image per stage, shared by the services built from it
+
+
+def test_the_postgres_profile_is_three_servers_behind_nginx(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    postgres = {name for name, svc in services.items() if "postgres" in svc.get("profiles", [])}
+    assert postgres == {"postgres", "outrig-pg", "balancer"}
+    servers = services["outrig-pg"]
+    assert servers["deploy"]["replicas"] == 3
+    assert servers["environment"]["OUTRIG_BACKEND"] == "postgres"
+    dsn = servers["environment"]["OUTRIG_DSN"]
+    database = services["postgres"]["environment"]
+    assert dsn == (
+        f"postgresql://{database['POSTGRES_USER']}:{database['POSTGRES_PASSWORD']}@postgres:5432/"
+        f"{database['POSTGRES_DB']}"
+    )
+    assert servers["depends_on"]["postgres"]["condition"] == "service_healthy"
+    assert servers["healthcheck"]["test"][1:] == dockerfile_stages()["server"].healthcheck()
+    mount = services["balancer"]["volumes"][0].split(":")
+    config = (COMPOSE.parent / mount[0]).read_text()
+    assert "grpc_pass grpc://outrig" in config and "server outrig-pg:7480" in config
+    assert mount[1] == "/etc/nginx/conf.d/default.conf"
+    stress = services["locust-pg-master"]["command"]
+    assert stress[stress.index("--host") + 1] == "balancer:7480"
+    assert services["locust-pg-worker"]["deploy"]["replicas"] == int(
+        stress[stress.index("--expect-workers") + 1]
+    )

@@ -66,7 +66,7 @@ def test_the_server_stage_is_the_default_and_complete(stages: dict[str, Stage]) 
     assert server.last("EXPOSE") == "7480"
     assert server.last("STOPSIGNAL") == "SIGTERM"
     assert server.healthcheck()[:2] == ["outrig", "health"]
-    assert '"outrig[server]"' in server.last("RUN") and "--no-index" in server.last("RUN")
+    assert '"outrig[server,postgres]"' in server.last("RUN") and "--no-index" in server.last("RUN")
 
 
 def test_the_loadtest_stage_runs_the_locustfile(stages: dict[str, Stage]) -> None:

@@ -29,7 +29,7 @@ def validate(*paths: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_every_manifest_is_valid_kubernetes() -> None:
-    assert len(MANIFESTS) == 7, MANIFESTS
+    assert len(MANIFESTS) == 11, MANIFESTS
     done = validate(*MANIFESTS)
     assert done.returncode == 0, done.stdout + done.stderr
 
@@ -180,3 +180,21 @@ def test_the_job_runs_the_stress_campaign(resources: Resources) -> None:
     assert "--headless" in args
     assert job["spec"]["backoffLimit"] == 0
     assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+
+
+def test_the_postgres_servers_are_a_deployment_on_a_headless_service() -> None:
+    (deployment,) = load_yaml_documents(KUBERNETES / "postgres" / "deployment.yaml")
+    (service,) = load_yaml_documents(KUBERNETES / "postgres" / "service.yaml")
+    (secret,) = load_yaml_documents(KUBERNETES / "postgres" / "secret-dsn.yaml")
+    (pdb,) = load_yaml_documents(KUBERNETES / "postgres" / "pdb.yaml")
+    assert deployment["kind"] == "Deployment" and deployment["spec"]["replicas"] >= 2
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"] == labels == pdb["spec"]["selector"]["matchLabels"]
+    assert service["spec"]["clusterIP"] == "None"  # clients balance per call over every pod
+    assert pdb["spec"]["minAvailable"] < deployment["spec"]["replicas"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    env = {item["name"]: item for item in container["env"]}
+    assert env["OUTRIG_BACKEND"]["value"] == "postgres"
+    reference = env["OUTRIG_DSN"]["valueFrom"]["secretKeyRef"]
+    assert (reference["name"], reference["key"]) == (secret["metadata"]["name"], "dsn")
+    assert "volumeClaimTemplates" not in deployment["spec"]  # stateless: the database holds the space
