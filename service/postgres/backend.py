@@ -1,19 +1,18 @@
-"""The PostgreSQL backend: spaces as rows in one database that several outrig servers share.
+"""The PostgreSQL backend: spaces as rows in one database that several outrig servers share
+(docs/postgres.md).
 
-In progress (issue 8). What works: write, read and take (waiting included, woken across servers
-by LISTEN/NOTIFY and re-checked on a timer because notifications are not replayed), count,
-contents, renew, cancel, a lease reaper, transactions and notify, whose registrations a client
-resumes through another server when its own stops (docs/postgres.md). Request ids are rows
-shared by all servers (`outrig_requests`), recorded in the same database transaction as the change. Quotas
-count in 16 shards per space (`outrig_space_counts`), updated in the same database transaction as
-the entries' rows (concurrent writes may overshoot a quota by what they write together).
-
-Matching: a template is a containment query on two GIN indexes, `lineage @> ARRAY[type]` and
-`fields @> {field: key}` (schema.py), in arrival order; a take locks the rows it chose with
+Every operation is one database transaction, never held open across client calls. Matching is a
+containment query on two GIN indexes, `lineage @> ARRAY[type]` and `fields @> {field: key}`
+(schema.py), in arrival order; each candidate is then checked with the engine's own
+`Template.matches`, which compares large values in full. A take locks the rows it chose with
 `FOR UPDATE SKIP LOCKED`, so concurrent takes through any number of servers never return the same
-entry and never wait on each other, and deletes them in the same database transaction. Each
-candidate is then checked with the engine's own `Template.matches`, which compares large values
-in full. No database transaction is ever held open across client calls.
+entry and never wait on each other, and marks them taken in the same transaction (the reaper
+purges them later; meanwhile other servers can still fetch them for notify events).
+
+Blocked calls are woken by LISTEN/NOTIFY on `outrig_changes` (one listening connection per
+server) and look again every second, because notifications are not replayed. Transactions are
+columns and a read-lock table; request ids, registrations and quota counts (16 shards per space)
+are rows shared by all servers.
 """
 
 from __future__ import annotations
@@ -60,6 +59,9 @@ _IDS_PER_NOTIFICATION = 500  # base-36 ids: well under PostgreSQL's 8,000-byte p
 _DELIVERED_REMEMBERED = 100_000
 _SEQUENCE_JUMP = 1 << 31  # as the embedded backend's restart: numbers never repeat
 _TAKEN_KEPT = 60.0  # seconds a taken entry stays fetchable for other servers' notify events
+_RECHECK = 1.0  # seconds between re-checks of a blocked call: notifications are not replayed
+_REAP_BATCH = 1000
+_SHARDS = 16  # quota count rows per space
 
 
 def _base36(number: int) -> str:
@@ -70,10 +72,6 @@ def _base36(number: int) -> str:
         text = digits[rest] + text
         if not number:
             return text
-
-
-_RECHECK = 1.0  # seconds between re-checks of a blocked call: notifications are not replayed
-_REAP_BATCH = 1000
 
 
 # Rows a caller under transaction %(txn)s (0: none) may read, and may take.
@@ -105,9 +103,6 @@ def _named(templates: Sequence[Template]) -> tuple[str, dict[str, Any]]:
 
 class _Replay(Exception):  # noqa: N818 - a signal within this module, not an error
     """Another call with the same request id acted first: roll back and answer with its reply."""
-
-
-_SHARDS = 16
 
 
 async def _uncount(connection: AsyncConnection[Any], rows: Sequence[tuple[Any, ...]]) -> int:
