@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
-import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -17,6 +16,7 @@ from pathlib import Path
 
 from outrig.service import health_probe, software_version
 from outrig.service.exceptions import ConfigError, StoreError
+from outrig.service.logs import configure_logging
 from outrig.service.security import commands as security_commands
 
 # `outrig stress` runs in a fresh interpreter that imports Locust, and with it gevent's patching of
@@ -70,6 +70,14 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-message-bytes", type=int, metavar="N", help="largest request or reply")
     serve.add_argument("--grace-seconds", type=float, metavar="S", help="shutdown grace for in-flight calls")
     serve.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    serve.add_argument(
+        "--log-format", choices=["text", "json"], help="text (default) or json: one object per line"
+    )
+    serve.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics on http://HOST:PORT/metrics (default: no metrics)",
+    )
     security = serve.add_argument_group("security (see docs/security.md)")
     security.add_argument("--tls-cert", metavar="PEM", help="the server's certificate chain: serve TLS")
     security.add_argument("--tls-key", metavar="PEM", help="the server certificate's private key")
@@ -175,6 +183,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "max_message_bytes": args.max_message_bytes,
                 "grace_seconds": args.grace_seconds,
                 "log_level": args.log_level,
+                "log_format": args.log_format,
+                "metrics_listen": args.metrics_listen,
                 "tls_cert": args.tls_cert,
                 "tls_key": args.tls_key,
                 "tls_client_ca": args.tls_client_ca,
@@ -184,11 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "insecure": args.insecure,
             },
         )
-        logging.basicConfig(
-            level=config.log_level,
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-            stream=sys.stderr,
-        )
+        configure_logging(config.log_level, config.log_format)
         asyncio.run(serve(config))
     except (ConfigError, StoreError) as err:
         print(f"outrig: {err}", file=sys.stderr)
