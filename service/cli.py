@@ -2,7 +2,8 @@
 verify a data dir's store, also while a server is using it; `outrig health` probes a server's
 gRPC health service (service/health_probe.py); `outrig certs dev`, `outrig keys ed25519` and `outrig
 token issue` make what TLS and tokens need (service/security/commands.py); `outrig stress` runs a
-Locust campaign (outrig.loadtest.runner)."""
+Locust campaign (outrig.loadtest.runner); `outrig stats` and `outrig dump` show what a running
+server holds (service/admin.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from outrig.service import health_probe, software_version
+from outrig.service import admin, health_probe, software_version
 from outrig.service.exceptions import ConfigError, StoreError
 from outrig.service.logs import configure_logging
 from outrig.service.security import commands as security_commands
@@ -116,6 +117,7 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("data_dir", metavar="DATA_DIR", type=Path, help="the data dir to check")
     health_probe.add_parser(commands)
     security_commands.add_parsers(commands)
+    admin.add_parsers(commands)
     commands.add_parser(
         "stress",
         add_help=False,
@@ -160,6 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return security_commands.run(args)
     if args.command == "health":
         return health_probe.run(args)
+    if args.command in ("stats", "dump"):
+        return admin.run(args)
     if args.command != "serve":
         return _store_command(args)
     try:
