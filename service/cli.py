@@ -132,7 +132,12 @@ def _stress(argv: Sequence[str]) -> int:
         print("outrig stress: needs its extra: pip install 'outrig[loadtest]'", file=sys.stderr)
         return 2
     sys.stdout.flush()
-    os.execv(sys.executable, [sys.executable, "-c", _STRESS_BOOT, *argv])
+    # gevent's subprocess forks with os.fork, and gRPC's fork handlers then restart its poller in
+    # the child, which aborts on the descriptors the child closes before exec (grpc/grpc#43157): a
+    # restarted server died with status -6 before it could start. The campaign never uses gRPC
+    # in a child, so it runs without gRPC's fork support.
+    environment = dict(os.environ, GRPC_ENABLE_FORK_SUPPORT="false")
+    os.execve(sys.executable, [sys.executable, "-c", _STRESS_BOOT, *argv], environment)
 
 
 def _store_command(args: argparse.Namespace) -> int:
