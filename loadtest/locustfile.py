@@ -9,6 +9,12 @@ gRPC's gevent support is initialised before the SDK makes a channel, as Locust's
 does, so that blocking calls yield to the other users instead of stopping the process.
 """
 
+import os
+
+# Before gRPC loads: gevent's subprocess forks with os.fork, and gRPC's fork handlers would restart
+# its poller in the child (--kill-command, --restart-command), which aborts there (grpc/grpc#43157).
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
 from grpc.experimental import gevent as grpc_gevent
 
 grpc_gevent.init_gevent()

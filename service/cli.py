@@ -2,21 +2,22 @@
 verify a data dir's store, also while a server is using it; `outrig health` probes a server's
 gRPC health service (service/health_probe.py); `outrig certs dev`, `outrig keys ed25519` and `outrig
 token issue` make what TLS and tokens need (service/security/commands.py); `outrig stress` runs a
-Locust campaign (outrig.loadtest.runner)."""
+Locust campaign (outrig.loadtest.runner); `outrig stats` and `outrig dump` show what a running
+server holds (service/admin.py)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import importlib.util
-import logging
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from outrig.service import health_probe, software_version
+from outrig.service import admin, health_probe, software_version
 from outrig.service.exceptions import ConfigError, StoreError
+from outrig.service.logs import configure_logging
 from outrig.service.security import commands as security_commands
 
 # `outrig stress` runs in a fresh interpreter that imports Locust, and with it gevent's patching of
@@ -70,6 +71,14 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-message-bytes", type=int, metavar="N", help="largest request or reply")
     serve.add_argument("--grace-seconds", type=float, metavar="S", help="shutdown grace for in-flight calls")
     serve.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    serve.add_argument(
+        "--log-format", choices=["text", "json"], help="text (default) or json: one object per line"
+    )
+    serve.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics on http://HOST:PORT/metrics (default: no metrics)",
+    )
     security = serve.add_argument_group("security (see docs/security.md)")
     security.add_argument("--tls-cert", metavar="PEM", help="the server's certificate chain: serve TLS")
     security.add_argument("--tls-key", metavar="PEM", help="the server certificate's private key")
@@ -108,6 +117,7 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("data_dir", metavar="DATA_DIR", type=Path, help="the data dir to check")
     health_probe.add_parser(commands)
     security_commands.add_parsers(commands)
+    admin.add_parsers(commands)
     commands.add_parser(
         "stress",
         add_help=False,
@@ -122,7 +132,12 @@ def _stress(argv: Sequence[str]) -> int:
         print("outrig stress: needs its extra: pip install 'outrig[loadtest]'", file=sys.stderr)
         return 2
     sys.stdout.flush()
-    os.execv(sys.executable, [sys.executable, "-c", _STRESS_BOOT, *argv])
+    # gevent's subprocess forks with os.fork, and gRPC's fork handlers then restart its poller in
+    # the child, which aborts on the descriptors the child closes before exec (grpc/grpc#43157): a
+    # restarted server died with status -6 before it could start. The campaign never uses gRPC
+    # in a child, so it runs without gRPC's fork support.
+    environment = dict(os.environ, GRPC_ENABLE_FORK_SUPPORT="false")
+    os.execve(sys.executable, [sys.executable, "-c", _STRESS_BOOT, *argv], environment)
 
 
 def _store_command(args: argparse.Namespace) -> int:
@@ -152,6 +167,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return security_commands.run(args)
     if args.command == "health":
         return health_probe.run(args)
+    if args.command in ("stats", "dump"):
+        return admin.run(args)
     if args.command != "serve":
         return _store_command(args)
     try:
@@ -175,6 +192,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "max_message_bytes": args.max_message_bytes,
                 "grace_seconds": args.grace_seconds,
                 "log_level": args.log_level,
+                "log_format": args.log_format,
+                "metrics_listen": args.metrics_listen,
                 "tls_cert": args.tls_cert,
                 "tls_key": args.tls_key,
                 "tls_client_ca": args.tls_client_ca,
@@ -184,11 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "insecure": args.insecure,
             },
         )
-        logging.basicConfig(
-            level=config.log_level,
-            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-            stream=sys.stderr,
-        )
+        configure_logging(config.log_level, config.log_format)
         asyncio.run(serve(config))
     except (ConfigError, StoreError) as err:
         print(f"outrig: {err}", file=sys.stderr)

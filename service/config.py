@@ -67,6 +67,8 @@ class ServerConfig:
     reap_interval: float = 0.5
     reap_batch: int = 1000
     log_level: str = "INFO"
+    log_format: str = "text"  # "text", or "json": one JSON object per line
+    metrics_listen: str = ""  # HOST:PORT for Prometheus' /metrics; empty: no metrics
     # Security (docs/security.md): TLS, mutual TLS, bearer tokens, a grant policy.
     tls_cert: Path | None = None  # server certificate chain (PEM); with tls_key, the server speaks TLS
     tls_key: Path | None = None
@@ -98,6 +100,8 @@ _SCALARS = (
     "reap_interval",
     "reap_batch",
     "log_level",
+    "log_format",
+    "metrics_listen",
     "tls_cert",
     "tls_key",
     "tls_client_ca",
@@ -180,6 +184,10 @@ def _convert(section: str, name: str, value: Any, current: Any) -> Any:
             if value not in _DURABILITY:
                 raise ValueError(value)
             return value
+        if name == "log_format":
+            if value not in ("text", "json"):
+                raise ValueError(value)
+            return str(value)
         if name == "log_level":
             level = str(value).upper()
             if level not in _LOG_LEVELS:

@@ -36,6 +36,7 @@ from outrig.service.exceptions import (
     TransactionAbortedError,
     TransactionNotFoundError,
 )
+from outrig.service.metrics import SpaceFigures
 from outrig.service.recorder import Recorder
 from outrig.service.requests import Outcome, RequestLog
 from outrig.service.store.journal import Journal, Record
@@ -574,6 +575,29 @@ class EmbeddedBackend:
         if records:
             await self._commit(records, lambda: engine.restore(removed))
         return results
+
+    # ------------------------------------------------------------------ metrics
+
+    async def space_figures(self) -> dict[str, SpaceFigures]:
+        """What each space holds, for the metrics (runs on the event loop)."""
+        figures = {}
+        for name, engine in self._spaces.items():
+            stats = engine.statistics()
+            figures[name] = SpaceFigures(
+                entries=stats.entries,
+                bytes=stats.bytes,
+                waiters=stats.waiters,
+                registrations=stats.registrations,
+                transactions=stats.transactions,
+                expired=engine.expired,
+                types=engine.type_counts(),
+            )
+        return figures
+
+    def observe_commits(self, observe: Callable[[float, int], None]) -> None:
+        """Have the store report each group commit's seconds and records (if there is a store)."""
+        if self._recorder is not None:
+            self._recorder.journal.on_batch = observe
 
     # ------------------------------------------------------------------ transactions
 

@@ -18,6 +18,7 @@ from outrig.service.config import ServerConfig
 from outrig.service.embedded import EmbeddedBackend
 from outrig.service.engine.clock import Clock
 from outrig.service.exceptions import ConfigError
+from outrig.service.metrics import Metrics
 from outrig.service.security.transport import build_guard, check_listen, server_credentials
 from outrig.service.servicer import SpaceServicer
 from outrig.v1 import space_pb2
@@ -74,7 +75,11 @@ class OutrigServer:
                 ("grpc.server.max_pending_requests_hard_limit", 2 * pending),
             ]
         )
-        wire.add_to_server(SpaceServicer(self.backend, config.limits, self.guard), self._server)
+        self.metrics = Metrics() if config.metrics_listen else None
+        if self.metrics is not None:
+            self.guard.on_denied = self.metrics.denied
+        servicer = SpaceServicer(self.backend, config.limits, self.guard, self.metrics)
+        wire.add_to_server(servicer, self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         reflection.enable_server_reflection(
             (
@@ -103,6 +108,8 @@ class OutrigServer:
         except RuntimeError as err:
             raise ConfigError(f"listen: cannot bind {self.config.listen}: {err}") from err
         await self.backend.start()
+        if self.metrics is not None:
+            self._serve_metrics(self.metrics)
         await self._server.start()
         for service in ("", SERVICE_NAME):
             await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
@@ -114,6 +121,23 @@ class OutrigServer:
         # the policy's throughput ratio from 0.91-0.93 to 0.99 (docs/security.md).
         gc.freeze()
         return self.port
+
+    def _serve_metrics(self, metrics: Metrics) -> None:
+        loop = asyncio.get_running_loop()
+        figures = getattr(self.backend, "space_figures", None)
+        if figures is not None:
+            # Scrapes run on prometheus_client's thread; the figures are read on the event loop.
+            metrics.watch_spaces(lambda: asyncio.run_coroutine_threadsafe(figures(), loop).result(10))
+        observe = getattr(self.backend, "observe_commits", None)
+        if observe is not None:
+            observe(metrics.committed)
+        try:
+            metrics.serve(self.config.metrics_listen)
+        except (OSError, ValueError) as err:
+            raise ConfigError(
+                f"metrics_listen: cannot serve on {self.config.metrics_listen!r}: {err}"
+            ) from err
+        log.info("metrics on http://%s/metrics", self.config.metrics_listen)
 
     async def reload_policy(self) -> bool:
         """Reload the policy file now (SIGHUP does this); False if it was rejected or there is none."""

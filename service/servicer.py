@@ -9,8 +9,10 @@ keeps serving.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -36,6 +38,7 @@ from outrig.service.exceptions import (
     UnauthenticatedError,
     UnsupportedError,
 )
+from outrig.service.metrics import Metrics
 from outrig.service.security.access import ACCESS
 from outrig.service.security.guard import Authenticator, Guard
 from outrig.v1 import space_pb2 as pb
@@ -85,14 +88,26 @@ def unary(method: Unary[R]) -> Unary[R]:
 
     @functools.wraps(method)
     async def handler(self: SpaceServicer, request: Any, context: grpc.aio.ServicerContext) -> R:
+        metrics = self._metrics
+        started = time.perf_counter() if metrics is not None else 0.0
+        code = "OK"
         try:
             self._guard.check(context, name, request)
             return await method(self, request, context)
         except SpaceError as err:
-            await context.abort(status_for(err), str(err))
+            status = status_for(err)
+            code = status.name
+            await context.abort(status, str(err))
+        except asyncio.CancelledError:
+            code = "CANCELLED"
+            raise
         except Exception:
+            code = "INTERNAL"
             log.exception("unexpected error in %s", method.__name__)
             await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method.__name__}")
+        finally:
+            if metrics is not None:
+                metrics.call(name, code, time.perf_counter() - started)
         raise AssertionError("unreachable: abort raises")
 
     return handler
@@ -105,15 +120,27 @@ def streaming(method: Streaming[R]) -> Streaming[R]:
     async def handler(
         self: SpaceServicer, request: Any, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[R]:
+        metrics = self._metrics
+        started = time.perf_counter() if metrics is not None else 0.0
+        code = "OK"
         try:
             self._guard.check(context, name, request)
             async for reply in method(self, request, context):
                 yield reply
         except SpaceError as err:
-            await context.abort(status_for(err), str(err))
+            status = status_for(err)
+            code = status.name
+            await context.abort(status, str(err))
+        except (asyncio.CancelledError, GeneratorExit):
+            code = "CANCELLED"
+            raise
         except Exception:
+            code = "INTERNAL"
             log.exception("unexpected error in %s", method.__name__)
             await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method.__name__}")
+        finally:
+            if metrics is not None:
+                metrics.call(name, code, time.perf_counter() - started)
 
     return handler
 
@@ -127,9 +154,16 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
     already encoded (service/wire.py), and the writes receive their request's bytes too
     (`wire.Received`); register with `wire.add_to_server`."""
 
-    def __init__(self, backend: SpaceBackend, limits: Limits, guard: Guard | None = None) -> None:
+    def __init__(
+        self,
+        backend: SpaceBackend,
+        limits: Limits,
+        guard: Guard | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
         self._backend = backend
         self._limits = limits
+        self._metrics = metrics
         self._guard = guard or Guard(Authenticator(None, client_certificates=False), None, limits)
 
     def _space(self, request: Any) -> str:

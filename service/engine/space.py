@@ -117,6 +117,7 @@ class SpaceEngine(TransactionsMixin):
         # The types the last write declared for the first time, with their supertypes.
         self.declared: dict[str, tuple[str, ...]] = {}
         self._transactions: dict[int, Transaction] = {}
+        self.expired = 0  # entries whose lease ran out, since the space was made (for metrics)
         self._locked = 0  # entries with a lock: while 0, nothing needs the lock table
         self._if_exists: dict[int, Waiter] = {}  # parked if_exists waiters, by seq
         self._by_seq: dict[int, Waiter] = {}  # parked waiters under a transaction, by seq
@@ -403,6 +404,7 @@ class SpaceEngine(TransactionsMixin):
         return found, conflicted
 
     def _expire(self, stored: StoredEntry) -> None:
+        self.expired += 1
         self._remove(stored)
         if self.on_expired is not None:
             self.on_expired(stored.id)
@@ -694,6 +696,10 @@ class SpaceEngine(TransactionsMixin):
     def registered(self) -> int:
         """How many notify registrations are open."""
         return len(self._registration_by_id)
+
+    def type_counts(self) -> dict[str, int]:
+        """Entries of each type or a subtype (the size of its bucket)."""
+        return {type_name: len(bucket) for type_name, bucket in self._by_type.items()}
 
     def statistics(self) -> SpaceStatistics:
         return SpaceStatistics(

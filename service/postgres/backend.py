@@ -46,6 +46,7 @@ from outrig.service.exceptions import (
     TransactionNotFoundError,
     TypeConflictError,
 )
+from outrig.service.metrics import SpaceFigures
 from outrig.service.postgres.notify import PgSubscription
 from outrig.service.postgres.schema import field_key, migrate
 
@@ -105,8 +106,8 @@ class _Replay(Exception):  # noqa: N818 - a signal within this module, not an er
     """Another call with the same request id acted first: roll back and answer with its reply."""
 
 
-async def _uncount(connection: AsyncConnection[Any], rows: Sequence[tuple[Any, ...]]) -> int:
-    """Take (space, size) rows off their spaces' counts; how many rows."""
+async def _uncount(connection: AsyncConnection[Any], rows: Sequence[tuple[Any, ...]]) -> dict[str, int]:
+    """Take (space, size) rows off their spaces' counts; how many rows per space."""
     gone: dict[str, list[int]] = {}
     for space, size in rows:
         tally = gone.setdefault(space, [0, 0])
@@ -114,7 +115,7 @@ async def _uncount(connection: AsyncConnection[Any], rows: Sequence[tuple[Any, .
         tally[1] += size
     for space, (count, size) in gone.items():
         await _add_to_counts(connection, space, -count, -size)
-    return len(rows)
+    return {space: count for space, (count, _) in gone.items()}
 
 
 async def _add_to_counts(connection: AsyncConnection[Any], space: str, count: int, size: int) -> None:
@@ -145,10 +146,10 @@ class PostgresBackend:
         self.clock = clock or SystemClock()
         self._pool = AsyncConnectionPool(dsn, min_size=1, max_size=pool_size, open=False)
         self._changed: dict[str, asyncio.Event] = {}
-        self._streams: dict[str, dict[int, PgSubscription]] = {}
-        self._types: dict[
-            str, dict[str, list[str]]
-        ] = {}  # declarations seen in the database  # attached here, by space and id
+        self._streams: dict[str, dict[int, PgSubscription]] = {}  # attached here, by space and id
+        self._expired: dict[str, int] = {}  # entries this server's reaper expired, per space
+        self._waiting: dict[str, int] = {}  # blocked calls parked on this server, per space
+        self._types: dict[str, dict[str, list[str]]] = {}  # declarations seen in the database
         self._delivered: dict[int, None] = {}  # ids this server offered its streams itself (recent)
         self._listener: asyncio.Task[None] | None = None
         self._reaper: asyncio.Task[None] | None = None
@@ -309,12 +310,13 @@ class PostgresBackend:
             await asyncio.sleep(self.config.reap_interval)
             try:
                 async with self._pool.connection() as connection:
-                    await self._delete(
-                        connection,
-                        "ctid IN (SELECT ctid FROM outrig_entries WHERE expires_at <= %s "
-                        "AND taken_at IS NULL LIMIT %s)",
+                    cursor = await connection.execute(
+                        "DELETE FROM outrig_entries WHERE ctid IN (SELECT ctid FROM outrig_entries "
+                        "WHERE expires_at <= %s AND taken_at IS NULL LIMIT %s) RETURNING space, size",
                         (self.clock.time(), _REAP_BATCH),
                     )
+                    for space, count in (await _uncount(connection, await cursor.fetchall())).items():
+                        self._expired[space] = self._expired.get(space, 0) + count
                     await connection.execute(
                         "DELETE FROM outrig_entries WHERE ctid IN (SELECT ctid FROM outrig_entries "
                         "WHERE taken_at <= %s LIMIT %s)",
@@ -453,7 +455,7 @@ class PostgresBackend:
             "DELETE FROM outrig_entries WHERE taken_at IS NULL AND (" + where + ") RETURNING space, size",
             params,
         )
-        return await _uncount(connection, await cursor.fetchall())
+        return sum((await _uncount(connection, await cursor.fetchall())).values())
 
     async def _retire(self, connection: AsyncConnection[Any], where: str, params: Sequence[Any]) -> int:
         """Mark entries taken: gone for every match, off their spaces' counts, but kept for
@@ -463,7 +465,7 @@ class PostgresBackend:
             "RETURNING space, size",
             (self.clock.time(), *params),
         )
-        return await _uncount(connection, await cursor.fetchall())
+        return sum((await _uncount(connection, await cursor.fetchall())).values())
 
     async def _declare(
         self, connection: AsyncConnection[Any], space: str, entries: Sequence[NewEntry]
@@ -535,8 +537,12 @@ class PostgresBackend:
             if self.closing:
                 raise ShuttingDownError("the server is shutting down")
             wait = _RECHECK if deadline is None else min(_RECHECK, deadline - loop.time())
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), max(wait, 0.0))
+            self._waiting[space] = self._waiting.get(space, 0) + 1
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), max(wait, 0.0))
+            finally:
+                self._waiting[space] -= 1
 
     async def _find(
         self,
@@ -799,6 +805,27 @@ class PostgresBackend:
                     else LeaseNotFoundError(f"lease {lease_id} in space {space!r} is unknown or has ended")
                 )
         return results
+
+    async def space_figures(self) -> dict[str, SpaceFigures]:
+        """What each space holds, for the metrics: the database's counts, and this server's own
+        parked calls, attached streams and reaped leases."""
+        async with self._pool.connection() as connection:
+            cursor = await connection.execute(
+                "SELECT space, sum(entries), sum(bytes) FROM outrig_space_counts GROUP BY space"
+            )
+            figures = {space: SpaceFigures(int(n), int(b)) for space, n, b in await cursor.fetchall()}
+            cursor = await connection.execute(
+                "SELECT space, count(*) FROM outrig_transactions WHERE state = 0 GROUP BY space"
+            )
+            for space, open_count in await cursor.fetchall():
+                figures.setdefault(space, SpaceFigures()).transactions = int(open_count)
+        for space, waiting in self._waiting.items():
+            figures.setdefault(space, SpaceFigures()).waiters = waiting
+        for space, streams in self._streams.items():
+            figures.setdefault(space, SpaceFigures()).registrations = len(streams)
+        for space, expired in self._expired.items():
+            figures.setdefault(space, SpaceFigures()).expired = expired
+        return figures
 
     async def begin(self, space: str, lease: float | None) -> LeaseGrant:
         settings = self.config.space_settings(space)

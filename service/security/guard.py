@@ -20,6 +20,7 @@ balancer must be able to probe, and reflection describes only the protocol.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -88,6 +89,7 @@ class Guard:
         self._limits = limits
         self.open = not authenticator.required and policy is None
         self.authenticates = authenticator.required
+        self.on_denied: Callable[[str], None] | None = None  # told the action of each denial (metrics)
 
     def check(self, context: grpc.aio.ServicerContext, method: str, request: Any) -> None:
         """Raise UnauthenticatedError or PermissionDeniedError unless the call may go ahead."""
@@ -112,6 +114,8 @@ class Guard:
                     resource,
                     method,
                 )
+                if self.on_denied is not None:
+                    self.on_denied(access.action)
                 raise PermissionDeniedError(
                     f"{principal.name!r} may not {access.action} {resource} (no grant allows it)"
                 )

@@ -267,6 +267,7 @@ class Journal:
         self._changes = 0
         self._operations = 0
         self._commit_seconds = 0.0
+        self.on_batch: Callable[[float, int], None] | None = None  # told of each commit (metrics)
 
     # ------------------------------------------------------------------ the loop side
 
@@ -393,7 +394,10 @@ class Journal:
             self._batches += 1
             self._operations += batch.operations
             self._changes += len(batch.records)
-            self._commit_seconds += time.perf_counter() - started
+            seconds = time.perf_counter() - started
+            self._commit_seconds += seconds
+            if self.on_batch is not None:
+                self.on_batch(seconds, len(batch.records))
             batch.resolve(None)
         if self._open is not None and self._failure is None:
             self._schedule()

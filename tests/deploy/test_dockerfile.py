@@ -63,7 +63,7 @@ def test_the_server_stage_is_the_default_and_complete(stages: dict[str, Stage]) 
     assert env["OUTRIG_DATA_DIR"] == "/var/lib/outrig"
     assert "OUTRIG_INSECURE" not in env, "the image must not switch off the listen check for everyone"
     assert server.last("VOLUME") == '["/var/lib/outrig"]'
-    assert server.last("EXPOSE") == "7480"
+    assert server.last("EXPOSE") == "7480 9480"  # gRPC, and the Prometheus metrics
     assert server.last("STOPSIGNAL") == "SIGTERM"
     assert server.healthcheck()[:2] == ["outrig", "health"]
     assert '"outrig[server,postgres]"' in server.last("RUN") and "--no-index" in server.last("RUN")

@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,7 +53,13 @@ def test_the_image_command_serves_is_healthy_and_stops_cleanly(tmp_path: Path) -
     # The image's environment on a machine without one: its ENV, with the listen address moved to
     # a free loopback port (this test must not serve beyond loopback) and the volume to a temp dir.
     env = {k: v for k, v in os.environ.items() if not k.startswith("OUTRIG_")}
-    env |= environment | {"OUTRIG_LISTEN": f"127.0.0.1:{free_port()}", "OUTRIG_DATA_DIR": str(data)}
+    assert environment["OUTRIG_METRICS_LISTEN"].startswith("0.0.0.0:")
+    metrics = f"127.0.0.1:{free_port()}"
+    env |= environment | {
+        "OUTRIG_LISTEN": f"127.0.0.1:{free_port()}",
+        "OUTRIG_DATA_DIR": str(data),
+        "OUTRIG_METRICS_LISTEN": metrics,
+    }
     log = tmp_path / "server.log"
     with log.open("w") as stderr:
         process = subprocess.Popen(
@@ -78,6 +85,12 @@ def test_the_image_command_serves_is_healthy_and_stops_cleanly(tmp_path: Path) -
             space.write(DeployTask(job="deploy", n=2), lease=outrig.FOREVER)
             taken = space.take(DeployTask(job="deploy"), timeout=5.0)
             assert taken == DeployTask(job="deploy", n=1)
+
+        # The metrics the image serves on its own port.
+        with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=10) as reply:
+            text = reply.read().decode()
+        assert 'outrig_requests_total{code="OK",method="Write"} 2.0' in text
+        assert 'outrig_space_entries{space="default"} 1.0' in text
 
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0, log.read_text()

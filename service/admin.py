@@ -1,0 +1,141 @@
+"""`outrig stats` and `outrig dump`: what a running server holds, for an operator.
+
+- `outrig stats METRICS` reads a server's Prometheus endpoint (`--metrics-listen`) and prints
+  each space's figures and the calls so far, as a table.
+- `outrig dump HOST:PORT --space S --type T ...` lists the entries of a space that match the given
+  types (and their subtypes) through the SDK, one JSON object per line: `{"type": ...,
+  "supertypes": [...], "fields": {...}}`. Bytes and arrays are written as base64 (arrays with
+  their typecode), so that a dump can be read back by any language.
+"""
+
+from __future__ import annotations
+
+import argparse
+import array
+import base64
+import json
+import re
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["add_parsers", "run"]
+
+_SAMPLE = re.compile(r"^(?P<name>[a-z_]+)(?:\{(?P<labels>[^}]*)\})? (?P<value>\S+)$")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+_COLUMNS = (
+    "space_entries",
+    "space_bytes",
+    "waiters",
+    "registrations",
+    "transactions",
+    "leases_expired_total",
+)
+
+
+def add_parsers(commands: Any) -> None:
+    stats = commands.add_parser(
+        "stats",
+        help="print what a running server holds, from its metrics endpoint",
+        description="Read a server's Prometheus metrics (outrig serve --metrics-listen) and print each "
+        "space's entries, bytes, parked waiters, registrations, open transactions and expired leases, "
+        "then the calls by method and status. Exit status 2 if the endpoint cannot be read.",
+    )
+    stats.add_argument(
+        "metrics", metavar="HOST:PORT", help="the server's --metrics-listen address (or a URL)"
+    )
+    dump = commands.add_parser(
+        "dump",
+        help="list a space's entries as JSON lines",
+        description="List the entries of a space that match the given types (and their subtypes), one JSON "
+        "object per line on standard output, through a server's gRPC port. Exit status 2 if the server "
+        "cannot be reached or refuses.",
+    )
+    dump.add_argument("target", metavar="HOST:PORT", help="the server's gRPC address")
+    dump.add_argument("--space", default="default", help="the space (default: default)")
+    dump.add_argument(
+        "--type", dest="types", action="append", required=True, metavar="TYPE", help="a type name; repeatable"
+    )
+    dump.add_argument("--max-entries", type=int, default=0, metavar="N", help="at most N entries (0: all)")
+
+
+def run(args: argparse.Namespace) -> int:
+    return _stats(args.metrics) if args.command == "stats" else _dump(args)
+
+
+def _stats(address: str) -> int:
+    url = address if "://" in address else f"http://{address}/metrics"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            text = reply.read().decode()
+    except (OSError, urllib.error.URLError) as err:
+        print(f"outrig stats: cannot read {url}: {err}", file=sys.stderr)
+        return 2
+    spaces: dict[str, dict[str, float]] = {}
+    calls: dict[tuple[str, str], float] = {}
+    for line in text.splitlines():
+        found = _SAMPLE.match(line)
+        if found is None:
+            continue
+        name = found["name"].removeprefix("outrig_")
+        labels = dict(_LABEL.findall(found["labels"] or ""))
+        value = float(found["value"])
+        if name in _COLUMNS and "space" in labels:
+            spaces.setdefault(labels["space"], {})[name] = value
+        elif name == "requests_total":
+            calls[(labels.get("method", "?"), labels.get("code", "?"))] = value
+    print("space".ljust(24) + "".join(f"{column.replace('_total', ''):>16}" for column in _COLUMNS))
+    for space in sorted(spaces):
+        row = spaces[space]
+        print(space[:24].ljust(24) + "".join(f"{int(row.get(column, 0)):>16,}" for column in _COLUMNS))
+    if calls:
+        print()
+        print("method".ljust(24) + "code".ljust(24) + "calls".rjust(16))
+        for (method, code), count in sorted(calls.items()):
+            print(method.ljust(24) + code.ljust(24) + f"{int(count):>16,}")
+    return 0
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, bytes | bytearray | memoryview):
+        return {"bytes": base64.b64encode(bytes(value)).decode()}
+    if isinstance(value, array.array):
+        return {"array": value.typecode, "data": base64.b64encode(value.tobytes()).decode()}
+    if isinstance(value, list):
+        return [_json_value(item) for item in value]
+    if isinstance(value, dict):
+        return {str(key): _json_value(item) for key, item in value.items()}
+    return value
+
+
+def _document(entry: Any) -> dict[str, Any]:
+    """A dumped entry: a GenericEntry, or an instance of a class registered in this process."""
+    from outrig._entry import GenericEntry, entry_info
+
+    if isinstance(entry, GenericEntry):
+        type_name, supertypes, fields = entry.type_name, entry.supertypes, entry.fields
+    else:
+        info = entry_info(type(entry))
+        type_name, supertypes = info.type_name, info.supertypes
+        fields = {name: getattr(entry, name) for name, _ in info.fields if getattr(entry, name) is not None}
+    return {
+        "type": type_name,
+        "supertypes": list(supertypes),
+        "fields": {name: _json_value(value) for name, value in fields.items()},
+    }
+
+
+def _dump(args: argparse.Namespace) -> int:
+    import outrig
+
+    templates: Sequence[outrig.GenericEntry] = [outrig.GenericEntry(name) for name in args.types]
+    try:
+        with outrig.connect(args.target, space=args.space, retry_deadline=5.0) as space:
+            for entry in space.contents(list(templates), max_entries=args.max_entries):
+                print(json.dumps(_document(entry), ensure_ascii=False))
+    except outrig.OutrigError as err:
+        print(f"outrig dump: {type(err).__name__}: {err}", file=sys.stderr)
+        return 2
+    return 0

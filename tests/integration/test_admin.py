@@ -1,0 +1,83 @@
+"""`outrig stats` and `outrig dump` against a real server."""
+
+from __future__ import annotations
+
+import array
+import base64
+import json
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import outrig
+
+from ..conftest import start_server
+
+
+@dataclass
+class Item(outrig.Entry, type_name="admin.Item"):
+    n: int | None = None
+    blob: bytes | None = None
+    values: array.array[int] | None = None
+
+
+@dataclass
+class Special(Item, type_name="admin.Special"):
+    note: str | None = None
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _outrig(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "outrig.service", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_stats_and_dump() -> None:
+    metrics = f"127.0.0.1:{_free_port()}"
+    server = start_server("--metrics-listen", metrics)
+    try:
+        with outrig.connect(server.address, space="admin", retry_deadline=0) as space:
+            space.write(Item(n=1, blob=b"\x00\x01", values=array.array("i", [1, 2, 3])))
+            space.write(Special(n=2, note="hi"))
+            space.write(Item(n=3), lease=600)
+            space.take(Item(n=3), timeout=0)
+        stats = _outrig("stats", metrics)
+        dump = _outrig("dump", server.address, "--space", "admin", "--type", "admin.Item")
+        special = _outrig("dump", server.address, "--space", "admin", "--type", "admin.Special")
+    finally:
+        server.stop()
+    assert stats.returncode == 0, stats.stderr
+    (row,) = [line for line in stats.stdout.splitlines() if line.startswith("admin ")]
+    assert row.split()[1] == "2"  # two entries left
+    assert any(line.split()[:3] == ["Write", "OK", "3"] for line in stats.stdout.splitlines())
+    assert dump.returncode == 0, dump.stderr
+    documents = [json.loads(line) for line in dump.stdout.splitlines()]
+    assert [d["type"] for d in documents] == ["admin.Item", "admin.Special"]  # subtypes too
+    first = documents[0]["fields"]
+    assert first["n"] == 1 and base64.b64decode(first["blob"]["bytes"]) == b"\x00\x01"
+    assert array.array(first["values"]["array"], base64.b64decode(first["values"]["data"])).tolist() == [
+        1,
+        2,
+        3,
+    ]
+    assert documents[1]["supertypes"] == ["admin.Item"] and documents[1]["fields"]["note"] == "hi"
+    assert [json.loads(line)["type"] for line in special.stdout.splitlines()] == ["admin.Special"]
+
+
+def test_stats_and_dump_say_when_they_cannot_reach_the_server() -> None:
+    port = _free_port()
+    stats = _outrig("stats", f"127.0.0.1:{port}")
+    assert stats.returncode == 2 and "cannot read" in stats.stderr
+    dump = _outrig("dump", f"127.0.0.1:{port}", "--type", "x.Y")
+    assert dump.returncode == 2 and "UnavailableError" in dump.stderr

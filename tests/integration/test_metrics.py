@@ -1,0 +1,85 @@
+"""Prometheus metrics and JSON logs of a real server process."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import outrig
+
+from ..conftest import start_server
+
+
+@dataclass
+class Gauge(outrig.Entry, type_name="metrics.Gauge"):
+    n: int | None = None
+
+
+@dataclass
+class SubGauge(Gauge, type_name="metrics.SubGauge"):
+    pass
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _scrape(address: str) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples
+
+
+def test_metrics_count_calls_codes_entries_and_commits(tmp_path: Path) -> None:
+    metrics = f"127.0.0.1:{_free_port()}"
+    server = start_server("--data-dir", str(tmp_path / "data"), "--metrics-listen", metrics)
+    try:
+        with outrig.connect(server.address, space="m", retry_deadline=0) as space:
+            space.write_many([Gauge(n=1), SubGauge(n=2), SubGauge(n=3)], lease=600)
+            space.write(Gauge(n=4), lease=0.2)
+            assert space.take(Gauge(n=1), timeout=0) == Gauge(n=1)
+            with pytest.raises(outrig.InvalidArgumentError):
+                space.read(Gauge(), timeout=-1)
+            txn = space.transaction()
+            time.sleep(0.8)  # the short lease runs out; the reaper counts it
+            samples = _scrape(metrics)
+            txn.abort()
+    finally:
+        server.stop()
+    assert samples['outrig_requests_total{code="OK",method="WriteMany"}'] == 1
+    assert samples['outrig_requests_total{code="OK",method="Write"}'] == 1
+    assert samples['outrig_requests_total{code="INVALID_ARGUMENT",method="Read"}'] == 1
+    assert samples['outrig_request_seconds_count{method="Take"}'] == 1
+    assert samples['outrig_space_entries{space="m"}'] == 2
+    assert samples['outrig_entries{space="m",type="metrics.Gauge"}'] == 2  # with its subtype
+    assert samples['outrig_entries{space="m",type="metrics.SubGauge"}'] == 2
+    assert samples['outrig_transactions{space="m"}'] == 1
+    assert samples['outrig_leases_expired_total{space="m"}'] == 1
+    assert samples["outrig_store_commit_seconds_count"] >= 3
+    assert samples["outrig_store_batch_changes_sum"] >= 5
+
+
+def test_no_metrics_unless_asked_and_json_logs(tmp_path: Path) -> None:
+    server = start_server("--log-format", "json", "--log-level", "INFO")
+    try:
+        with outrig.connect(server.address, space="m", retry_deadline=0) as space:
+            space.write(Gauge(n=1))
+    finally:
+        server.stop()
+    lines = [json.loads(line) for line in server.log.read_text().splitlines() if line.startswith("{")]
+    assert lines, server.log.read_text()
+    assert all({"time", "level", "logger", "message"} <= set(line) for line in lines)
+    assert not any("metrics on" in line["message"] for line in lines)
