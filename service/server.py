@@ -12,7 +12,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from outrig.service import wire
+from outrig.service import allocator, wire
 from outrig.service.backend import SpaceBackend
 from outrig.service.config import ServerConfig
 from outrig.service.embedded import EmbeddedBackend
@@ -125,6 +125,8 @@ class OutrigServer:
 
 async def serve(config: ServerConfig) -> None:
     """Run until SIGTERM or SIGINT, then shut down gracefully."""
+    # This process is the server's own: large entries reuse freed memory, given back when idle.
+    releasing = asyncio.create_task(allocator.release_when_idle()) if allocator.tune_malloc() else None
     server = OutrigServer(config)
     await server.start()
     if config.data_dir is None or config.in_memory:
@@ -145,4 +147,6 @@ async def serve(config: ServerConfig) -> None:
     print(f"outrig listening on {server.address}", flush=True)
     await stopping.wait()
     log.info("shutting down (grace %.1f s)", config.grace_seconds)
+    if releasing is not None:
+        releasing.cancel()
     await server.stop()
