@@ -1,10 +1,11 @@
 """Where the outrig server's main thread spends its time under one workload, sampled with py-spy.
 
-    python bench/hotspots.py [--seconds S] [--python-only] [--out DIR] [WORKLOAD ...]
+    python bench/hotspots.py [--seconds S] [--clients N] [--python-only] [--out DIR] [WORKLOAD ...]
 
 WORKLOAD is one of bench/workloads.py's (read, read_many, pair, take_many, hd_write, hd_read;
-default: read hd_read), run by 1 blocking client against a fresh in-memory `outrig serve`, as in
-bench/run.py. After a 1 s warm-up, ``py-spy record -p PID -d S -f raw --threads --native``
+default: read hd_read), run by 1 blocking client (or, with ``--clients N``, N asyncio clients with
+a connection each) against a fresh in-memory `outrig serve`, as in bench/run.py. After a 1 s
+warm-up, ``py-spy record -p PID -d S -f raw --threads --native``
 samples the server (100 Hz) while the client goes on. For the server's main thread (the event
 loop, where every handler runs; grpc's poller thread is left out) it prints how busy the thread
 was (samples in epoll_wait are idle), the share of busy samples by owner (outrig, grpc, protobuf,
@@ -29,7 +30,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,16 +39,24 @@ from run import preload
 from servers import ServerProcess, start_outrig
 from workloads import (
     WORKLOADS,
+    AsyncFactory,
     Plan,
     SyncClient,
     SyncFactory,
     Workload,
     connect,
+    connect_async,
+    hd_read_async,
     hd_read_sync,
+    hd_write_async,
     hd_write_sync,
+    pair_async,
     pair_sync,
+    read_async,
+    read_many_async,
     read_many_sync,
     read_sync,
+    take_many_async,
     take_many_sync,
 )
 
@@ -62,6 +71,14 @@ _STEPS: dict[str, SyncFactory] = {
     "take_many": take_many_sync,
     "hd_write": hd_write_sync,
     "hd_read": hd_read_sync,
+}
+_ASYNC_STEPS: dict[str, AsyncFactory] = {
+    "read": read_async,
+    "read_many": read_many_async,
+    "pair": pair_async,
+    "take_many": take_many_async,
+    "hd_write": hd_write_async,
+    "hd_read": hd_read_async,
 }
 
 
@@ -171,30 +188,79 @@ def report(name: str, profile: Profile, rate: float, top: int = 12) -> None:
     print()
 
 
+def _spy(pid: int, seconds: float, native: bool, raw: Path) -> subprocess.Popen[str]:
+    command = [_py_spy(), "record", "-p", str(pid), "-d", str(int(seconds)), "-f", "raw"]
+    command += ["-o", str(raw), "--threads", *(["--native"] if native else [])]
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _profile_sync(
+    workload: Workload, server: ServerProcess, plan: Plan, spy: Callable[[], subprocess.Popen[str]]
+) -> tuple[subprocess.Popen[str], float]:
+    with connect(server, plan, SPACE) as space:
+        client: SyncClient = _STEPS[workload.name](space, 0)
+        warm_until = time.monotonic() + 1.0
+        while time.monotonic() < warm_until:
+            client.step()
+        process = spy()
+        started, done = time.monotonic(), 0
+        while process.poll() is None:
+            done += client.step()
+        rate = done / (time.monotonic() - started)
+        client.finish()
+    return process, rate
+
+
+async def _profile_async(
+    workload: Workload,
+    server: ServerProcess,
+    clients: int,
+    plan: Plan,
+    spy: Callable[[], subprocess.Popen[str]],
+) -> tuple[subprocess.Popen[str], float]:
+    spaces = [connect_async(server, plan, SPACE) for _ in range(clients)]
+    try:
+        made = [_ASYNC_STEPS[workload.name](space, number) for number, space in enumerate(spaces)]
+        sampling: list[subprocess.Popen[str]] = []  # py-spy, once the 1 s warm-up is over
+
+        async def loop(step: Callable[[], Awaitable[int]]) -> int:
+            done = 0
+            while not sampling:
+                await step()
+            while sampling[0].poll() is None:
+                done += await step()
+            return done
+
+        tasks = [asyncio.create_task(loop(client.step)) for client in made]
+        await asyncio.sleep(1.0)
+        sampling.append(spy())
+        started = time.monotonic()
+        done = sum(await asyncio.gather(*tasks))
+        rate = done / (time.monotonic() - started)
+        await asyncio.gather(*(client.finish() for client in made))
+    finally:
+        await asyncio.gather(*(space.close() for space in spaces))
+    return sampling[0], rate
+
+
 def profile_workload(
-    workload: Workload, plan: Plan, seconds: float, native: bool, out: Path
+    workload: Workload, plan: Plan, seconds: float, native: bool, out: Path, clients: int = 1
 ) -> tuple[Profile, float]:
-    factory = _STEPS[workload.name]
-    server: ServerProcess = start_outrig(out, f"outrig-{workload.name}")
+    server: ServerProcess = start_outrig(out, f"outrig-{workload.name}-{clients}")
     try:
         preload(server, plan)
-        with connect(server, plan, SPACE) as space:
-            client: SyncClient = factory(space, 0)
-            warm_until = time.monotonic() + 1.0
-            while time.monotonic() < warm_until:
-                client.step()
-            raw = out / f"{workload.name}.raw.txt"
-            command = [_py_spy(), "record", "-p", str(server.pid), "-d", str(int(seconds)), "-f", "raw"]
-            command += ["-o", str(raw), "--threads", *(["--native"] if native else [])]
-            spy = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-            started, done = time.monotonic(), 0
-            while spy.poll() is None:
-                done += client.step()
-            rate = done / (time.monotonic() - started)
-            client.finish()
-            if spy.returncode != 0:
-                assert spy.stderr is not None
-                raise RuntimeError(f"py-spy failed: {spy.stderr.read()}")
+        raw = out / f"{workload.name}-{clients}.raw.txt"
+
+        def spy() -> subprocess.Popen[str]:
+            return _spy(server.pid, seconds, native, raw)
+
+        if clients == 1:
+            process, rate = _profile_sync(workload, server, plan, spy)
+        else:
+            process, rate = plan.runner.run(_profile_async(workload, server, clients, plan, spy))
+        if process.returncode != 0:
+            assert process.stderr is not None
+            raise RuntimeError(f"py-spy failed: {process.stderr.read()}")
         return parse(raw, server.pid, seconds), rate
     finally:
         server.stop()
@@ -206,6 +272,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("workloads", nargs="*", default=["read", "hd_read"], choices=sorted(_STEPS))
     parser.add_argument("--seconds", type=float, default=10.0, help="seconds sampled (default 10)")
+    parser.add_argument(
+        "--clients", type=int, default=1, help="1: a blocking client (default); N: N asyncio clients"
+    )
     parser.add_argument("--python-only", action="store_true", help="sample Python frames only (no --native)")
     parser.add_argument("--out", type=Path, help="where to keep the raw profiles")
     args = parser.parse_args(argv)
@@ -222,8 +291,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     with asyncio.Runner() as runner:
         plan = Plan(args.seconds, 0.0, runner)
         for name in args.workloads:
-            profile, rate = profile_workload(by_name[name], plan, args.seconds, not args.python_only, out)
-            report(f"{name}, 1 blocking client", profile, rate)
+            profile, rate = profile_workload(
+                by_name[name], plan, args.seconds, not args.python_only, out, args.clients
+            )
+            who = "1 blocking client" if args.clients == 1 else f"{args.clients} asyncio clients"
+            report(f"{name}, {who}", profile, rate)
 
 
 if __name__ == "__main__":

@@ -134,23 +134,36 @@ def field_value(value: pb.Value, where: str, limits: Limits) -> FieldValue:
     return FieldValue(kind.removesuffix("_value"), value.SerializeToString(deterministic=True))
 
 
+# The kinds of value whose engine form is the value itself, by their oneof name.
+_PLAIN = {"int_value": "int", "string_value": "string", "bool_value": "bool", "bytes_value": "bytes"}
+
+
 def _fields(
     fields: Mapping[str, pb.Value], where: str, limits: Limits, arrays: Mapping[str, memoryview] | None = None
 ) -> dict[str, FieldValue]:
-    """The entry's or template's values; `arrays` are views to use for typed arrays' data."""
+    """The entry's or template's values; `arrays` are views to use for typed arrays' data.
+
+    A field's path (`where['name']`) is only put together for an error or for values that may need
+    it: an entry of small fields costs no string formatting (write_many of 100 builds this 100 times).
+    """
     if len(fields) > limits.max_fields:
         raise InvalidArgumentError(
             f"{where}: {len(fields)} fields exceeds the limit max_fields={limits.max_fields}"
         )
     result = {}
-    for name, value in fields.items():
-        path = f"{where}[{name!r}]"
-        _name(name, path, limits)
-        view = arrays.get(name) if arrays else None
-        if view is not None and value.WhichOneof("kind") == "array_value":
-            result[name] = _array(value.array_value, path, view)
+    longest = limits.max_name_length
+    for name in fields:
+        value = fields[name]
+        if not name or len(name) > longest:
+            _name(name, f"{where}[{name!r}]", limits)  # raises, naming the field
+        kind = value.WhichOneof("kind")
+        plain = _PLAIN.get(kind)  # None when no value is set
+        if plain is not None:
+            result[name] = FieldValue(plain, getattr(value, kind))
+        elif arrays and kind == "array_value" and (view := arrays.get(name)) is not None:
+            result[name] = _array(value.array_value, f"{where}[{name!r}]", view)
         else:
-            result[name] = field_value(value, path, limits)
+            result[name] = field_value(value, f"{where}[{name!r}]", limits)
     return result
 
 
@@ -158,10 +171,14 @@ def new_entry(
     entry: pb.Entry, where: str, limits: Limits, encoding: bytes | memoryview | None = None
 ) -> NewEntry:
     """The engine's view of an entry to write; `encoding` is its bytes as received, if known."""
-    type_name = _name(entry.type_name, f"{where}.type_name", limits)
+    type_name = entry.type_name
+    longest = limits.max_name_length
+    if not type_name or len(type_name) > longest:
+        _name(type_name, f"{where}.type_name", limits)  # raises
     supertypes = tuple(entry.supertypes)
     for i, supertype in enumerate(supertypes):
-        _name(supertype, f"{where}.supertypes[{i}]", limits)
+        if not supertype or len(supertype) > longest:
+            _name(supertype, f"{where}.supertypes[{i}]", limits)  # raises
     if type_name in supertypes or len(set(supertypes)) != len(supertypes):
         raise InvalidArgumentError(f"{where}.supertypes: a type appears twice in {[type_name, *supertypes]}")
     # The payload is the entry's encoding, framed: what replies and the store carry (see wire.py).

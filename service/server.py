@@ -12,7 +12,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from outrig.service import wire
+from outrig.service import runtime, wire
 from outrig.service.backend import SpaceBackend
 from outrig.service.config import ServerConfig
 from outrig.service.embedded import EmbeddedBackend
@@ -161,6 +161,10 @@ class OutrigServer:
 
 async def serve(config: ServerConfig) -> None:
     """Run until SIGTERM or SIGINT, then shut down gracefully."""
+    # This process is the server's own: large entries reuse freed memory, given back when idle,
+    # and the objects of a request in flight are not promoted by a young collection.
+    releasing = asyncio.create_task(runtime.release_when_idle()) if runtime.tune_malloc() else None
+    runtime.tune_collector()
     server = OutrigServer(config)
     await server.start()
     if config.data_dir is None or config.in_memory:
@@ -181,4 +185,6 @@ async def serve(config: ServerConfig) -> None:
     print(f"outrig listening on {server.address}", flush=True)
     await stopping.wait()
     log.info("shutting down (grace %.1f s)", config.grace_seconds)
+    if releasing is not None:
+        releasing.cancel()
     await server.stop()

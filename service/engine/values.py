@@ -32,17 +32,25 @@ class FieldValue:
     def __init__(self, kind: str, data: bool | int | str | bytes | memoryview | None) -> None:
         self.kind = kind
         self.data = data
-        if isinstance(data, str | bytes | memoryview) and len(data) > FULL_KEY_LIMIT:
+        cls = type(data)
+        if cls is int or cls is bool or data is None:  # the common case first: no length to take
+            self.size = 8
+            self.key: Hashable = (kind, data)
+        elif isinstance(data, str | bytes):
             self.size = len(data)
-            if isinstance(data, memoryview):  # a view into the stored entry: key by copies
-                self.key: Hashable = (kind, len(data), bytes(data[:_SAMPLE]), bytes(data[-_SAMPLE:]))
+            self.key = (
+                (kind, len(data), data[:_SAMPLE], data[-_SAMPLE:])
+                if len(data) > FULL_KEY_LIMIT
+                else (kind, data)
+            )
+        elif isinstance(data, memoryview):  # a view into the stored entry: key by copies
+            self.size = len(data)
+            if len(data) > FULL_KEY_LIMIT:
+                self.key = (kind, len(data), bytes(data[:_SAMPLE]), bytes(data[-_SAMPLE:]))
             else:
-                self.key = (kind, len(data), data[:_SAMPLE], data[-_SAMPLE:])
-        elif isinstance(data, memoryview):
-            self.size = len(data)
-            self.key = (kind, bytes(data))
+                self.key = (kind, bytes(data))
         else:
-            self.size = len(data) if isinstance(data, str | bytes) else 8
+            self.size = 8
             self.key = (kind, data)
 
     def __eq__(self, other: object) -> bool:

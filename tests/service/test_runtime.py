@@ -1,0 +1,104 @@
+"""The server process's runtime settings: glibc's thresholds set unless the operator set them,
+memory given back once when a busy period is followed by an idle one, the collector's threshold."""
+
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+
+import pytest
+
+from outrig.service import runtime
+
+GLIBC = os.confstr("CS_GNU_LIBC_VERSION") is not None if hasattr(os, "confstr") else False
+
+
+def _tune_in_a_fresh_process(**environment: str) -> str:
+    """tune_malloc's result in a new interpreter, so the tests' own allocator is left alone."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+    code = "from outrig.service import runtime; print(runtime.tune_malloc())"
+    result = subprocess.run(
+        [sys.executable, "-c", code], env={**env, **environment}, capture_output=True, text=True, check=True
+    )
+    return result.stdout.strip()
+
+
+@pytest.mark.skipif(not GLIBC, reason="mallopt is glibc's")
+def test_thresholds_are_set_on_glibc() -> None:
+    assert _tune_in_a_fresh_process() == "True"
+
+
+@pytest.mark.skipif(not GLIBC, reason="mallopt is glibc's")
+@pytest.mark.parametrize(
+    "environment",
+    [
+        {"MALLOC_TRIM_THRESHOLD_": "131072"},
+        {"MALLOC_MMAP_THRESHOLD_": "131072"},
+        {"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=131072"},
+    ],
+)
+def test_the_operators_settings_are_left_alone(environment: dict[str, str]) -> None:
+    assert _tune_in_a_fresh_process(**environment) == "False"
+
+
+def test_unrelated_tunables_do_not_count_as_the_operators() -> None:
+    assert not runtime._set_by_operator({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"})
+    assert runtime._set_by_operator({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1:glibc.malloc.top_pad=0"})
+
+
+class _OutOfPeriodsError(Exception):
+    pass
+
+
+class _Process:
+    """A fake process: each period (a call of `sleep`) uses the CPU seconds its load says."""
+
+    def __init__(self, loads: list[float]) -> None:
+        self.loads = loads
+        self.cpu = 0.0
+        self.trims = 0
+
+    def cpu_time(self) -> float:
+        return self.cpu
+
+    def trim(self) -> None:
+        self.trims += 1
+
+    async def sleep(self, seconds: float) -> None:
+        if not self.loads:
+            raise _OutOfPeriodsError
+        self.cpu += self.loads.pop(0) * seconds
+
+
+async def _trims(loads: list[float]) -> int:
+    """How often release_when_idle trims through periods with these loads (share of a core)."""
+    process = _Process(loads)
+    with pytest.raises(_OutOfPeriodsError):
+        await runtime.release_when_idle(
+            10.0, cpu_time=process.cpu_time, trim=process.trim, sleep=process.sleep
+        )
+    return process.trims
+
+
+async def test_an_idle_server_is_not_trimmed_again_and_again() -> None:
+    assert await _trims([0.0, 0.001, 0.0, 0.0]) == 0
+
+
+async def test_memory_is_given_back_once_after_a_busy_period() -> None:
+    assert await _trims([0.5, 1.0, 0.0, 0.002, 0.0, 0.3, 0.0]) == 2
+
+
+async def test_a_busy_server_is_not_trimmed() -> None:
+    assert await _trims([0.5, 0.02, 1.0, 0.5]) == 0
+
+
+def test_the_collector_waits_longer_before_a_young_collection() -> None:
+    saved = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 11, 12)
+        runtime.tune_collector()
+        assert gc.get_threshold() == (runtime.YOUNG_COLLECTION_THRESHOLD, 11, 12)
+    finally:
+        gc.set_threshold(*saved)
