@@ -365,10 +365,8 @@ class PostgresBackend:
     async def _write(
         self, space: str, entries: Sequence[NewEntry], lease: float | None, request_id: str, transaction: int
     ) -> list[LeaseGrant]:
-        settings = self.config.space_settings(space)
-        duration = min(settings.default_lease if lease is None else lease, settings.max_lease)
         now = self.clock.time()
-        expires_at, granted = (None, None) if math.isinf(duration) else (now + duration, duration)
+        expires_at, granted = self._grant(space, lease, now)
         async with self._pool.connection() as connection, connection.transaction():
             if transaction:
                 await self._active(connection, space, transaction)
@@ -410,6 +408,13 @@ class PostgresBackend:
         written = [StoredEntry(entry_id, new, expires_at) for entry_id, new in zip(ids, entries, strict=True)]
         self._offer(space, written, transaction)
         return [LeaseGrant(entry_id, expires_at, granted) for entry_id in ids]
+
+    def _grant(self, space: str, requested: float | None, now: float) -> tuple[float | None, float | None]:
+        """(expires_at, granted seconds) for a requested lease, as the engine grants one: None asks
+        for the space's default, math.inf for FOREVER (None, None), cut to the space's max_lease."""
+        settings = self.config.space_settings(space)
+        duration = min(settings.default_lease if requested is None else requested, settings.max_lease)
+        return (None, None) if math.isinf(duration) else (now + duration, duration)
 
     async def _charge(
         self, connection: AsyncConnection[Any], space: str, count: int, size: int, now: float
@@ -670,10 +675,8 @@ class PostgresBackend:
     ) -> Subscription:
         if resume is not None:
             return await self._resume(space, resume)
-        settings = self.config.space_settings(space)
-        duration = min(settings.default_lease if lease is None else lease, settings.max_lease)
         now = self.clock.time()
-        expires_at, granted = (None, None) if math.isinf(duration) else (now + duration, duration)
+        expires_at, granted = self._grant(space, lease, now)
         async with self._pool.connection() as connection:
             if transaction:
                 await self._active(connection, space, transaction)
@@ -752,13 +755,11 @@ class PostgresBackend:
     async def renew(
         self, space: str, renewals: Sequence[tuple[int, float | None]]
     ) -> list[LeaseGrant | SpaceError]:
-        settings = self.config.space_settings(space)
         results: list[LeaseGrant | SpaceError] = []
         now = self.clock.time()
         async with self._pool.connection() as connection:
             for lease_id, requested in renewals:
-                duration = min(settings.default_lease if requested is None else requested, settings.max_lease)
-                expires_at, granted = (None, None) if math.isinf(duration) else (now + duration, duration)
+                expires_at, granted = self._grant(space, requested, now)
                 cursor = await connection.execute(
                     "UPDATE outrig_entries SET expires_at = %s WHERE space = %s AND id = %s "
                     "AND taken_at IS NULL AND (expires_at IS NULL OR expires_at > %s)",
@@ -828,11 +829,7 @@ class PostgresBackend:
         return figures
 
     async def begin(self, space: str, lease: float | None) -> LeaseGrant:
-        settings = self.config.space_settings(space)
-        duration = min(settings.default_lease if lease is None else lease, settings.max_lease)
-        expires_at, granted = (
-            (None, None) if math.isinf(duration) else (self.clock.time() + duration, duration)
-        )
+        expires_at, granted = self._grant(space, lease, self.clock.time())
         async with self._pool.connection() as connection:
             cursor = await connection.execute(
                 "INSERT INTO outrig_transactions (space, id, expires_at) "
