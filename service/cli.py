@@ -70,6 +70,13 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", metavar="FILE", type=Path, help="a TOML configuration file")
     serve.add_argument("--max-message-bytes", type=int, metavar="N", help="largest request or reply")
     serve.add_argument("--grace-seconds", type=float, metavar="S", help="shutdown grace for in-flight calls")
+    serve.add_argument(
+        "--idle-release-seconds",
+        type=float,
+        metavar="S",
+        help="give freed memory back to the system once the server has been idle this long "
+        "(default 60; 0: never)",
+    )
     serve.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     serve.add_argument(
         "--log-format", choices=["text", "json"], help="text (default) or json: one object per line"
@@ -191,6 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "request_window": args.request_window,
                 "max_message_bytes": args.max_message_bytes,
                 "grace_seconds": args.grace_seconds,
+                "idle_release_seconds": args.idle_release_seconds,
                 "log_level": args.log_level,
                 "log_format": args.log_format,
                 "metrics_listen": args.metrics_listen,

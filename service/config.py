@@ -64,6 +64,9 @@ class ServerConfig:
     request_window: float = 120.0  # seconds a request id is remembered for retries
     max_message_bytes: int = 16 * 1024 * 1024
     grace_seconds: float = 5.0
+    # Seconds the server must be idle before it gives freed memory back to the system (0: never);
+    # see service/runtime.py.
+    idle_release_seconds: float = 60.0
     reap_interval: float = 0.5
     reap_batch: int = 1000
     log_level: str = "INFO"
@@ -97,6 +100,7 @@ _SCALARS = (
     "request_window",
     "max_message_bytes",
     "grace_seconds",
+    "idle_release_seconds",
     "reap_interval",
     "reap_batch",
     "log_level",

@@ -17,8 +17,9 @@
     │   ├── StoreUnavailableError a change could not be made durable -> UNAVAILABLE
     │   ├── StoreLockedError      another server holds the data dir  (the CLI exits 2)
     │   └── IncompatibleStoreError not an outrig store of this format (the CLI exits 2)
-    └── ConfigError               bad start-up configuration  (the CLI exits 2)
-        └── PolicyError           a policy file that cannot be used (on reload: the old one stays)
+    ├── ConfigError               bad start-up configuration  (the CLI exits 2)
+    │   └── PolicyError           a policy file that cannot be used (on reload: the old one stays)
+    └── ProcessTuningError        a process-wide setting left as it was (logged; the server runs on)
 
 The engine raises these; the gRPC servicer maps them to status codes through one table
 (outrig.service.servicer.STATUS_BY_ERROR). Messages name the field or limit at fault.
@@ -101,3 +102,7 @@ class StoreLockedError(StoreError):
 
 class IncompatibleStoreError(StoreError):
     """The data dir holds something this outrig cannot read (another format version, not a store)."""
+
+
+class ProcessTuningError(SpaceError):
+    """A process-wide setting (service/runtime.py) could not be applied and was left as it was."""

@@ -11,12 +11,22 @@ entry it stores, and each page faults in on first touch: about 2 ms per 3.6 MB o
 VMs, against 0.1 ms to copy 3.6 MB into pages already mapped. `tune_malloc` keeps allocations up
 to 32 MiB in the heap, where freed ones are reused, and lets up to 2 GiB stay free at the top of
 the heap. That memory is given back once the server is idle: `release_when_idle` calls
-malloc_trim after a period in which the process used almost no CPU, much as jemalloc returns
-unused pages some seconds after they were freed. Nothing is changed off glibc, or when the
+malloc_trim after a period in which the process used almost no CPU (`--idle-release-seconds`,
+default 60 s), much as tcmalloc and jemalloc return unused pages some time after they were
+freed. A period of 10 s was too short: a pause of 16 s between two bursts of HD array writes
+gave everything back, and the next burst paid 2.2 ms of page faults for each 3.6 MB entry it
+stored, against 0.1 ms for a copy into memory already mapped. Nothing is changed off glibc, or when the
 environment sets glibc's malloc thresholds (MALLOC_*_ variables or glibc.malloc tunables): those
-are the operator's call. protobuf's upb module calls malloc_trim(0) itself after every 10,000
-frees of its arenas' blocks (write+take pairs at about 500 a second set one off within 1.6 s),
-which gives all free memory back whatever the thresholds say: the reuse holds between those.
+are the operator's call.
+
+**protobuf's own trims.** protobuf's upb module calls malloc_trim(0) itself after every 10,000
+frees of its arenas' blocks (write+take pairs at about 500 a second set one off within 1.6 s).
+That gives back all free memory, whatever the thresholds say, including the free pages inside
+the heap, so the next 3.6 MB entry stored faults its pages in again: 850-1,300 faults and about
+2 ms per HD array write, against under 150 without those trims. `keep_protobuf_from_trimming`
+points the upb module's import of malloc_trim at libc's `abs`, which does nothing with the 0 it
+is given (service/elf_imports.py; only that module's calls change), under the same conditions
+as `tune_malloc`; `release_when_idle` still trims once the server is idle.
 
 **The collector.** Python's cyclic collector runs a young collection every 700 net allocations of
 container objects. A write_many of 100 small entries has over 1,100 alive before the engine files
@@ -36,6 +46,9 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
 
+from . import elf_imports
+from .exceptions import ProcessTuningError
+
 log = logging.getLogger("outrig.service")
 
 # mallopt(3) parameters (malloc.h)
@@ -48,8 +61,7 @@ MMAP_THRESHOLD = 32 * 1024 * 1024
 #: Free memory at the top of the heap kept for reuse while the server is busy (mallopt takes an
 #: int: this is the most it accepts).
 TRIM_THRESHOLD = 2**31 - 1
-#: `release_when_idle`: seconds per period, and the share of one core below which a period is idle.
-IDLE_PERIOD = 10.0
+#: `release_when_idle`: the share of one core below which a period is idle.
 IDLE_CPU_SHARE = 0.01
 
 #: Net allocations of container objects between young collections (Python's default: 700).
@@ -97,14 +109,46 @@ def tune_malloc(environ: Mapping[str, str] = os.environ) -> bool:
     return done
 
 
+def keep_protobuf_from_trimming(environ: Mapping[str, str] = os.environ) -> bool:
+    """Stop protobuf's upb module from calling malloc_trim (see the module's docstring). True if
+    its calls were redirected; False off glibc, if the environment sets the thresholds, if
+    protobuf does not run on upb, or if the module is not as expected (logged)."""
+    libc = _libc()
+    if libc is None or _set_by_operator(environ):
+        return False
+    from google.protobuf.internal import api_implementation
+
+    if api_implementation.Type() != "upb":
+        return False
+    from google._upb import _message
+
+    trim = ctypes.cast(libc.malloc_trim, ctypes.c_void_p).value or 0
+    nothing = ctypes.cast(libc.abs, ctypes.c_void_p).value or 0  # int abs(int): abs(0) == 0
+    try:
+        elf_imports.redirect(_message.__file__, "malloc_trim", trim, nothing)
+    except (ProcessTuningError, OSError) as error:
+        log.info("protobuf's heap trims stay: %s", error)
+        return False
+    log.debug("protobuf's heap trims redirected to a no-op")
+    return True
+
+
 def _malloc_trim() -> None:
     libc = _libc()
     if libc is not None:
         libc.malloc_trim(ctypes.c_size_t(0))
 
 
+def _resident_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
+
+
 async def release_when_idle(
-    period: float = IDLE_PERIOD,
+    period: float,
     *,
     cpu_time: Callable[[], float] = time.process_time,
     trim: Callable[[], None] = _malloc_trim,
@@ -121,7 +165,14 @@ async def release_when_idle(
         if not idle:
             trimmed = False
         elif not trimmed:
+            before = _resident_bytes()
             await asyncio.to_thread(trim)
+            log.info(
+                "idle for %g s: freed memory given back (resident %.0f MiB -> %.0f MiB)",
+                period,
+                before / 2**20,
+                _resident_bytes() / 2**20,
+            )
             trimmed = True
             now = cpu_time()  # the trim's own CPU time is not activity
         last = now

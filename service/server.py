@@ -163,7 +163,11 @@ async def serve(config: ServerConfig) -> None:
     """Run until SIGTERM or SIGINT, then shut down gracefully."""
     # This process is the server's own: large entries reuse freed memory, given back when idle,
     # and the objects of a request in flight are not promoted by a young collection.
-    releasing = asyncio.create_task(runtime.release_when_idle()) if runtime.tune_malloc() else None
+    releasing = None
+    if runtime.tune_malloc():
+        runtime.keep_protobuf_from_trimming()
+        if config.idle_release_seconds > 0:
+            releasing = asyncio.create_task(runtime.release_when_idle(config.idle_release_seconds))
     runtime.tune_collector()
     server = OutrigServer(config)
     await server.start()

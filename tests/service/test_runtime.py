@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from outrig.service import runtime
+from tests.conftest import start_server
 
 GLIBC = os.confstr("CS_GNU_LIBC_VERSION") is not None if hasattr(os, "confstr") else False
 
@@ -46,6 +47,50 @@ def test_the_operators_settings_are_left_alone(environment: dict[str, str]) -> N
 def test_unrelated_tunables_do_not_count_as_the_operators() -> None:
     assert not runtime._set_by_operator({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"})
     assert runtime._set_by_operator({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1:glibc.malloc.top_pad=0"})
+
+
+_FREED_THEN_UPB = """
+import sys
+from outrig.service import runtime
+from outrig.v1 import space_pb2 as pb
+
+def resident_mib():
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * 4096 / 2**20
+
+assert runtime.tune_malloc()
+if sys.argv[1] == "redirect":
+    assert runtime.keep_protobuf_from_trimming()
+blocks = [b"x" * (1 << 20) for _ in range(200)]  # 200 MiB touched, in the heap
+del blocks
+before = resident_mib()
+encoded = pb.Entry(type_name="t").SerializeToString()
+for _ in range(30_000):  # each parse makes and frees an arena; upb trims every 10,000 frees
+    pb.Entry.FromString(encoded)
+print(before - resident_mib())
+"""
+
+
+def _freed_by_upb(mode: str) -> float:
+    """MiB given back while upb made and freed 30,000 arenas after 200 MiB were freed."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+    result = subprocess.run(
+        [sys.executable, "-c", _FREED_THEN_UPB, mode], env=env, capture_output=True, text=True, check=True
+    )
+    return float(result.stdout)
+
+
+@pytest.mark.skipif(not GLIBC, reason="malloc_trim is glibc's")
+def test_protobuf_trims_the_heap_unless_redirected() -> None:
+    # Without the redirect upb's malloc_trim(0) gives the freed 200 MiB back; with it they stay
+    # for reuse (until release_when_idle trims an idle server).
+    assert _freed_by_upb("plain") > 150
+    assert _freed_by_upb("redirect") < 20
+
+
+@pytest.mark.skipif(not GLIBC, reason="malloc_trim is glibc's")
+def test_protobuf_trims_stay_when_the_operator_set_thresholds() -> None:
+    assert not runtime.keep_protobuf_from_trimming({"MALLOC_TRIM_THRESHOLD_": "131072"})
 
 
 class _OutOfPeriodsError(Exception):
@@ -102,3 +147,15 @@ def test_the_collector_waits_longer_before_a_young_collection() -> None:
         assert gc.get_threshold() == (runtime.YOUNG_COLLECTION_THRESHOLD, 11, 12)
     finally:
         gc.set_threshold(*saved)
+
+
+@pytest.mark.skipif(not GLIBC, reason="mallopt and malloc_trim are glibc's")
+def test_outrig_serve_applies_both_allocator_settings() -> None:
+    running = start_server("--in-memory", "--log-level", "DEBUG")
+    try:
+        running.stop()
+        log = running.log.read_text()
+    finally:
+        running.log.unlink()
+    assert "malloc: mmap threshold 33554432, trim threshold 2147483647, set: True" in log
+    assert "protobuf's heap trims redirected to a no-op" in log
