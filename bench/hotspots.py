@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from entries import SPACE
+from measure import tune_client
 from run import preload
 from servers import ServerProcess, start_outrig
 from workloads import (
@@ -285,7 +286,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     by_name = {workload.name: workload for workload in WORKLOADS}
     print(
         f"outrig server profiles ({'without' if args.python_only else 'with'} native frames); "
-        f"raw files in {out}"
+        f"raw files in {out}; client process allocator: {tune_client()}"
     )
     print()
     with asyncio.Runner() as runner:

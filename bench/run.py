@@ -1,7 +1,7 @@
 """outrig side by side with its baselines, in one run on one machine: throughput, medians, ratios.
 
     python bench/run.py [--quick] [--seconds S] [--rounds N] [--runs N] [--only SECTION]
-                        [--workloads NAME,...] [--untuned-client]
+                        [--warmup-rounds N] [--workloads NAME,...] [--untuned-client]
 
 Workloads, each with 1 blocking client and with 10 asyncio clients (bench/workloads.py): scalar
 read, read_many of 100, write+take pair, write_many(100)+take_many(100), HD array write and read
@@ -17,7 +17,9 @@ itself the allocator settings `outrig serve` has (measure.tune_client; --untuned
 them), so that the client's page faults do not decide the HD array rows.
 
 Method: rounds x runs, interleaved (each round runs every workload, and each workload's targets
-alternate in order); every run has a short warm-up, then a measured window. Figures are medians
+alternate in order), after a warm-up round of one unrecorded run per workload and target (the
+servers' heaps grow to what the runs hold, as a server's does in service); every run has a
+short warm-up, then a measured window. Figures are medians
 with min and max. Then the scaling section (bench/scaling.py): latency with 1,000 vs 1,000,000
 entries, write cost with 10,000 parked waiters, memory per entry and per waiter.
 
@@ -147,7 +149,10 @@ def measure_all(
     runs: int,
     redis_server: ServerProcess | None,
     workloads: tuple[Workload, ...],
+    warmup_rounds: int,
 ) -> Results:
+    """Run every cell `rounds` x `runs` times per target, interleaved, after `warmup_rounds`
+    unrecorded rounds of one run per cell and target."""
     cells: list[tuple[Workload, int, tuple[str, ...]]] = [
         (workload, clients, ("outrig", "noop")) for workload in workloads for clients in CLIENTS
     ]
@@ -155,11 +160,13 @@ def measure_all(
         cells += [(REDIS_PAIR, clients, ("redis",)) for clients in CLIENTS]
     everything = {**servers, **({"redis": redis_server} if redis_server is not None else {})}
     results: Results = {}
-    for round_number in range(rounds):
+    schedule = [(f"warm-up {i + 1}/{warmup_rounds}", 1, False) for i in range(warmup_rounds)]
+    schedule += [(f"round {i + 1}/{rounds}", runs, True) for i in range(rounds)]
+    for index, (label, round_runs, recorded) in enumerate(schedule):
         for workload, clients, targets in cells:
             cell = f"{workload.name}_{clients}"
-            for run in range(runs):
-                shift = (round_number + run) % len(targets)
+            for run in range(round_runs):
+                shift = (index + run) % len(targets)
                 for target in targets[shift:] + targets[:shift]:
                     server = everything[target]
                     try:
@@ -168,11 +175,9 @@ def measure_all(
                         for process in everything.values():
                             process.check_alive()
                         raise
-                    results.setdefault((cell, target), []).append(sample)
-                    progress(
-                        f"round {round_number + 1}/{rounds} {cell:<14} {target:<6} "
-                        f"{sample.rate:>10,.1f} {workload.unit}"
-                    )
+                    if recorded:
+                        results.setdefault((cell, target), []).append(sample)
+                    progress(f"{label} {cell:<14} {target:<6} {sample.rate:>10,.1f} {workload.unit}")
     return results
 
 
@@ -184,7 +189,7 @@ class Throughput:
 
 
 def run_throughput(
-    workdir: Path, plan: Plan, rounds: int, runs: int, workloads: tuple[Workload, ...]
+    workdir: Path, plan: Plan, rounds: int, runs: int, workloads: tuple[Workload, ...], warmup_rounds: int
 ) -> Throughput:
     """The throughput section: outrig, the no-op server and Redis, each started once for all rounds."""
     servers: dict[str, ServerProcess] = {}
@@ -196,7 +201,7 @@ def run_throughput(
             redis_server = start_redis(workdir)
         preload(servers["outrig"], plan)
         sizes = (reply_sizes(servers["outrig"]), reply_sizes(servers["noop"]))
-        results = measure_all(servers, plan, rounds, runs, redis_server, workloads)
+        results = measure_all(servers, plan, rounds, runs, redis_server, workloads, warmup_rounds)
     finally:
         for server in (*servers.values(), *([redis_server] if redis_server else [])):
             server.stop()
@@ -313,6 +318,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, help="measured seconds per run (default 1.5)")
     parser.add_argument("--rounds", type=int, help="interleaved rounds (default 3)")
     parser.add_argument("--runs", type=int, help="runs per target per round (default 2)")
+    parser.add_argument(
+        "--warmup-rounds",
+        type=int,
+        help="unrecorded rounds of one run per workload and target before the measured ones "
+        "(default 1; 0 with --quick)",
+    )
     parser.add_argument("--large", type=int, help="entries in the large space (default 1,000,000)")
     parser.add_argument("--only", choices=["throughput", "scaling"], help="run one section only")
     parser.add_argument(
@@ -346,6 +357,7 @@ def main() -> None:
     seconds = args.seconds or (0.5 if quick else 1.5)
     warmup = 0.2 if quick else 0.5
     rounds = args.rounds or (1 if quick else 3)
+    warmup_rounds = args.warmup_rounds if args.warmup_rounds is not None else (0 if quick else 1)
     runs = args.runs or (1 if quick else 2)
     large = args.large or (100_000 if quick else 1_000_000)
     ops = 500 if quick else 2000
@@ -359,7 +371,8 @@ def main() -> None:
     print(f"client process allocator: {client_process}")
     print(
         f"{rounds} rounds x {runs} runs of {seconds:g} s (after {warmup:g} s warm-up) per workload and "
-        f"target, interleaved; clients share the machine with the servers"
+        f"target, interleaved, after {warmup_rounds} unrecorded warm-up round(s) of 1 run; clients "
+        f"share the machine with the servers"
     )
     print(f"load average before: {_load()}", flush=True)
 
@@ -371,7 +384,7 @@ def main() -> None:
         if args.retry_deadline is not None:
             plan = Plan(seconds, warmup, runner, retry_deadline=args.retry_deadline)
         if args.only != "scaling":
-            throughput = run_throughput(workdir, plan, rounds, runs, workloads)
+            throughput = run_throughput(workdir, plan, rounds, runs, workloads, warmup_rounds)
         if args.only != "throughput":
             scaling = run_scaling(
                 workdir, plan, large=large, waiters=10_000, rounds=rounds, runs=runs, ops=ops, log=progress

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from google import protobuf
 from measure import Sample, Window
 from servers import start_outrig_with
@@ -83,7 +84,7 @@ def policy_text(grants: int) -> str:
 class Material:
     dir: Path
     token: str
-    key: tokens.Ed25519PrivateKey
+    key: Ed25519PrivateKey
 
     def path(self, name: str) -> str:
         return str(self.dir / name)
@@ -225,7 +226,7 @@ def check_costs(material: Material, rounds: int, n: int) -> None:
     samples: dict[str, list[float]] = {name: [] for name in requests}
     for _ in range(rounds):
         for name, request in requests.items():
-            guard.check(context, "Write", request)  # type: ignore[arg-type]  # warm the caches
+            guard.check(context, "Write", request)  # warm the caches
             samples[name].append(_per_call(lambda r=request: guard.check(context, "Write", r), n))  # type: ignore[misc]
     print(f"| payload | Guard.check per call (median of {rounds} rounds x {n:,}) | min | max |")
     print("|---|---|---|---|")

@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from hotspots import _py_spy, parse, report
+from hotspots import Profile, _py_spy, parse, report
 
 
 def _server_pids(data_dir: Path) -> list[int]:
@@ -79,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         ("writes (first server process)", out / "writes.raw.txt"),
         ("reads and takes (after the restart)", out / "reads.raw.txt"),
     ]
-    profiles = []
+    profiles: list[tuple[str, Profile]] = []
     seen: set[int] = set()
     for name, raw in windows:
         pid = 0
