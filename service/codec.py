@@ -30,8 +30,6 @@ _DTYPES = {
     pb.DTYPE_FLOAT64: ("float64", 8),
 }
 _pack_double = struct.Struct("<d").pack
-# Entries larger than this have their arrays' data viewed in the payload instead of copied.
-_VIEW_ARRAYS_ABOVE = 64 * 1024
 
 
 def space_name(name: str, limits: Limits) -> str:
@@ -187,7 +185,8 @@ def new_entry(
     payload = wire.frame(encoding)
     # A large entry's arrays are taken as views into the payload: read through the decoded
     # message they would be one more copy (3.6 MB for an HD frame, held as long as the entry).
-    arrays = wire.array_views(wire.unframed(payload)) if len(encoding) > _VIEW_ARRAYS_ABOVE else None
+    # Such an entry arrives decoded without its arrays' data (wire.without_array_data).
+    arrays = wire.array_views(wire.unframed(payload)) if len(encoding) > wire.VIEW_ARRAYS_ABOVE else None
     fields = _fields(entry.fields, f"{where}.fields", limits, arrays)
     return NewEntry(type_name, supertypes, fields, payload, len(encoding))
 

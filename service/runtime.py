@@ -9,17 +9,18 @@ heap back to the kernel as soon as more than its trim threshold (twice the mmap 
 there. A server that stores 3.6 MB entries and drops others then gets fresh pages for nearly every
 entry it stores, and each page faults in on first touch: about 2 ms per 3.6 MB on the project's
 VMs, against 0.1 ms to copy 3.6 MB into pages already mapped. `tune_malloc` keeps allocations up
-to 32 MiB in the heap, where freed ones are reused, and turns glibc's automatic trimming off
-(a trim threshold of -1, as mallopt(3) documents). With a threshold of 2 GiB (the most a
-positive int allows), cancelling a run of 600 HD array entries (2.2 GB) gave it all back at once,
-and the next run faulted its pages in again. Freed memory is given back once the server is idle: `release_when_idle` calls
-malloc_trim after a period in which the process used almost no CPU (`--idle-release-seconds`,
-default 60 s), much as tcmalloc and jemalloc return unused pages some time after they were
-freed. A period of 10 s was too short: a pause of 16 s between two bursts of HD array writes
-gave everything back, and the next burst paid 2.2 ms of page faults for each 3.6 MB entry it
-stored, against 0.1 ms for a copy into memory already mapped. Nothing is changed off glibc, or when the
-environment sets glibc's malloc thresholds (MALLOC_*_ variables or glibc.malloc tunables): those
-are the operator's call.
+to 32 MiB in the heap, where freed ones are reused, and turns glibc's automatic trimming off (a
+trim threshold of -1, as mallopt(3) documents). With a threshold of 2 GiB (the most a positive
+int allows), cancelling a run of 600 HD array entries (2.2 GB) gave it all back at once, and the
+next run faulted its pages in again.
+
+Freed memory is given back once the server is idle: `release_when_idle` calls malloc_trim after
+a period in which the process used almost no CPU (`--idle-release-seconds`, default 60 s), much
+as tcmalloc and jemalloc return unused pages some time after they were freed. A period of 10 s
+was too short: a pause of 16 s between two bursts of HD array writes gave everything back, and
+the next burst paid 2.2 ms of page faults for each 3.6 MB entry it stored. Nothing is changed
+off glibc, or when the environment sets glibc's malloc thresholds (MALLOC_*_ variables or
+glibc.malloc tunables): those are the operator's call.
 
 **protobuf's own trims.** protobuf's upb module calls malloc_trim(0) itself after every 10,000
 frees of its arenas' blocks (write+take pairs at about 500 a second set one off within 1.6 s).

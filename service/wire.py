@@ -133,6 +133,84 @@ def entry_encodings(raw: bytes) -> list[memoryview]:
 
 # Entry.fields = 3 (map entries: key = 1, value = 2); Value.array_value = 7; TypedArray.data = 2.
 _ENTRY_FIELDS, _MAP_KEY, _MAP_VALUE, _ARRAY_VALUE, _ARRAY_DATA = 3, 1, 2, 7, 2
+_ARRAY_DATA_PATH = (_ENTRY_FIELDS, _MAP_VALUE, _ARRAY_VALUE, _ARRAY_DATA)
+
+#: An entry whose encoding is larger than this has its typed arrays read through views of its
+#: bytes (`array_views`), and is decoded without their data (`without_array_data`).
+VIEW_ARRAYS_ABOVE = 64 * 1024
+
+
+def _spans(message: memoryview) -> list[tuple[int, int, int, int, int]]:
+    """(field number, start, end of the tag, start of the value, end) of each top-level
+    length-delimited field of an encoded message; other fields are skipped."""
+    spans = []
+    i, end = 0, len(message)
+    while i < end:
+        start = i
+        key, i = _varint_at(message, i)
+        kind = key & 7
+        if kind == 2:
+            tag_end = i
+            length, i = _varint_at(message, i)
+            spans.append((key >> 3, start, tag_end, i, i + length))
+            i += length
+        elif kind == 0:
+            _, i = _varint_at(message, i)
+        elif kind in (1, 5):
+            i += 8 if kind == 1 else 4
+        else:
+            raise ValueError(f"wire type {kind} in an outrig message")
+    return spans
+
+
+def _without(message: memoryview, path: tuple[int, ...]) -> bytes | None:
+    """`message` without the fields at the end of `path` (a field number per level of nesting,
+    through length-delimited fields), lengths rewritten on the way; None if it has none."""
+    number, rest = path[0], path[1:]
+    parts: list[bytes | memoryview] = []
+    done = 0
+    for field, start, tag_end, value, end in _spans(message):
+        if field != number:
+            continue
+        if rest:
+            inner = _without(message[value:end], rest)
+            if inner is None:
+                continue
+            parts += (message[done:start], message[start:tag_end], _varint(len(inner)), inner)
+        else:
+            parts.append(message[done:start])
+        done = end
+    if not parts:
+        return None
+    parts.append(message[done:])
+    return b"".join(parts)
+
+
+def without_array_data(raw: bytes, *, one_entry: bool) -> bytes:
+    """A Write (`one_entry`) or WriteMany request's bytes to decode: each entry larger than
+    VIEW_ARRAYS_ABOVE without its typed arrays' data, which the server reads through views of
+    `raw` instead (`array_views`). Decoding them would copy every array (3.6 MB for an HD
+    frame) only to throw the copy away. `raw` itself when nothing is left out, or when a Write
+    has its entry field more than once (the decoder merges those, and the server then encodes
+    the merged entry from the decoded message, which needs the data)."""
+    view = memoryview(raw)
+    entries = [span for span in _spans(view) if span[0] == _ENTRY_FIELD]
+    if one_entry and len(entries) != 1:
+        return raw
+    parts: list[bytes | memoryview] = []
+    done = 0
+    for _, start, tag_end, value, end in entries:
+        if end - value <= VIEW_ARRAYS_ABOVE:
+            continue
+        inner = _without(view[value:end], _ARRAY_DATA_PATH)
+        if inner is None:
+            continue
+        parts += (view[done:start], view[start:tag_end], _varint(len(inner)), inner)
+        done = end
+    if not parts:
+        return raw
+    parts.append(view[done:])
+    return b"".join(parts)
 
 
 def array_views(entry: memoryview) -> dict[str, memoryview]:
@@ -188,8 +266,11 @@ _RECEIVED = frozenset({"Write", "WriteMany"})
 
 
 def _receiving(message_type: Any) -> Callable[[bytes], Received[Any]]:
+    one_entry = message_type is pb.WriteRequest
+
     def deserialize(raw: bytes) -> Received[Any]:
-        return Received(message_type.FromString(raw), raw)
+        decoded = raw if len(raw) <= VIEW_ARRAYS_ABOVE else without_array_data(raw, one_entry=one_entry)
+        return Received(message_type.FromString(decoded), raw)
 
     return deserialize
 

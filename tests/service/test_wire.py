@@ -89,3 +89,66 @@ def test_a_large_entrys_arrays_are_views_into_its_payload() -> None:
     for name in ("pixels", "small", "n"):
         assert stored.fields[name] == sent[name] and hash(stored.fields[name]) == hash(sent[name])
     assert wire.array_views(memoryview(message.SerializeToString())).keys() == {"pixels", "small"}
+
+
+def _frame_entry(pixels: bytes, **more: pb.Value) -> pb.Entry:
+    fields = {"pixels": pb.Value(array_value=pb.TypedArray(dtype=pb.DTYPE_INT32, data=pixels))}
+    return pb.Entry(type_name="Frame", supertypes=["Image"], fields={**fields, **more})
+
+
+def _new_entries_both_ways(raw: bytes, message_type: type) -> tuple[list[object], list[object]]:
+    """new_entry's view of each entry of a Write or WriteMany request, decoded as the server
+    decodes it (without large arrays' data) and decoded in full."""
+    from outrig.service import codec
+    from outrig.service.config import Limits
+
+    decoded = message_type.FromString(wire.without_array_data(raw, one_entry=message_type is pb.WriteRequest))
+    full = message_type.FromString(raw)
+    encodings = wire.entry_encodings(raw)
+
+    def views(message: pb.WriteRequest | pb.WriteManyRequest) -> list[object]:
+        entries = [message.entry] if message_type is pb.WriteRequest else list(message.entries)
+        pairs = zip(entries, encodings, strict=True)
+        made = [codec.new_entry(e, "entry", Limits(), encoding) for e, encoding in pairs]
+        return [(n.type_name, n.supertypes, n.fields, n.payload, n.size) for n in made]
+
+    return views(decoded), views(full)
+
+
+def test_a_large_entry_is_decoded_without_its_arrays_data() -> None:
+    pixels = bytes(range(256)) * 14_400  # 3.6 MB
+    inner = pb.Value(array_value=pb.TypedArray(dtype=pb.DTYPE_UINT8, data=b"abcd"))
+    nested = pb.Value(list_value=pb.ListValue(items=[inner]))
+    entry = _frame_entry(pixels, n=pb.Value(int_value=7), nested=nested, small=pb.Value(string_value="s"))
+    request = pb.WriteRequest(space="s", entry=entry, request_id="r")
+    request.lease.seconds = 5.0
+    raw = request.SerializeToString()
+    decoded = pb.WriteRequest.FromString(wire.without_array_data(raw, one_entry=True))
+    assert len(decoded.SerializeToString()) < 1_000
+    assert decoded.entry.fields["pixels"].array_value == pb.TypedArray(dtype=pb.DTYPE_INT32)
+    for name in ("n", "nested", "small"):  # only top-level typed arrays lose their data
+        assert decoded.entry.fields[name] == entry.fields[name]
+    assert (decoded.space, decoded.request_id, decoded.lease) == (request.space, "r", request.lease)
+    mine, full = _new_entries_both_ways(raw, pb.WriteRequest)
+    assert mine == full
+
+
+def test_small_entries_and_merged_entries_are_decoded_whole() -> None:
+    small = pb.WriteRequest(space="s", entry=_frame_entry(b"\0" * 4000)).SerializeToString()
+    assert wire.without_array_data(small, one_entry=True) is small
+    large = pb.WriteRequest(entry=_frame_entry(b"\1" * 80_000)).SerializeToString()
+    twice = large + pb.WriteRequest(entry=pb.Entry(fields={"b": pb.Value(int_value=2)})).SerializeToString()
+    assert wire.without_array_data(twice, one_entry=True) is twice  # merged: encoded from the message
+    assert wire.without_array_data(twice, one_entry=False) is not twice  # WriteMany: two entries
+
+
+@given(
+    sizes=st.lists(st.sampled_from([0, 4, 65_532, 65_536, 70_000, 200_000]), min_size=1, max_size=4),
+    extra=st.booleans(),
+)
+def test_write_many_decodes_to_the_same_entries_either_way(sizes: list[int], extra: bool) -> None:
+    more = {"t": pb.Value(array_value=pb.TypedArray(dtype=pb.DTYPE_UINT8, data=b"xy"))} if extra else {}
+    entries = [_frame_entry(bytes([i % 256]) * size, **more) for i, size in enumerate(sizes)]
+    raw = pb.WriteManyRequest(space="s", entries=entries, request_id="r").SerializeToString()
+    mine, full = _new_entries_both_ways(raw, pb.WriteManyRequest)
+    assert mine == full
