@@ -95,7 +95,7 @@ class ServerProcess:
         return time.perf_counter() - started
 
 
-def _start_python_server(name: str, command: list[str], pattern: str, workdir: Path) -> ServerProcess:
+def start_python_server(name: str, command: list[str], pattern: str, workdir: Path) -> ServerProcess:
     """Start a server that prints its address on stdout once it serves."""
     log = workdir / f"{name}.log"
     environment = {k: v for k, v in os.environ.items() if not k.startswith("OUTRIG_")}
@@ -116,7 +116,7 @@ def _start_python_server(name: str, command: list[str], pattern: str, workdir: P
 def start_outrig_with(workdir: Path, *flags: str, name: str = "outrig") -> ServerProcess:
     """`outrig serve --listen 127.0.0.1:0 FLAGS...`, its log in workdir/NAME.log."""
     command = [sys.executable, "-m", "outrig.service", "serve", "--listen", "127.0.0.1:0", *flags]
-    return _start_python_server(name, command, r"outrig listening on (\S+)", workdir)
+    return start_python_server(name, command, r"outrig listening on (\S+)", workdir)
 
 
 def start_outrig(workdir: Path, name: str = "outrig") -> ServerProcess:
@@ -134,7 +134,7 @@ def start_noop(workdir: Path) -> ServerProcess:
         sys.executable, str(_HERE / "noop_server.py"), "--listen", "127.0.0.1:0",
         "--max-message-bytes", str(MAX_MESSAGE_BYTES),
     ]  # fmt: skip
-    return _start_python_server("noop", command, r"noop listening on (\S+)", workdir)
+    return start_python_server("noop", command, r"noop listening on (\S+)", workdir)
 
 
 def redis_available() -> bool:
