@@ -8,8 +8,9 @@ the medians of each server's CPU per pair and of pairs per second:
 
 - ``noop``: bench/noop_server.py, the floor for a Python gRPC service;
 - ``canned``: `outrig serve` whose Write and Take answer a canned reply of the same size from
-  inside outrig's own handler wrapper (the guard, metrics and request decoding run; the
-  operation does not). canned minus noop is what outrig's wrapper and transport cost;
+  inside outrig's own handler wrapper (request decoding and the open guard run, the operation
+  does not; metrics are off, as in bench/run.py). canned minus noop is what outrig's wrapper and
+  transport cost;
 - ``outrig``: `outrig serve`, in memory as in bench/run.py, with the handlers timed. outrig minus
   canned is what the operations cost; the thread CPU measured inside the Write and Take handlers
   says how it splits between the two.
