@@ -163,14 +163,15 @@ def _spans(message: memoryview) -> list[tuple[int, int, int, int, int]]:
     return spans
 
 
-def _without(message: memoryview, path: tuple[int, ...]) -> bytes | None:
+def _without(message: memoryview, path: tuple[int, ...], *, above: int = -1) -> bytes | None:
     """`message` without the fields at the end of `path` (a field number per level of nesting,
-    through length-delimited fields), lengths rewritten on the way; None if it has none."""
+    through length-delimited fields), lengths rewritten on the way; None if it has none. Of the
+    first level, only fields whose value is longer than `above` bytes are looked into."""
     number, rest = path[0], path[1:]
     parts: list[bytes | memoryview] = []
     done = 0
     for field, start, tag_end, value, end in _spans(message):
-        if field != number:
+        if field != number or end - value <= above:
             continue
         if rest:
             inner = _without(message[value:end], rest)
@@ -193,24 +194,10 @@ def without_array_data(raw: bytes, *, one_entry: bool) -> bytes:
     frame) only to throw the copy away. `raw` itself when nothing is left out, or when a Write
     has its entry field more than once (the decoder merges those, and the server then encodes
     the merged entry from the decoded message, which needs the data)."""
-    view = memoryview(raw)
-    entries = [span for span in _spans(view) if span[0] == _ENTRY_FIELD]
-    if one_entry and len(entries) != 1:
+    if one_entry and len(entry_encodings(raw)) != 1:
         return raw
-    parts: list[bytes | memoryview] = []
-    done = 0
-    for _, start, tag_end, value, end in entries:
-        if end - value <= VIEW_ARRAYS_ABOVE:
-            continue
-        inner = _without(view[value:end], _ARRAY_DATA_PATH)
-        if inner is None:
-            continue
-        parts += (view[done:start], view[start:tag_end], _varint(len(inner)), inner)
-        done = end
-    if not parts:
-        return raw
-    parts.append(view[done:])
-    return b"".join(parts)
+    decoded = _without(memoryview(raw), (_ENTRY_FIELD, *_ARRAY_DATA_PATH), above=VIEW_ARRAYS_ABOVE)
+    return raw if decoded is None else decoded
 
 
 def array_views(entry: memoryview) -> dict[str, memoryview]:
