@@ -42,7 +42,7 @@ from typing import Any
 import grpc
 from entries import Small, canned_small
 from measure import tune_client
-from servers import OUTRIG_CONFIG, ServerProcess, start_noop, start_python_server
+from servers import ServerProcess, start_noop, start_outrig
 from workloads import OWN_CONNECTION
 
 import outrig
@@ -125,13 +125,7 @@ def _serve(mode: str, arguments: list[str]) -> int:
 def _start(mode: str, workdir: Path) -> ServerProcess:
     if mode == "noop":
         return start_noop(workdir)
-    config = workdir / "outrig.toml"
-    config.write_text(OUTRIG_CONFIG)
-    command = [
-        sys.executable, __file__, "--serve", mode, "serve", "--listen", "127.0.0.1:0", "--in-memory",
-        "--config", str(config), "--log-level", "WARNING",
-    ]  # fmt: skip
-    return start_python_server(mode, command, r"outrig listening on (\S+)", workdir)
+    return start_outrig(workdir, mode, program=(__file__, "--serve", mode))
 
 
 def _handler_times(server: ServerProcess) -> tuple[float, float]:

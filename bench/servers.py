@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 #: Large enough for the HD array entry (3.6 MB) with room to spare; the SDK's default is 64 MiB too.
@@ -95,7 +96,7 @@ class ServerProcess:
         return time.perf_counter() - started
 
 
-def start_python_server(name: str, command: list[str], pattern: str, workdir: Path) -> ServerProcess:
+def _start_python_server(name: str, command: list[str], pattern: str, workdir: Path) -> ServerProcess:
     """Start a server that prints its address on stdout once it serves."""
     log = workdir / f"{name}.log"
     environment = {k: v for k, v in os.environ.items() if not k.startswith("OUTRIG_")}
@@ -113,19 +114,27 @@ def start_python_server(name: str, command: list[str], pattern: str, workdir: Pa
     return ServerProcess(name, process, match.group(1), log, seconds)
 
 
-def start_outrig_with(workdir: Path, *flags: str, name: str = "outrig") -> ServerProcess:
+# How `python` runs outrig's CLI; bench/pair_costs.py runs variant servers through itself.
+OUTRIG_PROGRAM = ("-m", "outrig.service")
+
+
+def start_outrig_with(
+    workdir: Path, *flags: str, name: str = "outrig", program: Sequence[str] = OUTRIG_PROGRAM
+) -> ServerProcess:
     """`outrig serve --listen 127.0.0.1:0 FLAGS...`, its log in workdir/NAME.log."""
-    command = [sys.executable, "-m", "outrig.service", "serve", "--listen", "127.0.0.1:0", *flags]
-    return start_python_server(name, command, r"outrig listening on (\S+)", workdir)
+    command = [sys.executable, *program, "serve", "--listen", "127.0.0.1:0", *flags]
+    return _start_python_server(name, command, r"outrig listening on (\S+)", workdir)
 
 
-def start_outrig(workdir: Path, name: str = "outrig") -> ServerProcess:
+def start_outrig(
+    workdir: Path, name: str = "outrig", program: Sequence[str] = OUTRIG_PROGRAM
+) -> ServerProcess:
     """An in-memory `outrig serve` with raised message size and quotas."""
     config = workdir / "outrig.toml"
     config.write_text(OUTRIG_CONFIG)
     return start_outrig_with(
         workdir, "--in-memory", "--max-message-bytes", str(MAX_MESSAGE_BYTES), "--config", str(config),
-        "--log-level", "WARNING", name=name,
+        "--log-level", "WARNING", name=name, program=program,
     )  # fmt: skip
 
 
@@ -134,7 +143,7 @@ def start_noop(workdir: Path) -> ServerProcess:
         sys.executable, str(_HERE / "noop_server.py"), "--listen", "127.0.0.1:0",
         "--max-message-bytes", str(MAX_MESSAGE_BYTES),
     ]  # fmt: skip
-    return start_python_server("noop", command, r"noop listening on (\S+)", workdir)
+    return _start_python_server("noop", command, r"noop listening on (\S+)", workdir)
 
 
 def redis_available() -> bool:
