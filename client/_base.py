@@ -21,6 +21,7 @@ from google.protobuf.message import Message
 
 from outrig._codec import AnyEntry, decode_entry, encode_entry_into, encode_template_into, iter_templates
 from outrig._exceptions import InternalError, OutrigError, error_from_code, error_from_rpc
+from outrig._mux_wire import OP_FIELDS
 from outrig._retry import DEFAULT_RETRY_DEADLINE, Attempts, RetryCounter, RetryPolicy, new_request_id
 from outrig.v1 import space_pb2 as pb
 from outrig.v1.space_pb2_grpc import SpaceStub
@@ -260,15 +261,26 @@ class BaseSpace:
         owns_channel: bool = False,
         retry_deadline: float = DEFAULT_RETRY_DEADLINE,
         metadata: Sequence[tuple[str, str]] = (),
+        mux: bool = True,
     ) -> None:
         self._channel = channel
         stub = SpaceStub(channel)
         self._stub: Any = _StubWithMetadata(stub, metadata) if metadata else stub
+        self._mux: Any = self._new_mux(channel, metadata) if mux else None
+        # The unary operations: over the connection's Mux stream, or as unary calls.
+        self._ops: dict[str, Any] = {
+            name: getattr(self._stub, name) if self._mux is None else functools.partial(self._mux.call, name)
+            for name in OP_FIELDS
+        }
         self._name = _check_name(name)
         self._owns_channel = owns_channel
         self._retry_policy = RetryPolicy.with_deadline(retry_deadline)
         self._retry_counter = RetryCounter()
         self._transaction = 0  # the transaction a view made by `_under` acts under; 0: none
+
+    def _new_mux(self, channel: Any, metadata: Sequence[tuple[str, str]]) -> Any:
+        """The connection's Mux stream (`outrig._mux.Mux` or its asyncio twin)."""
+        raise NotImplementedError
 
     @property
     def name(self) -> str:

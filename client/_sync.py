@@ -35,6 +35,7 @@ from outrig._base import (
 )
 from outrig._codec import AnyEntry, decode_entries
 from outrig._exceptions import CallCancelledError, OutrigError, UnavailableError
+from outrig._mux import Mux
 from outrig._tls import TLS, channel_credentials, token_metadata
 from outrig.v1 import space_pb2 as pb
 
@@ -53,6 +54,7 @@ def connect(
     retry_deadline: float = DEFAULT_RETRY_DEADLINE,
     tls: TLS | None = None,
     token: str | None = None,
+    mux: bool = True,
 ) -> Space:
     """Open a connection to an outrig server and return the named space.
 
@@ -88,7 +90,12 @@ def connect(
         all_options = channel_options(max_message_bytes, [*tls.options(), *options])
         channel = grpc.secure_channel(target, credentials, options=all_options)
     return Space(
-        channel, space, owns_channel=True, retry_deadline=retry_deadline, metadata=token_metadata(token)
+        channel,
+        space,
+        owns_channel=True,
+        retry_deadline=retry_deadline,
+        metadata=token_metadata(token),
+        mux=mux,
     )
 
 
@@ -122,9 +129,14 @@ class Space(BaseSpace):
     ) -> None:
         self.close()
 
+    def _new_mux(self, channel: Any, metadata: Sequence[tuple[str, str]]) -> Mux:
+        return Mux(channel, metadata)
+
     def close(self) -> None:
         """Close the connection, if this space owns it. Calls in flight fail."""
         if self._owns_channel:
+            if self._mux is not None:
+                self._mux.close()
             self._channel.close()
 
     def with_space(self, name: str) -> Space:
@@ -141,12 +153,14 @@ class Space(BaseSpace):
         may grant less. If the call fails in transit and its retries run out, the write may or
         may not have happened.
         """
-        reply: pb.WriteReply = self._call(self._stub.Write, self._write_request(entry, lease))
+        reply: pb.WriteReply = self._call(self._ops["Write"], self._write_request(entry, lease))
         return Lease(self, reply.lease)
 
     def write_many(self, entries: Iterable[AnyEntry], lease: LeaseArg = ANY) -> list[Lease]:
         """Store all of ``entries``, or none of them; return their leases, in order."""
-        reply: pb.WriteManyReply = self._call(self._stub.WriteMany, self._write_many_request(entries, lease))
+        reply: pb.WriteManyReply = self._call(
+            self._ops["WriteMany"], self._write_many_request(entries, lease)
+        )
         return [Lease(self, message) for message in reply.leases]
 
     def read(self, templates: Templates, timeout: float | None = None) -> AnyEntry | None:
@@ -154,7 +168,7 @@ class Space(BaseSpace):
 
         ``timeout=None`` waits without limit. Returns None if nothing matched in time.
         """
-        reply: pb.MatchReply = self._call(self._stub.Read, self._match_request(templates, timeout))
+        reply: pb.MatchReply = self._call(self._ops["Read"], self._match_request(templates, timeout))
         return first_entry(reply)
 
     def read_nowait(self, templates: Templates, timeout: float | None = 0.0) -> AnyEntry | None:
@@ -164,7 +178,7 @@ class Space(BaseSpace):
         without limit) for those transactions to end; by default, not at all.
         """
         request = self._match_request(templates, timeout, if_exists=True)
-        reply: pb.MatchReply = self._call(self._stub.Read, request)
+        reply: pb.MatchReply = self._call(self._ops["Read"], request)
         return first_entry(reply)
 
     def take(self, templates: Templates, timeout: float | None = None) -> AnyEntry | None:
@@ -173,7 +187,7 @@ class Space(BaseSpace):
         ``timeout=None`` waits without limit. Returns None if nothing matched in time. Two takes
         never return the same entry.
         """
-        reply: pb.MatchReply = self._call(self._stub.Take, self._take_request(templates, timeout))
+        reply: pb.MatchReply = self._call(self._ops["Take"], self._take_request(templates, timeout))
         return first_entry(reply)
 
     def take_nowait(self, templates: Templates, timeout: float | None = 0.0) -> AnyEntry | None:
@@ -183,7 +197,7 @@ class Space(BaseSpace):
         without limit) for those transactions to end; by default, not at all.
         """
         request = self._take_request(templates, timeout, if_exists=True)
-        reply: pb.MatchReply = self._call(self._stub.Take, request)
+        reply: pb.MatchReply = self._call(self._ops["Take"], request)
         return first_entry(reply)
 
     def read_many(
@@ -195,7 +209,7 @@ class Space(BaseSpace):
         list if none appeared in time.
         """
         request = self._match_request(templates, timeout, max_entries=max_entries)
-        reply: pb.MatchReply = self._call(self._stub.ReadMany, request)
+        reply: pb.MatchReply = self._call(self._ops["ReadMany"], request)
         return decode_entries(reply.entries)
 
     def take_many(
@@ -207,7 +221,7 @@ class Space(BaseSpace):
         list if none appeared in time.
         """
         request = self._take_request(templates, timeout, max_entries=max_entries)
-        reply: pb.MatchReply = self._call(self._stub.TakeMany, request)
+        reply: pb.MatchReply = self._call(self._ops["TakeMany"], request)
         return decode_entries(reply.entries)
 
     def contents(self, templates: Templates, *, max_entries: int = 0) -> Generator[AnyEntry, None, None]:
@@ -242,7 +256,7 @@ class Space(BaseSpace):
 
     def count(self, templates: Templates) -> int:
         """Return how many entries match now."""
-        reply: pb.CountReply = self._call(self._stub.Count, self._count_request(templates))
+        reply: pb.CountReply = self._call(self._ops["Count"], self._count_request(templates))
         return reply.count
 
     def notify(self, templates: Templates, lease: LeaseArg = ANY) -> Notification:
@@ -267,7 +281,9 @@ class Space(BaseSpace):
         result carries the error. Renewed leases are updated in place.
         """
         leases = list(leases)
-        reply: pb.RenewLeasesReply = self._call(self._stub.RenewLeases, self._renew_request(leases, duration))
+        reply: pb.RenewLeasesReply = self._call(
+            self._ops["RenewLeases"], self._renew_request(leases, duration)
+        )
         return lease_results(leases, reply.results, renewed=True)
 
     def cancel_many(self, leases: Sequence[Lease]) -> list[LeaseResult[Lease]]:
@@ -278,7 +294,7 @@ class Space(BaseSpace):
         lost and the retry found it gone.
         """
         leases = list(leases)
-        reply: pb.CancelLeasesReply = self._call(self._stub.CancelLeases, self._cancel_request(leases))
+        reply: pb.CancelLeasesReply = self._call(self._ops["CancelLeases"], self._cancel_request(leases))
         return lease_results(leases, reply.results, renewed=False)
 
     def transaction(self, lease: LeaseArg = 30.0) -> Transaction:
@@ -290,7 +306,7 @@ class Space(BaseSpace):
         it takes nobody else sees; abort undoes all of it. If the client disappears, the
         transaction aborts when its lease runs out: `Transaction.renew` it for longer work.
         """
-        grant: pb.BeginReply = self._call(self._stub.Begin, self._begin_request(lease))
+        grant: pb.BeginReply = self._call(self._ops["Begin"], self._begin_request(lease))
         return Transaction(self, Lease(self, grant.transaction))
 
     def _call(self, method: Callable[[Request], Reply], request: Request) -> Reply:
@@ -480,12 +496,12 @@ class Transaction:
     def commit(self) -> None:
         """Make the writes visible and the takes final, all together (durably, on a durable server).
         `FailedPreconditionError` if the transaction had aborted (its lease ran out, say)."""
-        self._space._call(self._space._stub.Commit, self._space._end_request(self.id))
+        self._space._call(self._space._ops["Commit"], self._space._end_request(self.id))
         self._ended = True
 
     def abort(self) -> None:
         """Discard the writes and put back what was taken."""
-        self._space._call(self._space._stub.Abort, self._space._end_request(self.id))
+        self._space._call(self._space._ops["Abort"], self._space._end_request(self.id))
         self._ended = True
 
     def renew(self, lease: LeaseArg = 30.0) -> Lease:

@@ -48,6 +48,7 @@ class Limits:
     max_waiters: int = 100_000  # blocked reads and takes parked per space
     max_registrations: int = 10_000  # notify registrations per space
     contents_chunk: int = 256  # entries per contents message
+    max_stream_ops: int = 1024  # operations in flight on one Mux stream
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +142,7 @@ _POSITIVE = frozenset(
         "max_waiters",
         "max_registrations",
         "contents_chunk",
+        "max_stream_ops",
         "default_lease",
         "max_lease",
     }

@@ -19,6 +19,7 @@ from outrig.service.embedded import EmbeddedBackend
 from outrig.service.engine.clock import Clock
 from outrig.service.exceptions import ConfigError
 from outrig.service.metrics import Metrics
+from outrig.service.mux import MuxService
 from outrig.service.security.transport import build_guard, check_listen, server_credentials
 from outrig.service.servicer import SpaceServicer
 from outrig.v1 import space_pb2
@@ -79,7 +80,8 @@ class OutrigServer:
         if self.metrics is not None:
             self.guard.on_denied = self.metrics.denied
         servicer = SpaceServicer(self.backend, config.limits, self.guard, self.metrics)
-        wire.add_to_server(servicer, self._server)
+        self._mux = MuxService(servicer, config.limits.max_stream_ops, limit)
+        wire.add_to_server(servicer, self._server, self._mux.handle)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         reflection.enable_server_reflection(
             (
@@ -152,6 +154,7 @@ class OutrigServer:
             self._watch.cancel()
         await self._health.enter_graceful_shutdown()
         await self.backend.close()
+        self._mux.close()
         await self._server.stop(self.config.grace_seconds if grace is None else grace)
         await self.backend.shutdown()
 

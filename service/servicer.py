@@ -88,29 +88,24 @@ def unary(method: Unary[R]) -> Unary[R]:
 
     @functools.wraps(method)
     async def handler(self: SpaceServicer, request: Any, context: grpc.aio.ServicerContext) -> R:
-        metrics = self._metrics
-        started = time.perf_counter() if metrics is not None else 0.0
-        code = "OK"
-        try:
-            self._guard.check(context, name, request)
-            return await method(self, request, context)
-        except SpaceError as err:
-            status = status_for(err)
-            code = status.name
-            await context.abort(status, str(err))
-        except asyncio.CancelledError:
-            code = "CANCELLED"
-            raise
-        except Exception:
-            code = "INTERNAL"
-            log.exception("unexpected error in %s", method.__name__)
-            await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method.__name__}")
-        finally:
-            if metrics is not None:
-                metrics.call(name, code, time.perf_counter() - started)
-        raise AssertionError("unreachable: abort raises")
+        outcome = await self.perform(name, method, request, context)
+        if isinstance(outcome, Failure):
+            await context.abort(outcome.status, outcome.message)
+            raise AssertionError("unreachable: abort raises")
+        return outcome
 
+    handler.operation = method  # type: ignore[attr-defined]  # what the Mux stream runs (service/mux.py)
     return handler
+
+
+class Failure:
+    """How an operation failed: the status and message its unary call ends with."""
+
+    __slots__ = ("message", "status")
+
+    def __init__(self, status: grpc.StatusCode, message: str) -> None:
+        self.status = status
+        self.message = message
 
 
 def streaming(method: Streaming[R]) -> Streaming[R]:
@@ -165,6 +160,33 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
         self._limits = limits
         self._metrics = metrics
         self._guard = guard or Guard(Authenticator(None, client_certificates=False), None, limits)
+
+    async def perform(
+        self, name: str, method: Unary[R], request: Any, context: grpc.aio.ServicerContext
+    ) -> R | Failure:
+        """Run one operation, through the guard, as a unary call or a Mux stream's operation: its
+        reply, or how it failed. Errors the service raises on purpose become their status; anything
+        else is logged and answered INTERNAL."""
+        metrics = self._metrics
+        started = time.perf_counter() if metrics is not None else 0.0
+        code = "OK"
+        try:
+            self._guard.check(context, name, request)
+            return await method(self, request, context)
+        except SpaceError as err:
+            status = status_for(err)
+            code = status.name
+            return Failure(status, str(err))
+        except asyncio.CancelledError:
+            code = "CANCELLED"
+            raise
+        except Exception:
+            code = "INTERNAL"
+            log.exception("unexpected error in %s", name)
+            return Failure(grpc.StatusCode.INTERNAL, f"internal error in {name}")
+        finally:
+            if metrics is not None:
+                metrics.call(name, code, time.perf_counter() - started)
 
     def _space(self, request: Any) -> str:
         return codec.space_name(request.space, self._limits)

@@ -33,7 +33,7 @@ _SEQUENCE = b"\x10"  # field 2, varint: NotifyReply.sequence
 _EVENT_ENTRY = b"\x1a"  # field 3, length-delimited: NotifyReply.entry
 
 
-def _varint(value: int) -> bytes:
+def varint(value: int) -> bytes:
     if value < 0x80:
         return bytes((value,))
     out = bytearray()
@@ -46,7 +46,7 @@ def _varint(value: int) -> bytes:
 
 def frame(entry: bytes | memoryview) -> bytes:
     """An entry's payload: its encoding framed as a MatchReply's field 1 (one copy)."""
-    return b"".join((_ENTRIES, _varint(len(entry)), entry))
+    return b"".join((_ENTRIES, varint(len(entry)), entry))
 
 
 def unframed(payload: bytes) -> memoryview:
@@ -67,7 +67,7 @@ def entries_reply(payloads: Sequence[bytes]) -> bytes:
 def event_reply(sequence: int, payload: bytes) -> bytes:
     """A NotifyReply carrying one event."""
     entry = unframed(payload)
-    return b"".join((_SEQUENCE, _varint(sequence), _EVENT_ENTRY, _varint(len(entry)), entry))
+    return b"".join((_SEQUENCE, varint(sequence), _EVENT_ENTRY, varint(len(entry)), entry))
 
 
 M = TypeVar("M")
@@ -85,7 +85,7 @@ class Received(Generic[M]):
         self.raw = raw
 
 
-def _varint_at(data: bytes | memoryview, i: int) -> tuple[int, int]:
+def varint_at(data: bytes | memoryview, i: int) -> tuple[int, int]:
     """The varint starting at data[i], and the index after it."""
     value = shift = 0
     while True:
@@ -97,28 +97,31 @@ def _varint_at(data: bytes | memoryview, i: int) -> tuple[int, int]:
         shift += 7
 
 
-def _fields_of(message: memoryview) -> list[tuple[int, int | memoryview]]:
-    """(field number, value) for each top-level field of an encoded, already validated message:
-    a length-delimited value is a view of its bytes (no copy), others are ints. Only tags and
-    lengths are read, so the cost grows with the number of fields, not with their size."""
-    fields: list[tuple[int, int | memoryview]] = []
+def fields(message: memoryview) -> list[tuple[int, int | memoryview]]:
+    """(field number, value) for each top-level field of an encoded message: a length-delimited
+    value is a view of its bytes (no copy), others are ints. Only tags and lengths are read, so the
+    cost grows with the number of fields, not with their size. ValueError or IndexError if the
+    bytes are not protobuf's (a message gRPC has not decoded for us: a Mux stream's)."""
+    found: list[tuple[int, int | memoryview]] = []
     i, end = 0, len(message)
     while i < end:
-        key, i = _varint_at(message, i)
+        key, i = varint_at(message, i)
         kind = key & 7
         value: int | memoryview
         if kind == 2:
-            length, i = _varint_at(message, i)
+            length, i = varint_at(message, i)
             value, i = message[i : i + length], i + length
         elif kind == 0:
-            value, i = _varint_at(message, i)
+            value, i = varint_at(message, i)
         elif kind in (1, 5):
             width = 8 if kind == 1 else 4
             value, i = int.from_bytes(message[i : i + width], "little"), i + width
         else:  # groups: not in outrig's protocol, and refused by the decoder already
             raise ValueError(f"wire type {kind} in an outrig message")
-        fields.append((key >> 3, value))
-    return fields
+        found.append((key >> 3, value))
+    if i != end:  # a length or a fixed-width value ran past the end
+        raise ValueError("truncated message")
+    return found
 
 
 def entry_encodings(raw: bytes) -> list[memoryview]:
@@ -126,7 +129,7 @@ def entry_encodings(raw: bytes) -> list[memoryview]:
     field 2 (no copy)."""
     return [
         value
-        for number, value in _fields_of(memoryview(raw))
+        for number, value in fields(memoryview(raw))
         if number == _ENTRY_FIELD and isinstance(value, memoryview)
     ]
 
@@ -147,15 +150,15 @@ def _spans(message: memoryview) -> list[tuple[int, int, int, int, int]]:
     i, end = 0, len(message)
     while i < end:
         start = i
-        key, i = _varint_at(message, i)
+        key, i = varint_at(message, i)
         kind = key & 7
         if kind == 2:
             tag_end = i
-            length, i = _varint_at(message, i)
+            length, i = varint_at(message, i)
             spans.append((key >> 3, start, tag_end, i, i + length))
             i += length
         elif kind == 0:
-            _, i = _varint_at(message, i)
+            _, i = varint_at(message, i)
         elif kind in (1, 5):
             i += 8 if kind == 1 else 4
         else:
@@ -177,7 +180,7 @@ def _without(message: memoryview, path: tuple[int, ...], *, above: int = -1) -> 
             inner = _without(message[value:end], rest)
             if inner is None:
                 continue
-            parts += (message[done:start], message[start:tag_end], _varint(len(inner)), inner)
+            parts += (message[done:start], message[start:tag_end], varint(len(inner)), inner)
         else:
             parts.append(message[done:start])
         done = end
@@ -204,20 +207,20 @@ def array_views(entry: memoryview) -> dict[str, memoryview]:
     """The data of each typed-array field of an encoded Entry, as views into it (no copy), by
     field name. Reading only tags and lengths, its cost grows with the number of fields."""
     views: dict[str, memoryview] = {}
-    for number, item in _fields_of(entry):
+    for number, item in fields(entry):
         if number != _ENTRY_FIELDS or not isinstance(item, memoryview):
             continue
         name, value = "", None
-        for part, content in _fields_of(item):
+        for part, content in fields(item):
             if part == _MAP_KEY and isinstance(content, memoryview):
                 name = bytes(content).decode()
             elif part == _MAP_VALUE and isinstance(content, memoryview):
                 value = content
         if value is None:
             continue
-        for part, content in _fields_of(value):
+        for part, content in fields(value):
             if part == _ARRAY_VALUE and isinstance(content, memoryview):
-                data = [d for n, d in _fields_of(content) if n == _ARRAY_DATA and isinstance(d, memoryview)]
+                data = [d for n, d in fields(content) if n == _ARRAY_DATA and isinstance(d, memoryview)]
                 views[name] = data[-1] if data else memoryview(b"")
     return views
 
@@ -252,7 +255,7 @@ _METHODS: dict[str, tuple[str, Any, bool]] = {
 _RECEIVED = frozenset({"Write", "WriteMany"})
 
 
-def _receiving(message_type: Any) -> Callable[[bytes], Received[Any]]:
+def receiving(message_type: Any) -> Callable[[bytes], Received[Any]]:
     one_entry = message_type is pb.WriteRequest
 
     def deserialize(raw: bytes) -> Received[Any]:
@@ -262,16 +265,23 @@ def _receiving(message_type: Any) -> Callable[[bytes], Received[Any]]:
     return deserialize
 
 
-def add_to_server(servicer: object, server: grpc.aio.Server) -> None:
-    """Register `servicer`'s methods for outrig.v1.Space on `server`."""
-    handlers = {}
+def add_to_server(
+    servicer: object, server: grpc.aio.Server, mux: Callable[[Any, grpc.aio.ServicerContext], Any]
+) -> None:
+    """Register `servicer`'s methods for outrig.v1.Space on `server`, and `mux` as its Mux method
+    (service/mux.py), whose messages it reads and writes as bytes."""
+    handlers = {
+        "Mux": grpc.stream_stream_rpc_method_handler(
+            mux, request_deserializer=_passthrough, response_serializer=_passthrough
+        )
+    }
     for name, (kind, request, encoded) in _METHODS.items():
         make: Callable[..., grpc.RpcMethodHandler] = (
             grpc.unary_unary_rpc_method_handler if kind == "unary" else grpc.unary_stream_rpc_method_handler
         )
         handlers[name] = make(
             getattr(servicer, name),
-            request_deserializer=_receiving(request) if name in _RECEIVED else request.FromString,
+            request_deserializer=receiving(request) if name in _RECEIVED else request.FromString,
             response_serializer=_passthrough if encoded else _serialize,
         )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))

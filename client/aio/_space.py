@@ -37,6 +37,7 @@ from outrig._base import (
 from outrig._codec import AnyEntry, decode_entries
 from outrig._exceptions import CallCancelledError, OutrigError, UnavailableError
 from outrig._tls import TLS, channel_credentials, token_metadata
+from outrig.aio._mux import AsyncMux
 from outrig.v1 import space_pb2 as pb
 
 __all__ = ["AsyncLease", "AsyncNotification", "AsyncSpace", "connect"]
@@ -54,11 +55,12 @@ def connect(
     retry_deadline: float = DEFAULT_RETRY_DEADLINE,
     tls: TLS | None = None,
     token: str | None = None,
+    mux: bool = True,
 ) -> AsyncSpace:
     """Open an asyncio connection to an outrig server and return the named space.
 
     Call it from a running event loop. The arguments are those of `outrig.connect`, including
-    ``tls`` and ``token`` (an `outrig.TLS` and a bearer token) and ``retry_deadline``: for how
+    ``tls`` and ``token`` (an `outrig.TLS` and a bearer token), ``mux`` and ``retry_deadline``: for how
     many seconds from its first failure a call that fails with `UnavailableError` is retried
     (0: never). Use the result with ``async with``, or ``await space.close()`` when done.
     """
@@ -71,7 +73,12 @@ def connect(
         all_options = channel_options(max_message_bytes, [*tls.options(), *options])
         channel = grpc.aio.secure_channel(target, credentials, options=all_options)
     return AsyncSpace(
-        channel, space, owns_channel=True, retry_deadline=retry_deadline, metadata=token_metadata(token)
+        channel,
+        space,
+        owns_channel=True,
+        retry_deadline=retry_deadline,
+        metadata=token_metadata(token),
+        mux=mux,
     )
 
 
@@ -92,9 +99,14 @@ class AsyncSpace(BaseSpace):
     ) -> None:
         await self.close()
 
+    def _new_mux(self, channel: Any, metadata: Sequence[tuple[str, str]]) -> AsyncMux:
+        return AsyncMux(channel, metadata)
+
     async def close(self) -> None:
         """Close the connection, if this space owns it. Calls in flight are cancelled."""
         if self._owns_channel:
+            if self._mux is not None:
+                self._mux.close()
             await self._channel.close()
 
     def with_space(self, name: str) -> AsyncSpace:
@@ -106,13 +118,13 @@ class AsyncSpace(BaseSpace):
 
     async def write(self, entry: AnyEntry, lease: LeaseArg = ANY) -> AsyncLease:
         """Store a copy of ``entry`` and return its lease; see `outrig.Space.write`."""
-        reply: pb.WriteReply = await self._call(self._stub.Write, self._write_request(entry, lease))
+        reply: pb.WriteReply = await self._call(self._ops["Write"], self._write_request(entry, lease))
         return AsyncLease(self, reply.lease)
 
     async def write_many(self, entries: Iterable[AnyEntry], lease: LeaseArg = ANY) -> list[AsyncLease]:
         """Store all of ``entries``, or none of them; return their leases, in order."""
         request = self._write_many_request(entries, lease)
-        reply: pb.WriteManyReply = await self._call(self._stub.WriteMany, request)
+        reply: pb.WriteManyReply = await self._call(self._ops["WriteMany"], request)
         return [AsyncLease(self, message) for message in reply.leases]
 
     async def read(self, templates: Templates, timeout: float | None = None) -> AnyEntry | None:
@@ -120,14 +132,14 @@ class AsyncSpace(BaseSpace):
 
         Returns None if nothing matched in time.
         """
-        reply: pb.MatchReply = await self._call(self._stub.Read, self._match_request(templates, timeout))
+        reply: pb.MatchReply = await self._call(self._ops["Read"], self._match_request(templates, timeout))
         return first_entry(reply)
 
     async def read_nowait(self, templates: Templates, timeout: float | None = 0.0) -> AnyEntry | None:
         """Return a copy of an entry that matches now, or None; see `outrig.Space.read_nowait`
         for ``timeout`` (waiting for entries locked by transactions)."""
         request = self._match_request(templates, timeout, if_exists=True)
-        reply: pb.MatchReply = await self._call(self._stub.Read, request)
+        reply: pb.MatchReply = await self._call(self._ops["Read"], request)
         return first_entry(reply)
 
     async def take(self, templates: Templates, timeout: float | None = None) -> AnyEntry | None:
@@ -135,13 +147,13 @@ class AsyncSpace(BaseSpace):
 
         Returns None if nothing matched in time.
         """
-        reply: pb.MatchReply = await self._call(self._stub.Take, self._take_request(templates, timeout))
+        reply: pb.MatchReply = await self._call(self._ops["Take"], self._take_request(templates, timeout))
         return first_entry(reply)
 
     async def take_nowait(self, templates: Templates, timeout: float | None = 0.0) -> AnyEntry | None:
         """Remove and return an entry that matches now, or None; see `outrig.Space.take_nowait`."""
         request = self._take_request(templates, timeout, if_exists=True)
-        reply: pb.MatchReply = await self._call(self._stub.Take, request)
+        reply: pb.MatchReply = await self._call(self._ops["Take"], request)
         return first_entry(reply)
 
     async def read_many(
@@ -149,7 +161,7 @@ class AsyncSpace(BaseSpace):
     ) -> list[AnyEntry]:
         """Return copies of up to ``max_entries`` matching entries; see `outrig.Space.read_many`."""
         request = self._match_request(templates, timeout, max_entries=max_entries)
-        reply: pb.MatchReply = await self._call(self._stub.ReadMany, request)
+        reply: pb.MatchReply = await self._call(self._ops["ReadMany"], request)
         return decode_entries(reply.entries)
 
     async def take_many(
@@ -157,7 +169,7 @@ class AsyncSpace(BaseSpace):
     ) -> list[AnyEntry]:
         """Remove and return up to ``max_entries`` matching entries; see `outrig.Space.take_many`."""
         request = self._take_request(templates, timeout, max_entries=max_entries)
-        reply: pb.MatchReply = await self._call(self._stub.TakeMany, request)
+        reply: pb.MatchReply = await self._call(self._ops["TakeMany"], request)
         return decode_entries(reply.entries)
 
     def contents(self, templates: Templates, *, max_entries: int = 0) -> AsyncGenerator[AnyEntry, None]:
@@ -191,7 +203,7 @@ class AsyncSpace(BaseSpace):
 
     async def count(self, templates: Templates) -> int:
         """Return how many entries match now."""
-        reply: pb.CountReply = await self._call(self._stub.Count, self._count_request(templates))
+        reply: pb.CountReply = await self._call(self._ops["Count"], self._count_request(templates))
         return reply.count
 
     def notify(self, templates: Templates, lease: LeaseArg = ANY) -> AsyncNotification:
@@ -214,7 +226,7 @@ class AsyncSpace(BaseSpace):
         """
         leases = list(leases)
         request = self._renew_request(leases, duration)
-        reply: pb.RenewLeasesReply = await self._call(self._stub.RenewLeases, request)
+        reply: pb.RenewLeasesReply = await self._call(self._ops["RenewLeases"], request)
         return lease_results(leases, reply.results, renewed=True)
 
     async def cancel_many(self, leases: Sequence[AsyncLease]) -> list[LeaseResult[AsyncLease]]:
@@ -223,7 +235,9 @@ class AsyncSpace(BaseSpace):
         See `outrig.Space.cancel_many`.
         """
         leases = list(leases)
-        reply: pb.CancelLeasesReply = await self._call(self._stub.CancelLeases, self._cancel_request(leases))
+        reply: pb.CancelLeasesReply = await self._call(
+            self._ops["CancelLeases"], self._cancel_request(leases)
+        )
         return lease_results(leases, reply.results, renewed=False)
 
     def transaction(self, lease: LeaseArg = 30.0) -> AsyncTransaction:
@@ -391,7 +405,7 @@ class AsyncTransaction:
     async def _begin(self) -> AsyncTransaction:
         if self._lease is None:
             reply: pb.BeginReply = await self._space._call(
-                self._space._stub.Begin, self._space._begin_request(self._lease_arg)
+                self._space._ops["Begin"], self._space._begin_request(self._lease_arg)
             )
             self._lease = AsyncLease(self._space, reply.transaction)
             self._under = self._space._under(self._lease.id)
@@ -437,12 +451,12 @@ class AsyncTransaction:
 
     async def commit(self) -> None:
         """See `outrig.Transaction.commit`."""
-        await self._space._call(self._space._stub.Commit, self._space._end_request(self.id))
+        await self._space._call(self._space._ops["Commit"], self._space._end_request(self.id))
         self._ended = True
 
     async def abort(self) -> None:
         """See `outrig.Transaction.abort`."""
-        await self._space._call(self._space._stub.Abort, self._space._end_request(self.id))
+        await self._space._call(self._space._ops["Abort"], self._space._end_request(self.id))
         self._ended = True
 
     async def renew(self, lease: LeaseArg = 30.0) -> AsyncLease:

@@ -326,3 +326,79 @@ class EndRequest(_message.Message):
 class EndReply(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class MuxOp(_message.Message):
+    __slots__ = ("id", "write", "write_many", "read", "take", "read_many", "take_many", "renew_leases", "cancel_leases", "count", "begin", "commit", "abort", "cancel")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    WRITE_FIELD_NUMBER: _ClassVar[int]
+    WRITE_MANY_FIELD_NUMBER: _ClassVar[int]
+    READ_FIELD_NUMBER: _ClassVar[int]
+    TAKE_FIELD_NUMBER: _ClassVar[int]
+    READ_MANY_FIELD_NUMBER: _ClassVar[int]
+    TAKE_MANY_FIELD_NUMBER: _ClassVar[int]
+    RENEW_LEASES_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_LEASES_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    BEGIN_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_FIELD_NUMBER: _ClassVar[int]
+    ABORT_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    write: WriteRequest
+    write_many: WriteManyRequest
+    read: MatchRequest
+    take: MatchRequest
+    read_many: MatchRequest
+    take_many: MatchRequest
+    renew_leases: RenewLeasesRequest
+    cancel_leases: CancelLeasesRequest
+    count: CountRequest
+    begin: BeginRequest
+    commit: EndRequest
+    abort: EndRequest
+    cancel: bool
+    def __init__(self, id: _Optional[int] = ..., write: _Optional[_Union[WriteRequest, _Mapping]] = ..., write_many: _Optional[_Union[WriteManyRequest, _Mapping]] = ..., read: _Optional[_Union[MatchRequest, _Mapping]] = ..., take: _Optional[_Union[MatchRequest, _Mapping]] = ..., read_many: _Optional[_Union[MatchRequest, _Mapping]] = ..., take_many: _Optional[_Union[MatchRequest, _Mapping]] = ..., renew_leases: _Optional[_Union[RenewLeasesRequest, _Mapping]] = ..., cancel_leases: _Optional[_Union[CancelLeasesRequest, _Mapping]] = ..., count: _Optional[_Union[CountRequest, _Mapping]] = ..., begin: _Optional[_Union[BeginRequest, _Mapping]] = ..., commit: _Optional[_Union[EndRequest, _Mapping]] = ..., abort: _Optional[_Union[EndRequest, _Mapping]] = ..., cancel: _Optional[bool] = ...) -> None: ...
+
+class MuxRequest(_message.Message):
+    __slots__ = ("ops",)
+    OPS_FIELD_NUMBER: _ClassVar[int]
+    ops: _containers.RepeatedCompositeFieldContainer[MuxOp]
+    def __init__(self, ops: _Optional[_Iterable[_Union[MuxOp, _Mapping]]] = ...) -> None: ...
+
+class MuxError(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class MuxResult(_message.Message):
+    __slots__ = ("id", "write", "write_many", "match", "renew_leases", "cancel_leases", "count", "begin", "end", "error")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    WRITE_FIELD_NUMBER: _ClassVar[int]
+    WRITE_MANY_FIELD_NUMBER: _ClassVar[int]
+    MATCH_FIELD_NUMBER: _ClassVar[int]
+    RENEW_LEASES_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_LEASES_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    BEGIN_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    write: WriteReply
+    write_many: WriteManyReply
+    match: MatchReply
+    renew_leases: RenewLeasesReply
+    cancel_leases: CancelLeasesReply
+    count: CountReply
+    begin: BeginReply
+    end: EndReply
+    error: MuxError
+    def __init__(self, id: _Optional[int] = ..., write: _Optional[_Union[WriteReply, _Mapping]] = ..., write_many: _Optional[_Union[WriteManyReply, _Mapping]] = ..., match: _Optional[_Union[MatchReply, _Mapping]] = ..., renew_leases: _Optional[_Union[RenewLeasesReply, _Mapping]] = ..., cancel_leases: _Optional[_Union[CancelLeasesReply, _Mapping]] = ..., count: _Optional[_Union[CountReply, _Mapping]] = ..., begin: _Optional[_Union[BeginReply, _Mapping]] = ..., end: _Optional[_Union[EndReply, _Mapping]] = ..., error: _Optional[_Union[MuxError, _Mapping]] = ...) -> None: ...
+
+class MuxReply(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[MuxResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[MuxResult, _Mapping]]] = ...) -> None: ...

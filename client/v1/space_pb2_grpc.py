@@ -107,6 +107,11 @@ class SpaceStub:
                 request_serializer=outrig_dot_v1_dot_space__pb2.EndRequest.SerializeToString,
                 response_deserializer=outrig_dot_v1_dot_space__pb2.EndReply.FromString,
                 _registered_method=True)
+        self.Mux = channel.stream_stream(
+                '/outrig.v1.Space/Mux',
+                request_serializer=outrig_dot_v1_dot_space__pb2.MuxRequest.SerializeToString,
+                response_deserializer=outrig_dot_v1_dot_space__pb2.MuxReply.FromString,
+                _registered_method=True)
 
 
 class SpaceServicer:
@@ -198,6 +203,19 @@ class SpaceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Mux(self, request_iterator, context):
+        """Many operations in flight over one stream: every MuxOp runs as its unary method would (the
+        same checks, quotas, idempotency and durability), and its MuxResult comes back when it
+        completes, so a blocked take does not hold up the operations behind it. The server sends
+        `outrig-max-stream-ops` in its initial metadata: at most that many operations may be in
+        flight on one stream (one whose result has not been sent yet); the server reads no further
+        messages while that many are, and an operation beyond it fails with RESOURCE_EXHAUSTED.
+        A stream that breaks loses its operations in flight; retry them (with their request ids).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SpaceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -270,6 +288,11 @@ def add_SpaceServicer_to_server(servicer, server):
                     servicer.Abort,
                     request_deserializer=outrig_dot_v1_dot_space__pb2.EndRequest.FromString,
                     response_serializer=outrig_dot_v1_dot_space__pb2.EndReply.SerializeToString,
+            ),
+            'Mux': grpc.stream_stream_rpc_method_handler(
+                    servicer.Mux,
+                    request_deserializer=outrig_dot_v1_dot_space__pb2.MuxRequest.FromString,
+                    response_serializer=outrig_dot_v1_dot_space__pb2.MuxReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -652,6 +675,33 @@ class Space:
             '/outrig.v1.Space/Abort',
             outrig_dot_v1_dot_space__pb2.EndRequest.SerializeToString,
             outrig_dot_v1_dot_space__pb2.EndReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Mux(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/outrig.v1.Space/Mux',
+            outrig_dot_v1_dot_space__pb2.MuxRequest.SerializeToString,
+            outrig_dot_v1_dot_space__pb2.MuxReply.FromString,
             options,
             channel_credentials,
             insecure,

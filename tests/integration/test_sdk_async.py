@@ -14,9 +14,9 @@ import outrig.aio
 from .entries import Animal, Everything, Puppy, Task
 
 
-@pytest.fixture
-async def space(server, space_name):
-    async with outrig.aio.connect(server.address, space=space_name) as space:
+@pytest.fixture(params=[True, False], ids=["mux", "unary"])
+async def space(request, server, space_name):
+    async with outrig.aio.connect(server.address, space=space_name, mux=request.param) as space:
         yield space
 
 

@@ -87,8 +87,9 @@ def outage() -> Iterator[Outage]:
     running.close()
 
 
-def test_a_write_while_the_server_is_down_succeeds_once_it_is_back(outage):
-    with outrig.connect(outage.address, space="jobs") as space:
+@pytest.mark.parametrize("mux", [True, False], ids=["mux", "unary"])
+def test_a_write_while_the_server_is_down_succeeds_once_it_is_back(outage, mux):
+    with outrig.connect(outage.address, space="jobs", mux=mux) as space:
         space.write(Task(n=0))  # the channel is connected before the outage
         outage.back_after(0.5)
         started = time.monotonic()
@@ -152,8 +153,9 @@ def test_a_take_retried_across_an_outage_keeps_to_its_timeout(outage):
         assert space.retries > 0
 
 
-def test_a_blocked_take_survives_a_restart_and_gets_a_later_write(outage):
-    with outrig.connect(outage.address) as space:
+@pytest.mark.parametrize("mux", [True, False], ids=["mux", "unary"])
+def test_a_blocked_take_survives_a_restart_and_gets_a_later_write(outage, mux):
+    with outrig.connect(outage.address, mux=mux) as space:
         space.count(Task())
         result: list[object] = []
         taker = threading.Thread(target=lambda: result.append(space.take(Task(), timeout=None)))

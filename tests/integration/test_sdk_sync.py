@@ -17,9 +17,9 @@ from outrig.testing import LocalServer
 from .entries import Animal, Dog, Everything, Puppy, Task
 
 
-@pytest.fixture
-def space(server, space_name):
-    with outrig.connect(server.address, space=space_name) as space:
+@pytest.fixture(params=[True, False], ids=["mux", "unary"])
+def space(request, server, space_name):
+    with outrig.connect(server.address, space=space_name, mux=request.param) as space:
         yield space
 
 

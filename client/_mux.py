@@ -1,0 +1,204 @@
+"""The blocking client's Mux stream: every operation of a connection over one gRPC stream.
+
+`Mux.call(name, request)` stands for the unary call `name`: the request goes out as a MuxOp
+on the connection's stream (opened on first use, and again after it breaks), and the calling
+thread waits for its result, which a reader thread hands over as it arrives, in whatever order
+the server completes operations. Threads that call at once share the stream; what they send
+while the stream's sender is busy goes out together in one message.
+
+A stream that breaks fails its operations in flight with `UnavailableError`, which the space's
+retry (`Space._call`) sends again on a new stream, with the same request id. A thread that stops
+waiting (KeyboardInterrupt, say) tells the server to abandon its operation. At most the server's
+limit of operations (`outrig-max-stream-ops`) are in flight: an operation beyond it goes as a
+unary call instead of waiting for room, so a stream full of blocked takes cannot hold up the
+writes that would end them. Requests over `MAX_STREAM_REQUEST` go as unary calls too, and so
+does everything on a server that has no Mux method.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import grpc
+from google.protobuf.message import Message
+
+from outrig._base import rpc_errors
+from outrig._exceptions import OutrigError, UnavailableError, UnimplementedError
+from outrig._mux_wire import (
+    DEFAULT_LIMIT,
+    MAX_STREAM_REQUEST,
+    MUX_METHOD,
+    OP_FIELDS,
+    REPLY_TYPES,
+    encode_cancel,
+    encode_op,
+    limit_of,
+    outcome,
+    request_message,
+    stream_error,
+    unsupported,
+)
+from outrig.v1 import space_pb2 as pb
+
+__all__ = ["Mux"]
+
+_BATCH = 256  # ops per message at most
+
+
+class _Slot:
+    """Where one operation's result arrives; its caller waits on the lock (interruptibly)."""
+
+    __slots__ = ("error", "lock", "result")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.lock.acquire()
+        self.result: pb.MuxResult | None = None
+        self.error: OutrigError | None = None
+
+    def set(self, result: pb.MuxResult) -> None:
+        self.result = result
+        self.lock.release()
+
+    def fail(self, error: OutrigError) -> None:
+        self.error = error
+        self.lock.release()
+
+
+class _Stream:
+    """One Mux call: a queue of ops for gRPC's sending thread, a reader thread for the results."""
+
+    def __init__(self, open_stream: Any, metadata: Sequence[tuple[str, str]]) -> None:
+        self._outbox: queue.Queue[bytes | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._waiting: dict[int, _Slot] = {}
+        self._next_id = 0
+        self._limit = DEFAULT_LIMIT
+        self._ready = threading.Event()  # the server's limit is known, or the stream has ended
+        self.ended = False
+        self.unsupported = False
+        self._call = open_stream(self._requests(), metadata=metadata or None)
+        threading.Thread(target=self._read, name="outrig-mux-reader", daemon=True).start()
+
+    def call(self, field: int, data: bytes) -> Any:
+        """The reply of one op; None at once when the server's limit is in flight."""
+        self._ready.wait()
+        slot = _Slot()
+        with self._lock:
+            if self.ended:
+                raise UnimplementedError("Mux") if self.unsupported else UnavailableError("the stream ended")
+            if len(self._waiting) >= self._limit:
+                return None
+            self._next_id += 1
+            op_id = self._next_id
+            self._waiting[op_id] = slot
+        self._outbox.put(encode_op(op_id, field, data))
+        try:
+            slot.lock.acquire()
+        except BaseException:
+            if slot.result is None and slot.error is None:
+                self._outbox.put(encode_cancel(op_id))  # its result, when it comes, frees its room
+            raise
+        if slot.error is not None:
+            raise slot.error
+        assert slot.result is not None
+        return outcome(slot.result)
+
+    def _requests(self) -> Iterator[bytes]:
+        """What gRPC's sending thread sends: every op queued meanwhile, in one message."""
+        outbox = self._outbox
+        while True:
+            op = outbox.get()
+            if op is None:
+                return
+            ops = [op]
+            while len(ops) < _BATCH and not outbox.empty():
+                op = outbox.get_nowait()
+                if op is None:
+                    yield request_message(ops)
+                    return
+                ops.append(op)
+            yield request_message(ops)
+
+    def _read(self) -> None:
+        error: BaseException
+        try:
+            self._limit = limit_of(self._call.initial_metadata())
+            self._ready.set()
+            for reply in self._call:
+                for result in reply.results:
+                    with self._lock:
+                        slot = self._waiting.pop(result.id, None)
+                    if slot is not None:
+                        slot.set(result)
+            error = UnavailableError("the server ended the stream")
+        except BaseException as err:
+            error = err
+        self._end(error)
+
+    def _end(self, error: BaseException) -> None:
+        with self._lock:
+            self.ended = True
+            self.unsupported = unsupported(error)
+            waiting, self._waiting = self._waiting, {}
+        self._ready.set()
+        for slot in waiting.values():
+            slot.fail(stream_error(error))
+
+    def close(self) -> None:
+        self._outbox.put(None)
+        self._call.cancel()
+
+
+class Mux:
+    """The Mux stream of one connection (see the module's docstring)."""
+
+    def __init__(self, channel: grpc.Channel, metadata: Sequence[tuple[str, str]]) -> None:
+        self._metadata = tuple(metadata)
+        self._open_stream = channel.stream_stream(
+            MUX_METHOD, request_serializer=None, response_deserializer=pb.MuxReply.FromString
+        )
+        self._unary = {
+            name: channel.unary_unary(
+                f"/outrig.v1.Space/{name}", request_serializer=None, response_deserializer=reply.FromString
+            )
+            for name, reply in REPLY_TYPES.items()
+        }
+        self._lock = threading.Lock()
+        self._stream: _Stream | None = None
+        self._supported = True
+        self._closed = False
+
+    def call(self, name: str, request: Message) -> Any:
+        """The reply of the unary call `name` for `request`, over the stream if it may."""
+        data = request.SerializeToString()
+        if len(data) <= MAX_STREAM_REQUEST and self._supported:
+            stream = self._current()
+            try:
+                reply = stream.call(OP_FIELDS[name], data)
+                if reply is not None:
+                    return reply
+                # None: as many as the server allows are in flight (blocked takes, say): go unary
+            except UnimplementedError:
+                if not stream.unsupported:
+                    raise
+                self._supported = False  # a server without Mux: unary calls from now on
+        with rpc_errors:
+            return self._unary[name](data, metadata=self._metadata or None)
+
+    def _current(self) -> _Stream:
+        with self._lock:
+            if self._closed:
+                raise ValueError("Cannot invoke RPC on closed channel!")
+            if self._stream is None or self._stream.ended:
+                self._stream = _Stream(self._open_stream, self._metadata)
+            return self._stream
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            if self._stream is not None:
+                self._stream.close()

@@ -1,0 +1,329 @@
+"""The Mux stream: many operations in flight over one bidirectional stream (`outrig.v1.Space/Mux`).
+
+A unary call costs a Python gRPC client and server far more than the operation it carries (see
+docs/performance.md). On a Mux stream each `MuxOp` is one message's worth of bytes instead: the
+request of a unary method, tagged with an id. Each runs as a task through
+`SpaceServicer.perform`, the very code a unary call runs (the guard, the method, metrics), so
+security, quotas, idempotent retries and durability cannot differ. Its result is queued as soon
+as it completes, in any order, and one writer sends whatever results are ready in one MuxReply:
+under load a message carries many (the busier the stream, the fuller the messages).
+
+Flow control: an operation counts as in flight from the moment it is read until its result has
+been handed to gRPC. While `Limits.max_stream_ops` are, the stream reads no further messages, so
+a client that sends faster than it is answered, or reads its results too slowly, is held back by
+HTTP/2 flow control instead of making the server buffer. The limit is announced in the initial
+metadata (`outrig-max-stream-ops`); operations of one message beyond it fail RESOURCE_EXHAUSTED.
+
+Requests are parsed without decoding them twice: `wire.fields` finds each operation's bytes in the
+message, and only the operation's own request is decoded (writes as a `wire.Received`, as on the
+unary path). Results are framed around the replies' bytes, which for entries are the stored
+payloads (service/wire.py): no protobuf work on the way out either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from outrig.service import wire
+from outrig.service.exceptions import InvalidArgumentError
+from outrig.service.servicer import Failure, SpaceServicer
+from outrig.v1 import space_pb2 as pb
+
+log = logging.getLogger("outrig.service")
+
+#: The initial metadata key that carries the stream's limit of operations in flight.
+LIMIT_KEY = "outrig-max-stream-ops"
+
+_OP_ID, _OPS, _RESULTS = 1, 1, 1  # MuxOp.id, MuxRequest.ops, MuxReply.results
+_CANCEL = 15  # MuxOp.cancel
+_ERROR = 15  # MuxResult.error
+_CLOSING_WAIT = 1.0  # seconds a stream of a stopping server waits for its operations in flight
+
+
+def _decoder(message_type: Any) -> Callable[[memoryview], Any]:
+    def decode(raw: memoryview) -> Any:
+        return message_type.FromString(raw)
+
+    return decode
+
+
+def _received_decoder(message_type: Any) -> Callable[[memoryview], Any]:
+    receive = wire.receiving(message_type)
+
+    def decode(raw: memoryview) -> Any:
+        return receive(raw)  # type: ignore[arg-type]  # bytes-like: views are read, not kept
+
+    return decode
+
+
+# MuxOp field: (unary method, how its request is decoded, the MuxResult field of its reply)
+OPERATIONS: dict[int, tuple[str, Callable[[memoryview], Any], int]] = {
+    2: ("Write", _received_decoder(pb.WriteRequest), 2),
+    3: ("WriteMany", _received_decoder(pb.WriteManyRequest), 3),
+    4: ("Read", _decoder(pb.MatchRequest), 4),
+    5: ("Take", _decoder(pb.MatchRequest), 4),
+    6: ("ReadMany", _decoder(pb.MatchRequest), 4),
+    7: ("TakeMany", _decoder(pb.MatchRequest), 4),
+    8: ("RenewLeases", _decoder(pb.RenewLeasesRequest), 5),
+    9: ("CancelLeases", _decoder(pb.CancelLeasesRequest), 6),
+    10: ("Count", _decoder(pb.CountRequest), 7),
+    11: ("Begin", _decoder(pb.BeginRequest), 8),
+    12: ("Commit", _decoder(pb.EndRequest), 9),
+    13: ("Abort", _decoder(pb.EndRequest), 9),
+}
+
+
+class Result:
+    """One operation's result, ready to send: a MuxResult's head (its id and the tag and length of
+    its reply field) and the reply's bytes, kept apart so that a large reply is copied once, into
+    the message."""
+
+    __slots__ = ("body", "head")
+
+    def __init__(self, op_id: int, field: int, body: bytes) -> None:
+        self.head = b"".join(
+            (b"\x08", wire.varint(op_id), bytes(((field << 3) | 2,)), wire.varint(len(body)))
+        )
+        self.body = body
+
+    @property
+    def size(self) -> int:
+        return len(self.head) + len(self.body)
+
+
+def error_result(op_id: int, status: grpc.StatusCode, message: str) -> Result:
+    text = message.encode()
+    code: int = status.value[0]
+    return Result(
+        op_id, _ERROR, b"".join((b"\x08", wire.varint(code), b"\x12", wire.varint(len(text)), text))
+    )
+
+
+def reply_message(results: list[Result]) -> bytes:
+    """A MuxReply carrying `results`: one copy of each reply's bytes."""
+    parts: list[bytes] = []
+    for result in results:
+        parts += (b"\x0a", wire.varint(result.size), result.head, result.body)
+    return b"".join(parts)
+
+
+def parse_request(raw: bytes) -> list[tuple[int, int, int | memoryview]]:
+    """(id, op field, op value) for each MuxOp of an encoded MuxRequest; ValueError if malformed.
+    An op without an operation field has field 0."""
+    ops: list[tuple[int, int, int | memoryview]] = []
+    for number, op in wire.fields(memoryview(raw)):
+        if number != _OPS:
+            continue
+        if not isinstance(op, memoryview):
+            raise ValueError("ops: not a message")
+        op_id, field, value = 0, 0, memoryview(b"")  # type: int, int, int | memoryview
+        for part, content in wire.fields(op):
+            if part == _OP_ID:
+                if not isinstance(content, int):
+                    raise ValueError("id: not a varint")
+                op_id = content
+            else:  # a oneof: the last one wins, as in protobuf
+                field, value = part, content
+        ops.append((op_id, field, value))
+    return ops
+
+
+class MuxService:
+    """The Mux method of a server: `handle` serves one stream; `close` ends them all (at shutdown)."""
+
+    def __init__(self, servicer: SpaceServicer, limit: int, max_bytes: int) -> None:
+        self._servicer = servicer
+        self._limit = limit
+        self._max_bytes = max_bytes
+        self._streams: set[MuxStream] = set()
+
+    async def handle(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> None:
+        stream = MuxStream(self._servicer, context, self._limit, self._max_bytes)
+        self._streams.add(stream)
+        try:
+            await stream.run(requests)
+        finally:
+            self._streams.discard(stream)
+
+    def close(self) -> None:
+        """End every stream with UNAVAILABLE once its operations in flight are done (briefly)."""
+        for stream in list(self._streams):
+            stream.close()
+
+
+class MuxStream:
+    """One Mux call: reads operations, runs each as a task, sends their results as they come."""
+
+    def __init__(
+        self, servicer: SpaceServicer, context: grpc.aio.ServicerContext, limit: int, max_bytes: int
+    ) -> None:
+        self._servicer = servicer
+        self._context = context
+        self._limit = limit
+        self._max_bytes = max_bytes
+        self._running: dict[int, asyncio.Task[None]] = {}
+        self._ready: list[Result] = []
+        self._in_flight = 0  # read and not yet handed to gRPC: running, or ready
+        self._results = asyncio.Event()  # the writer has something to send
+        self._progress = asyncio.Event()  # the writer sent something
+        self._closing = False
+        self._handler: asyncio.Task[Any] | None = None
+
+    async def run(self, requests: AsyncIterator[bytes]) -> None:
+        self._handler = handler = asyncio.current_task()
+        assert handler is not None
+        await self._context.send_initial_metadata(((LIMIT_KEY, str(self._limit)),))
+        writer = asyncio.ensure_future(self._write())
+        try:
+            async for raw in requests:
+                self._accept(raw)
+                while self._in_flight >= self._limit:
+                    await self._wait_progress()
+            while self._in_flight:  # the client is done sending: finish what it sent
+                await self._wait_progress()
+        except InvalidArgumentError as err:
+            await self._context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        except asyncio.CancelledError:
+            if not self._closing:
+                raise
+            handler.uncancel()
+            await self._finish_closing()
+        finally:
+            for task in self._running.values():
+                task.cancel()
+            writer.cancel()
+
+    async def _wait_progress(self) -> None:
+        self._progress.clear()
+        await self._progress.wait()
+
+    def close(self) -> None:
+        """The server is stopping: finish the operations in flight (briefly), then end the stream
+        with UNAVAILABLE, which the client retries against the restarted server."""
+        self._closing = True
+        if self._handler is not None:
+            self._handler.cancel()
+
+    async def _finish_closing(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _CLOSING_WAIT
+        while self._in_flight and loop.time() < deadline:
+            try:
+                await asyncio.wait_for(self._wait_progress(), deadline - loop.time())
+            except TimeoutError:
+                break
+        await self._context.abort(grpc.StatusCode.UNAVAILABLE, "the server is shutting down: retry")
+
+    # ------------------------------------------------------------ reading
+
+    def _accept(self, raw: bytes) -> None:
+        try:
+            ops = parse_request(raw)
+        except (ValueError, IndexError) as err:
+            raise InvalidArgumentError(f"MuxRequest: malformed ({err})") from None
+        for op_id, field, value in ops:
+            if field == _CANCEL:
+                task = self._running.get(op_id)
+                if task is not None:
+                    task.cancel()
+                continue
+            self._in_flight += 1
+            if self._in_flight > self._limit:
+                self._finish(
+                    error_result(
+                        op_id,
+                        grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        f"ops: more than max_stream_ops={self._limit} operations in flight on this stream",
+                    )
+                )
+            elif op_id in self._running:
+                self._finish(
+                    error_result(
+                        op_id,
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        f"id: {op_id} is already in flight on this stream",
+                    )
+                )
+            else:
+                self._start(op_id, field, value)
+
+    def _start(self, op_id: int, field: int, value: int | memoryview) -> None:
+        operation = OPERATIONS.get(field)
+        if operation is None:
+            what = "op: is required" if field == 0 else f"op: field {field} is no operation this server knows"
+            status = grpc.StatusCode.INVALID_ARGUMENT if field == 0 else grpc.StatusCode.UNIMPLEMENTED
+            self._finish(error_result(op_id, status, what))
+            return
+        name, decode, reply_field = operation
+        try:
+            if not isinstance(value, memoryview):
+                raise DecodeError("not a message")
+            request = decode(value)
+        except DecodeError as err:
+            self._finish(
+                error_result(
+                    op_id, grpc.StatusCode.INVALID_ARGUMENT, f"op: cannot decode {name}'s request ({err})"
+                )
+            )
+            return
+        self._running[op_id] = asyncio.ensure_future(self._perform(op_id, name, request, reply_field))
+
+    async def _perform(self, op_id: int, name: str, request: Any, reply_field: int) -> None:
+        servicer = self._servicer
+        try:
+            outcome = await servicer.perform(name, getattr(servicer, name).operation, request, self._context)
+        except asyncio.CancelledError:
+            self._running.pop(op_id, None)
+            self._finish(error_result(op_id, grpc.StatusCode.CANCELLED, "cancelled by the client"))
+            return  # the stream goes on (a cancel op), or ends (its finally)
+        self._running.pop(op_id, None)
+        if isinstance(outcome, Failure):
+            self._finish(error_result(op_id, outcome.status, outcome.message))
+            return
+        body = outcome if isinstance(outcome, bytes) else outcome.SerializeToString()
+        self._finish(Result(op_id, reply_field, body))
+
+    def _finish(self, result: Result) -> None:
+        self._ready.append(result)
+        self._results.set()
+
+    # ------------------------------------------------------------ writing
+
+    async def _write(self) -> None:
+        """Send every result that is ready in one message (up to the size limit), as they come."""
+        while True:
+            if not self._ready:
+                self._results.clear()
+                await self._results.wait()
+            batch = self._take_batch()
+            await self._context.write(reply_message(batch))
+            self._in_flight -= len(batch)
+            self._progress.set()
+
+    def _take_batch(self) -> list[Result]:
+        ready, limit = self._ready, self._max_bytes - 16  # the tag and length of each result
+        size = 0
+        for count, result in enumerate(ready):
+            if result.size > limit:
+                ready[count] = result = error_result(
+                    _result_id(result),
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"result: {result.size} bytes exceeds the limit max_message_bytes={self._max_bytes}",
+                )
+            size += result.size + 16
+            if size > self._max_bytes and count:
+                self._ready = ready[count:]
+                return ready[:count]
+        self._ready = []
+        return ready
+
+
+def _result_id(result: Result) -> int:
+    op_id, _ = wire.varint_at(result.head, 1)
+    return op_id

@@ -1,0 +1,252 @@
+"""The Mux stream against a real server: its protocol spoken directly, and the SDK over it.
+
+The SDK's own tests (test_sdk_sync, test_sdk_async, the retry and security tests) run over the
+stream too, since it is the SDK's default; these are what only a stream has: results out of order,
+flow control, cancelling one operation, malformed messages, and a server without Mux.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import pytest
+
+import outrig
+import outrig.aio
+from outrig._codec import encode_entry_into, encode_template_into
+from outrig.v1 import space_pb2 as pb
+from outrig.v1 import space_pb2_grpc
+
+from ..conftest import ServerProcess, start_server
+from .entries import Task
+
+
+def _take(space: str, timeout: float | None = None, n: int | None = None) -> pb.MatchRequest:
+    request = pb.MatchRequest(space=space, timeout=timeout)
+    encode_template_into(request.templates.add(), Task(n=n))
+    return request
+
+
+def _write(space: str, n: int) -> pb.WriteRequest:
+    request = pb.WriteRequest(space=space)
+    encode_entry_into(request.entry, Task(n=n))
+    return request
+
+
+def _count(space: str) -> pb.CountRequest:
+    request = pb.CountRequest(space=space)
+    encode_template_into(request.templates.add(), Task())
+    return request
+
+
+class Stream:
+    """A raw Mux call: send MuxOps, read results one by one (whatever messages carry them)."""
+
+    def __init__(self, address: str) -> None:
+        self.channel = grpc.insecure_channel(address)
+        self._outbox: list[pb.MuxRequest | None] = []
+        self._cond = threading.Condition()
+        method = self.channel.stream_stream(
+            "/outrig.v1.Space/Mux",
+            request_serializer=lambda m: m if isinstance(m, bytes) else m.SerializeToString(),
+            response_deserializer=pb.MuxReply.FromString,
+        )
+        self.call = method(self._requests())
+        self._results: list[pb.MuxResult] = []
+
+    def _requests(self) -> Iterator[pb.MuxRequest]:
+        while True:
+            with self._cond:
+                while not self._outbox:
+                    self._cond.wait()
+                message = self._outbox.pop(0)
+            if message is None:
+                return
+            yield message
+
+    def send(self, *ops: pb.MuxOp | bytes) -> None:
+        with self._cond:
+            self._outbox.append(ops[0] if isinstance(ops[0], bytes) else pb.MuxRequest(ops=ops))  # type: ignore[arg-type]
+            self._cond.notify()
+
+    def result(self) -> pb.MuxResult:
+        while not self._results:
+            self._results.extend(next(self.call).results)
+        return self._results.pop(0)
+
+    def close(self) -> None:
+        with self._cond:
+            self._outbox.append(None)
+            self._cond.notify()
+        self.channel.close()
+
+
+@pytest.fixture
+def stream(server: ServerProcess) -> Iterator[Stream]:
+    opened = Stream(server.address)
+    yield opened
+    opened.close()
+
+
+def test_the_server_says_its_limit_in_the_initial_metadata(stream: Stream) -> None:
+    assert ("outrig-max-stream-ops", "1024") in stream.call.initial_metadata()
+
+
+def test_a_blocked_take_does_not_hold_up_the_operations_behind_it(stream: Stream, space_name: str) -> None:
+    stream.send(pb.MuxOp(id=1, take=_take(space_name, timeout=30.0, n=5)))
+    stream.send(pb.MuxOp(id=2, write=_write(space_name, 1)), pb.MuxOp(id=3, count=_count(space_name)))
+    first, second = stream.result(), stream.result()
+    assert {first.id, second.id} == {2, 3}
+    assert next(r for r in (first, second) if r.id == 3).count.count == 1
+    stream.send(pb.MuxOp(id=4, write=_write(space_name, 5)))
+    results = {stream.result().id: None, stream.result().id: None}
+    assert set(results) == {1, 4}
+
+
+def test_results_carry_the_replies_and_errors_of_the_unary_methods(stream: Stream, space_name: str) -> None:
+    stream.send(
+        pb.MuxOp(id=10, write=_write(space_name, 1)),
+        pb.MuxOp(id=11, take=_take(space_name, timeout=0.0)),
+        pb.MuxOp(id=12, count=pb.CountRequest(space=space_name)),  # no template
+        pb.MuxOp(id=13),  # no operation
+    )
+    results = {}
+    for _ in range(4):
+        result = stream.result()
+        results[result.id] = result
+    assert results[10].write.lease.id > 0
+    assert len(results[11].match.entries) in (0, 1)  # the write may or may not have run first
+    assert results[12].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert "templates" in results[12].error.message
+    assert results[13].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert results[13].error.message == "op: is required"
+
+
+def test_an_unknown_operation_and_a_repeated_id_are_refused(stream: Stream, space_name: str) -> None:
+    unknown = b"\x0a\x04\x08\x07\x70\x01"  # MuxRequest{ops: MuxOp{id: 7, field 14: 1}}
+    stream.send(unknown)
+    result = stream.result()
+    assert (result.id, result.error.code) == (7, grpc.StatusCode.UNIMPLEMENTED.value[0])
+    blocked, again = (
+        pb.MuxOp(id=8, take=_take(space_name, timeout=30.0)),
+        pb.MuxOp(id=8, count=_count(space_name)),
+    )
+    stream.send(blocked, again)
+    result = stream.result()
+    assert (result.id, result.error.code) == (8, grpc.StatusCode.INVALID_ARGUMENT.value[0])
+    assert "already in flight" in result.error.message
+
+
+def test_a_cancelled_take_ends_cancelled_and_takes_nothing(stream: Stream, space_name: str) -> None:
+    stream.send(pb.MuxOp(id=1, take=_take(space_name)))
+    time.sleep(0.2)
+    stream.send(pb.MuxOp(id=1, cancel=True))
+    result = stream.result()
+    assert (result.id, result.error.code) == (1, grpc.StatusCode.CANCELLED.value[0])
+    stream.send(pb.MuxOp(id=2, write=_write(space_name, 1)))
+    assert stream.result().id == 2
+    stream.send(pb.MuxOp(id=3, count=_count(space_name)))
+    assert stream.result().count.count == 1
+
+
+def test_a_malformed_message_ends_the_stream_with_invalid_argument(stream: Stream) -> None:
+    stream.send(b"\x0a\x05\x08")  # ops: a length running past the end
+    with pytest.raises(grpc.RpcError) as raised:
+        stream.result()
+    assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "MuxRequest: malformed" in raised.value.details()
+
+
+@pytest.fixture
+def small_limit(tmp_path: Path) -> Iterator[ServerProcess]:
+    config = tmp_path / "outrig.toml"
+    config.write_text("[limits]\nmax_stream_ops = 2\n")
+    running = start_server("--in-memory", "--config", str(config))
+    yield running
+    running.stop()
+
+
+def test_beyond_the_limit_an_op_is_refused_and_the_stream_stops_reading(small_limit: ServerProcess) -> None:
+    stream = Stream(small_limit.address)
+    try:
+        assert ("outrig-max-stream-ops", "2") in stream.call.initial_metadata()
+        stream.send(*(pb.MuxOp(id=i, take=_take("s", timeout=30.0, n=i)) for i in (1, 2, 3)))
+        result = stream.result()
+        assert (result.id, result.error.code) == (3, grpc.StatusCode.RESOURCE_EXHAUSTED.value[0])
+        assert "max_stream_ops=2" in result.error.message
+        # Two takes are in flight: the next message is not read until one of them ends.
+        stream.send(pb.MuxOp(id=4, count=_count("s")))
+        with outrig.connect(small_limit.address, space="s", mux=False) as writer:
+            time.sleep(0.3)
+            assert writer.count(Task()) == 0
+            writer.write(Task(n=1))
+        answered = {stream.result().id, stream.result().id}
+        assert answered == {1, 4}
+    finally:
+        stream.close()
+
+
+def test_the_sdk_keeps_to_the_servers_limit(small_limit: ServerProcess) -> None:
+    with outrig.connect(small_limit.address, space="s") as space, futures.ThreadPoolExecutor(6) as pool:
+        takes = [pool.submit(space.take, Task(n=i), 30.0) for i in range(6)]
+        time.sleep(0.3)
+        for i in range(6):
+            space.write(Task(n=i))  # over the unary path if the stream is full: never refused
+        assert sorted(t.result(timeout=30).n for t in takes) == list(range(6))
+
+
+def test_sync_callers_on_one_connection_are_not_held_up_by_a_blocked_take(server, space_name) -> None:
+    with outrig.connect(server.address, space=space_name) as space, futures.ThreadPoolExecutor(1) as pool:
+        taken = pool.submit(space.take, Task(n=99), 30.0)
+        time.sleep(0.2)
+        for n in range(20):
+            space.write(Task(n=n))
+        assert space.count(Task()) == 20
+        assert not taken.done()
+        space.write(Task(n=99))
+        assert taken.result(timeout=10) == Task(n=99)
+
+
+async def test_an_abandoned_async_take_takes_nothing(server, space_name) -> None:
+    async with outrig.aio.connect(server.address, space=space_name) as space:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(space.take(Task()), 0.3)
+        await asyncio.sleep(0.2)  # the cancel op goes out with the next message at the latest
+        await space.write(Task(n=1))
+        await asyncio.sleep(0.2)
+        assert await space.count(Task()) == 1
+
+
+async def test_async_operations_complete_out_of_order(server, space_name) -> None:
+    async with outrig.aio.connect(server.address, space=space_name) as space:
+        take = asyncio.ensure_future(space.take(Task(n=1), timeout=30.0))
+        await asyncio.sleep(0.1)
+        await asyncio.gather(*(space.write(Task(n=n), lease=60.0) for n in range(2, 50)))
+        assert not take.done()
+        await space.write(Task(n=1))
+        assert await take == Task(n=1)
+        assert await space.count(Task()) == 48
+
+
+class _CountOnly(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
+    def Count(self, request: pb.CountRequest, context: grpc.ServicerContext) -> pb.CountReply:  # noqa: N802
+        return pb.CountReply(count=42)
+
+
+def test_a_server_without_mux_gets_unary_calls() -> None:
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    space_pb2_grpc.add_SpaceServicer_to_server(_CountOnly(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with outrig.connect(f"127.0.0.1:{port}", retry_deadline=0) as space:
+            assert space.count(Task()) == 42
+            assert space.count(Task()) == 42
+    finally:
+        server.stop(None)
