@@ -8,11 +8,26 @@ client code runs against both. Every call is answered at once with a canned repl
 outrig's (see bench/entries.py): Read and Take a prebuilt MatchReply with one small entry, or the
 HD array entry when the template's type is bench.Frame; ReadMany and TakeMany as many small
 entries as asked for; Write a WriteReply with a lease; WriteMany one lease per entry; Count 0;
-renewals and cancellations succeed. Nothing is stored, matched or checked.
+renewals and cancellations succeed; Begin a transaction's lease, Commit and Abort an EndReply.
+Nothing is stored, matched or checked.
+
+Mux, the stream the SDK sends its calls over by default, is served as outrig serves it
+(service/mux.py), so that bench/run.py measures the same client path against both: the limit of
+operations in flight goes out in the initial metadata (`outrig-max-stream-ops: 1024`); each
+MuxOp of a MuxRequest gets the canned reply its unary method gives, in a MuxResult (operations
+beyond the limit RESOURCE_EXHAUSTED, as in outrig); one writer task sends every result that is
+ready in one MuxReply (up to --max-message-bytes), and the stream reads no further messages
+while 1024 results are unsent. The canned replies are serialized once (renewals and
+cancellations on each call) and results framed around their bytes, as outrig frames them around
+stored payloads: the only registration that differs from the generated code is Mux's, whose
+replies go out as bytes. Every operation completes as it is read, so a `cancel` op finds its
+operation done and is ignored, unless both came in the same MuxRequest (the operation has then
+not run yet in outrig either): its result is then an error, CANCELLED.
 
 Notify answers with the registration's lease, then streams one canned event for each Write the
-server receives (from any client), numbered per stream. As in outrig, a stream's queue holds at
-most 10,000 undelivered events and drops beyond that (a gap in the sequence).
+server receives (a unary Write or a Mux write op, from any client), numbered per stream. As in
+outrig, a stream's queue holds at most 10,000 undelivered events and drops beyond that (a gap in
+the sequence).
 
 Prints ``noop listening on HOST:PORT`` on stdout once it serves, and stops on SIGTERM or SIGINT.
 """
@@ -26,7 +41,7 @@ import argparse
 import asyncio
 import signal
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import grpc
@@ -36,7 +51,20 @@ from outrig.v1 import space_pb2 as pb
 from outrig.v1 import space_pb2_grpc
 
 NOTIFY_QUEUE = 10_000  # outrig's default limits.notify_queue
+MAX_STREAM_OPS = 1024  # outrig's default limits.max_stream_ops
+PENDING_REQUESTS = 100_000  # gRPC's queue of calls not yet picked up: outrig's, for its default max_waiters
+LIMIT_KEY = "outrig-max-stream-ops"  # the initial metadata that announces it (service/mux.py)
 _LEASE_SECONDS = 60.0
+
+# The MuxResult field that carries the reply of each kind of MuxOp.
+_REPLY_TAGS = {
+    "write": 2, "write_many": 3, "read": 4, "take": 4, "read_many": 4, "take_many": 4,
+    "renew_leases": 5, "cancel_leases": 6, "count": 7, "begin": 8, "commit": 9, "abort": 9,
+}  # fmt: skip
+_ERROR_TAG = bytes(((15 << 3) | 2,))  # MuxResult.error
+_CANCELLED, _INVALID_ARGUMENT, _RESOURCE_EXHAUSTED = 1, 3, 8  # gRPC status codes
+
+Reply = tuple[bytes, bytes]  # a MuxResult's reply: its field's tag and length, and its bytes
 
 
 def _lease(lease_id: int) -> pb.Lease:
@@ -44,10 +72,81 @@ def _lease(lease_id: int) -> pb.Lease:
     return pb.Lease(id=lease_id, expires_at=time.time() + 3600.0, granted_seconds=_LEASE_SECONDS)
 
 
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _reply(kind: str, body: bytes) -> Reply:
+    return bytes(((_REPLY_TAGS[kind] << 3) | 2,)) + _varint(len(body)), body
+
+
+def _error(code: int, message: str) -> Reply:
+    text = message.encode()
+    body = b"\x08" + _varint(code) + b"\x12" + _varint(len(text)) + text
+    return _ERROR_TAG + _varint(len(body)), body
+
+
+class _Stream:
+    """One Mux call's results: ready to send, and in flight (read, not yet handed to gRPC)."""
+
+    def __init__(self, context: Any, max_bytes: int) -> None:
+        self._context = context
+        self._max_bytes = max_bytes
+        self.ready: list[tuple[bytes, bytes]] = []  # MuxResults: the id and reply's head, its bytes
+        self.in_flight = 0
+        self._results = asyncio.Event()  # the writer has something to send
+        self._progress = asyncio.Event()  # the writer sent something
+
+    def add(self, results: list[tuple[int, Reply]]) -> None:
+        for op_id, (head, body) in results:
+            self.in_flight += 1
+            if self.in_flight > MAX_STREAM_OPS:
+                head, body = _error(
+                    _RESOURCE_EXHAUSTED,
+                    f"ops: more than max_stream_ops={MAX_STREAM_OPS} operations in flight on this stream",
+                )
+            self.ready.append((b"\x08" + _varint(op_id) + head, body))
+        self._results.set()
+
+    async def wait_progress(self) -> None:
+        self._progress.clear()
+        await self._progress.wait()
+
+    async def write(self) -> None:
+        """Send every result that is ready in one MuxReply (up to the size limit), as they come."""
+        while True:
+            if not self.ready:
+                self._results.clear()
+                await self._results.wait()
+            batch = self._take_batch()
+            parts: list[bytes] = []
+            for head, body in batch:
+                parts += (b"\x0a", _varint(len(head) + len(body)), head, body)
+            await self._context.write(b"".join(parts))
+            self.in_flight -= len(batch)
+            self._progress.set()
+
+    def _take_batch(self) -> list[tuple[bytes, bytes]]:
+        ready, size = self.ready, 0
+        for count, (head, body) in enumerate(ready):
+            size += len(head) + len(body) + 16  # and the result's tag and length
+            if size > self._max_bytes and count:
+                self.ready = ready[count:]
+                return ready[:count]
+        self.ready = []
+        return ready
+
+
 class NoopSpace(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
     """outrig.v1.Space answering every call with a canned reply."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_message_bytes: int = 64 * 1024 * 1024) -> None:
+        self._max_message_bytes = max_message_bytes
         self._small = pb.MatchReply(entries=[canned_small()])
         self._frame = pb.MatchReply(entries=[canned_frame()])
         self._batches: dict[int, pb.MatchReply] = {}
@@ -56,7 +155,21 @@ class NoopSpace(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
         self._write_many: dict[int, pb.WriteManyReply] = {}
         self._count = pb.CountReply(count=0)
         self._registration = _lease(1_000_002)
+        self._begin = pb.BeginReply(transaction=_lease(1_000_003))
+        self._end = pb.EndReply()
         self._listeners: set[asyncio.Queue[None]] = set()
+        # The Mux replies of the canned messages, serialized once.
+        self._mux_small = _reply("read", self._small.SerializeToString())
+        self._mux_frame = _reply("read", self._frame.SerializeToString())
+        self._mux_batches: dict[int, Reply] = {}
+        self._mux_write_many: dict[int, Reply] = {}
+        self._mux_fixed = {
+            "write": _reply("write", self._write.SerializeToString()),
+            "count": _reply("count", self._count.SerializeToString()),
+            "begin": _reply("begin", self._begin.SerializeToString()),
+            "commit": _reply("commit", self._end.SerializeToString()),
+            "abort": _reply("abort", self._end.SerializeToString()),
+        }
 
     def _one(self, request: pb.MatchRequest) -> pb.MatchReply:
         if request.templates and request.templates[0].type_name == "bench.Frame":
@@ -69,6 +182,29 @@ class NoopSpace(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
         if reply is None:
             reply = self._batches[count] = pb.MatchReply(entries=canned_batch(count))
         return reply
+
+    def _written(self) -> None:
+        for queue in self._listeners:
+            if queue.qsize() < NOTIFY_QUEUE:
+                queue.put_nowait(None)
+
+    def _written_many(self, count: int) -> pb.WriteManyReply:
+        reply = self._write_many.get(count)
+        if reply is None:
+            reply = self._write_many[count] = pb.WriteManyReply(
+                leases=[_lease(2_000_000 + i) for i in range(count)]
+            )
+        return reply
+
+    @staticmethod
+    def _renewed(request: pb.RenewLeasesRequest) -> pb.RenewLeasesReply:
+        return pb.RenewLeasesReply(
+            results=[pb.LeaseResult(id=item.id, lease=_lease(item.id)) for item in request.renewals]
+        )
+
+    @staticmethod
+    def _cancelled(request: pb.CancelLeasesRequest) -> pb.CancelLeasesReply:
+        return pb.CancelLeasesReply(results=[pb.LeaseResult(id=lease_id) for lease_id in request.ids])
 
     async def Read(self, request: pb.MatchRequest, context: Any) -> pb.MatchReply:
         return self._one(request)
@@ -83,19 +219,11 @@ class NoopSpace(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
         return self._many(request)
 
     async def Write(self, request: pb.WriteRequest, context: Any) -> pb.WriteReply:
-        for queue in self._listeners:
-            if queue.qsize() < NOTIFY_QUEUE:
-                queue.put_nowait(None)
+        self._written()
         return self._write
 
     async def WriteMany(self, request: pb.WriteManyRequest, context: Any) -> pb.WriteManyReply:
-        count = len(request.entries)
-        reply = self._write_many.get(count)
-        if reply is None:
-            reply = self._write_many[count] = pb.WriteManyReply(
-                leases=[_lease(2_000_000 + i) for i in range(count)]
-            )
-        return reply
+        return self._written_many(len(request.entries))
 
     async def Count(self, request: pb.CountRequest, context: Any) -> pb.CountReply:
         return self._count
@@ -104,12 +232,19 @@ class NoopSpace(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
         yield pb.ContentsReply()
 
     async def RenewLeases(self, request: pb.RenewLeasesRequest, context: Any) -> pb.RenewLeasesReply:
-        return pb.RenewLeasesReply(
-            results=[pb.LeaseResult(id=item.id, lease=_lease(item.id)) for item in request.renewals]
-        )
+        return self._renewed(request)
 
     async def CancelLeases(self, request: pb.CancelLeasesRequest, context: Any) -> pb.CancelLeasesReply:
-        return pb.CancelLeasesReply(results=[pb.LeaseResult(id=lease_id) for lease_id in request.ids])
+        return self._cancelled(request)
+
+    async def Begin(self, request: pb.BeginRequest, context: Any) -> pb.BeginReply:
+        return self._begin
+
+    async def Commit(self, request: pb.EndRequest, context: Any) -> pb.EndReply:
+        return self._end
+
+    async def Abort(self, request: pb.EndRequest, context: Any) -> pb.EndReply:
+        return self._end
 
     async def Notify(self, request: pb.NotifyRequest, context: Any) -> AsyncIterator[pb.NotifyReply]:
         queue: asyncio.Queue[None] = asyncio.Queue()
@@ -124,6 +259,94 @@ class NoopSpace(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
         finally:
             self._listeners.discard(queue)
 
+    async def Mux(self, requests: AsyncIterator[pb.MuxRequest], context: Any) -> None:
+        await context.send_initial_metadata(((LIMIT_KEY, str(MAX_STREAM_OPS)),))
+        stream = _Stream(context, self._max_message_bytes)
+        writer = asyncio.ensure_future(stream.write())
+        try:
+            async for request in requests:
+                stream.add(self._mux_results(request))
+                while stream.in_flight >= MAX_STREAM_OPS:
+                    await stream.wait_progress()
+            while stream.in_flight:  # the client is done sending: send what it is owed
+                await stream.wait_progress()
+        finally:
+            writer.cancel()
+
+    def _mux_results(self, request: pb.MuxRequest) -> list[tuple[int, Reply]]:
+        """(id, reply) of each MuxOp of a MuxRequest, but for its cancel ops."""
+        results: list[tuple[int, Reply]] = []
+        for op in request.ops:
+            kind = op.WhichOneof("op")
+            if kind == "cancel":
+                for index in range(len(results) - 1, -1, -1):
+                    if results[index][0] == op.id:
+                        results[index] = (op.id, _error(_CANCELLED, "cancelled by the client"))
+                        break
+                continue
+            results.append((op.id, self._mux_reply(op, kind)))
+        return results
+
+    def _mux_reply(self, op: pb.MuxOp, kind: str | None) -> Reply:
+        fixed = self._mux_fixed.get(kind) if kind is not None else None
+        if fixed is not None:
+            if kind == "write":
+                self._written()
+            return fixed
+        if kind == "read" or kind == "take":
+            return self._mux_frame if self._one(getattr(op, kind)) is self._frame else self._mux_small
+        if kind == "read_many" or kind == "take_many":
+            count = max(1, getattr(op, kind).max_entries)
+            reply = self._mux_batches.get(count)
+            if reply is None:
+                reply = self._mux_batches[count] = _reply(
+                    kind, self._many(getattr(op, kind)).SerializeToString()
+                )
+            return reply
+        if kind == "write_many":
+            count = len(op.write_many.entries)
+            reply = self._mux_write_many.get(count)
+            if reply is None:
+                reply = self._mux_write_many[count] = _reply(
+                    kind, self._written_many(count).SerializeToString()
+                )
+            return reply
+        if kind == "renew_leases":
+            return _reply(kind, self._renewed(op.renew_leases).SerializeToString())
+        if kind == "cancel_leases":
+            return _reply(kind, self._cancelled(op.cancel_leases).SerializeToString())
+        return _error(_INVALID_ARGUMENT, "op: is required")
+
+
+def add_to_server(servicer: NoopSpace, server: grpc.aio.Server) -> None:
+    """Register `servicer` through the generated `add_SpaceServicer_to_server`, but for Mux, whose
+    replies go out as the bytes the servicer frames (as outrig's do)."""
+    generated = _Handlers()
+    space_pb2_grpc.add_SpaceServicer_to_server(servicer, generated)
+    handlers = dict(generated.handlers)
+    handlers["Mux"] = grpc.stream_stream_rpc_method_handler(
+        servicer.Mux, request_deserializer=pb.MuxRequest.FromString, response_serializer=None
+    )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(generated.service, handlers),))
+    server.add_registered_method_handlers(generated.service, handlers)
+
+
+class _Handlers:
+    """Stands in for a server to collect the method handlers the generated code registers."""
+
+    def __init__(self) -> None:
+        self.service = ""
+        self.handlers: dict[str, grpc.RpcMethodHandler] = {}
+
+    def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
+        pass  # the same handlers as the registered ones
+
+    def add_registered_method_handlers(
+        self, service: str, handlers: dict[str, grpc.RpcMethodHandler]
+    ) -> None:
+        self.service = service
+        self.handlers = handlers
+
 
 async def serve(listen: str, max_message_bytes: int) -> None:
     server = grpc.aio.server(
@@ -131,9 +354,11 @@ async def serve(listen: str, max_message_bytes: int) -> None:
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.so_reuseport", 0),
+            ("grpc.server.max_pending_requests", PENDING_REQUESTS),
+            ("grpc.server.max_pending_requests_hard_limit", 2 * PENDING_REQUESTS),
         ]
     )
-    space_pb2_grpc.add_SpaceServicer_to_server(NoopSpace(), server)
+    add_to_server(NoopSpace(max_message_bytes), server)
     host = listen.rpartition(":")[0]
     port = server.add_insecure_port(listen)
     await server.start()

@@ -207,7 +207,7 @@ def main() -> int:
     handlers: list[tuple[float, float]] = []
     try:
         spaces = {
-            mode: outrig.connect(server.address, space=SPACE, options=OWN_CONNECTION)
+            mode: outrig.connect(server.address, space=SPACE, options=OWN_CONNECTION, mux=False)
             for mode, server in started.items()
         }
         for round_number in range(options.rounds + 1):

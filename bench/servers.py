@@ -126,16 +126,28 @@ def start_outrig_with(
     return _start_python_server(name, command, r"outrig listening on (\S+)", workdir)
 
 
+def _bench_flags(workdir: Path) -> list[str]:
+    """Raised message size and quotas (a config file in workdir), warnings only in the log."""
+    config = workdir / "outrig.toml"
+    config.write_text(OUTRIG_CONFIG)
+    return ["--max-message-bytes", str(MAX_MESSAGE_BYTES), "--config", str(config), "--log-level", "WARNING"]
+
+
 def start_outrig(
     workdir: Path, name: str = "outrig", program: Sequence[str] = OUTRIG_PROGRAM
 ) -> ServerProcess:
     """An in-memory `outrig serve` with raised message size and quotas."""
-    config = workdir / "outrig.toml"
-    config.write_text(OUTRIG_CONFIG)
+    return start_outrig_with(workdir, "--in-memory", *_bench_flags(workdir), name=name, program=program)
+
+
+def start_durable_outrig(workdir: Path, *flags: str, name: str = "outrig-durable") -> ServerProcess:
+    """`outrig serve --data-dir workdir/NAME-data --durability always FLAGS...` (a fresh, empty data
+    dir), with start_outrig's raised message size and quotas."""
+    data = workdir / f"{name}-data"
+    shutil.rmtree(data, ignore_errors=True)
     return start_outrig_with(
-        workdir, "--in-memory", "--max-message-bytes", str(MAX_MESSAGE_BYTES), "--config", str(config),
-        "--log-level", "WARNING", name=name, program=program,
-    )  # fmt: skip
+        workdir, "--data-dir", str(data), "--durability", "always", *_bench_flags(workdir), *flags, name=name
+    )
 
 
 def start_noop(workdir: Path) -> ServerProcess:
@@ -150,24 +162,32 @@ def redis_available() -> bool:
     return shutil.which("redis-server") is not None
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A port of 127.0.0.1 free now (another process may take it before it is used)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
 
 
-def start_redis(workdir: Path) -> ServerProcess:
-    """redis-server on a free port, nothing saved to disk; ready once it answers PING."""
-    port = _free_port()
-    log = workdir / "redis.log"
+def start_redis(workdir: Path, aof_always: bool = False) -> ServerProcess:
+    """redis-server on a free port; ready once it answers PING. Nothing is saved to disk, or with
+    `aof_always` every write is appended to an AOF in workdir/redis-aof and fsynced before the reply
+    (`--appendonly yes --appendfsync always`; Redis fsyncs once per event-loop pass, for all the
+    clients whose writes arrived in it)."""
+    port = free_port()
+    name = "redis-aof" if aof_always else "redis"
+    directory = workdir / name if aof_always else workdir
+    directory.mkdir(exist_ok=True)
+    log = workdir / f"{name}.log"
+    persistence = ["--appendonly", "yes", "--appendfsync", "always"] if aof_always else ["--appendonly", "no"]
     command = [
-        "redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
-        "--dir", str(workdir),
+        "redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "", *persistence,
+        "--dir", str(directory),
     ]  # fmt: skip
     with log.open("w") as output:
         process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, text=True)
-    server = ServerProcess("redis", process, f"127.0.0.1:{port}", log)
+    server = ServerProcess(name, process, f"127.0.0.1:{port}", log)
     deadline = time.monotonic() + 10.0
     while True:
         server.check_alive()

@@ -72,7 +72,8 @@ class _Stream:
     """One Mux call: a queue of ops for gRPC's sending thread, a reader thread for the results."""
 
     def __init__(self, open_stream: Any, metadata: Sequence[tuple[str, str]]) -> None:
-        self._outbox: queue.Queue[bytes | None] = queue.Queue()
+        # SimpleQueue is C code; gevent's monkey-patching replaces it with its own (loadtest/).
+        self._outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._waiting: dict[int, _Slot] = {}
         self._next_id = 0
@@ -80,6 +81,7 @@ class _Stream:
         self._ready = threading.Event()  # the server's limit is known, or the stream has ended
         self.ended = False
         self.unsupported = False
+        self._end_error: BaseException = UnavailableError("the stream ended")
         self._call = open_stream(self._requests(), metadata=metadata or None)
         threading.Thread(target=self._read, name="outrig-mux-reader", daemon=True).start()
 
@@ -89,7 +91,7 @@ class _Stream:
         slot = _Slot()
         with self._lock:
             if self.ended:
-                raise UnimplementedError("Mux") if self.unsupported else UnavailableError("the stream ended")
+                raise stream_error(self._end_error)
             if len(self._waiting) >= self._limit:
                 return None
             self._next_id += 1
@@ -143,6 +145,7 @@ class _Stream:
         with self._lock:
             self.ended = True
             self.unsupported = unsupported(error)
+            self._end_error = error
             waiting, self._waiting = self._waiting, {}
         self._ready.set()
         for slot in waiting.values():

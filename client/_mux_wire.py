@@ -95,7 +95,10 @@ def limit_of(metadata: Any) -> int:
 
 
 def stream_error(err: BaseException) -> OutrigError:
-    """The error for the operations in flight on a stream that ended with `err`."""
+    """The error for the operations in flight on a stream that ended with `err` (a fresh one for
+    each operation: one exception raised in several threads would share its traceback)."""
+    if isinstance(err, OutrigError):
+        return type(err)(err.details)
     if isinstance(err, grpc.RpcError):
         converted = error_from_rpc(err)
         if converted.code in _FINAL:

@@ -23,6 +23,7 @@ payloads (service/wire.py): no protobuf work on the way out either.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -231,6 +232,8 @@ class MuxStream:
             if field == _CANCEL:
                 task = self._running.get(op_id)
                 if task is not None:
+                    # A task cancelled before it ran never enters _perform: answer it here then.
+                    task.add_done_callback(functools.partial(self._cancelled, op_id))
                     task.cancel()
                 continue
             self._in_flight += 1
@@ -288,6 +291,11 @@ class MuxStream:
             return
         body = outcome if isinstance(outcome, bytes) else outcome.SerializeToString()
         self._finish(Result(op_id, reply_field, body))
+
+    def _cancelled(self, op_id: int, task: asyncio.Task[None]) -> None:
+        if task.cancelled() and self._running.get(op_id) is task:
+            del self._running[op_id]
+            self._finish(error_result(op_id, grpc.StatusCode.CANCELLED, "cancelled by the client"))
 
     def _finish(self, result: Result) -> None:
         self._ready.append(result)

@@ -56,6 +56,7 @@ class _Stream:
         self._ready = asyncio.Event()  # the server's limit is known, or the stream has ended
         self.ended = False
         self.unsupported = False
+        self._end_error: BaseException = UnavailableError("the stream ended")
         self._tasks = (asyncio.ensure_future(self._send()), asyncio.ensure_future(self._read()))
 
     async def call(self, field: int, data: bytes) -> Any:
@@ -63,7 +64,7 @@ class _Stream:
         if not self._ready.is_set():
             await self._ready.wait()
         if self.ended:
-            raise UnimplementedError("Mux") if self.unsupported else UnavailableError("the stream ended")
+            raise stream_error(self._end_error)
         if len(self._waiting) >= self._limit:
             return None
         self._next_id += 1
@@ -119,6 +120,7 @@ class _Stream:
     def _end(self, error: BaseException) -> None:
         self.ended = True
         self.unsupported = unsupported(error)
+        self._end_error = error
         waiting, self._waiting = self._waiting, {}
         self._ready.set()
         self._tasks[0].cancel()

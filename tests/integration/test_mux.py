@@ -250,3 +250,23 @@ def test_a_server_without_mux_gets_unary_calls() -> None:
             assert space.count(Task()) == 42
     finally:
         server.stop(None)
+
+
+def test_a_stopping_server_ends_its_streams_instead_of_waiting_out_its_grace() -> None:
+    running = start_server("--in-memory", "--grace-seconds", "60")
+    with outrig.connect(running.address, retry_deadline=0) as space:
+        space.write(Task(n=1))
+        with futures.ThreadPoolExecutor(1) as pool:
+            taken = pool.submit(space.take, Task(n=2), None)
+            time.sleep(0.2)
+            started = time.monotonic()
+            assert running.stop() == 0
+            assert time.monotonic() - started < 30.0  # an open stream would hold it for 60 s
+            with pytest.raises(outrig.UnavailableError):
+                taken.result(timeout=10)
+
+
+def test_an_op_cancelled_in_its_own_message_is_answered_cancelled(stream: Stream, space_name: str) -> None:
+    stream.send(pb.MuxOp(id=1, take=_take(space_name)), pb.MuxOp(id=1, cancel=True))
+    result = stream.result()
+    assert (result.id, result.error.code) == (1, grpc.StatusCode.CANCELLED.value[0])
