@@ -17,6 +17,7 @@ does everything on a server that has no Mux method.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from collections.abc import Iterator, Sequence
@@ -205,3 +206,11 @@ class Mux:
             self._closed = True
             if self._stream is not None:
                 self._stream.close()
+
+    def __del__(self) -> None:
+        # A space dropped without close(): its stream's reader thread holds the stream, not this
+        # object, so end the stream here, or the thread and the channel would outlive it.
+        stream = self._stream
+        if stream is not None and not stream.ended:
+            with contextlib.suppress(Exception):
+                stream.close()

@@ -180,3 +180,10 @@ class AsyncMux:
         self._closed = True
         if self._stream is not None:
             self._stream.close()
+
+    def __del__(self) -> None:
+        # A space dropped without close(): its stream's tasks hold the stream, not this object.
+        stream = self._stream
+        if stream is not None and not stream.ended:
+            with contextlib.suppress(Exception):
+                stream.close()
