@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import platform
 import shutil
@@ -347,6 +348,11 @@ def main() -> None:
         help="the SDK's retry_deadline (default: the SDK's own, so writes and takes carry request ids; "
         "0 turns retries and request ids off)",
     )
+    parser.add_argument(
+        "--unary",
+        action="store_true",
+        help="the SDK's unary calls (mux=False) instead of its default, the Mux stream",
+    )
     args = parser.parse_args()
     unknown = set(args.workloads) - {w.name for w in WORKLOADS}
     if unknown:
@@ -370,6 +376,9 @@ def main() -> None:
     print(_source_state())
     print(f"client process allocator: {client_process}")
     print(
+        "client path: " + ("unary calls (mux=False)" if args.unary else "the Mux stream (the SDK's default)")
+    )
+    print(
         f"{rounds} rounds x {runs} runs of {seconds:g} s (after {warmup:g} s warm-up) per workload and "
         f"target, interleaved, after {warmup_rounds} unrecorded warm-up round(s) of 1 run; clients "
         f"share the machine with the servers"
@@ -380,9 +389,9 @@ def main() -> None:
     throughput: Throughput | None = None
     scaling: ScalingResult | None = None
     with asyncio.Runner() as runner:
-        plan = Plan(seconds, warmup, runner)
+        plan = Plan(seconds, warmup, runner, mux=not args.unary)
         if args.retry_deadline is not None:
-            plan = Plan(seconds, warmup, runner, retry_deadline=args.retry_deadline)
+            plan = dataclasses.replace(plan, retry_deadline=args.retry_deadline)
         if args.only != "scaling":
             throughput = run_throughput(workdir, plan, rounds, runs, workloads, warmup_rounds)
         if args.only != "throughput":

@@ -57,17 +57,18 @@ class Plan:
     warmup: float
     runner: asyncio.Runner
     retry_deadline: float = DEFAULT_RETRY_DEADLINE
+    mux: bool = True  # the SDK's default: a connection's calls over its Mux stream
 
 
 def connect(server: ServerProcess, plan: Plan, space: str = SPACE) -> outrig.Space:
     return outrig.connect(
-        server.address, space=space, options=OWN_CONNECTION, retry_deadline=plan.retry_deadline
+        server.address, space=space, options=OWN_CONNECTION, retry_deadline=plan.retry_deadline, mux=plan.mux
     )
 
 
 def connect_async(server: ServerProcess, plan: Plan, space: str = SPACE) -> AsyncSpace:
     return outrig.aio.connect(
-        server.address, space=space, options=OWN_CONNECTION, retry_deadline=plan.retry_deadline
+        server.address, space=space, options=OWN_CONNECTION, retry_deadline=plan.retry_deadline, mux=plan.mux
     )
 
 
