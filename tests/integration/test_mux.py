@@ -270,3 +270,22 @@ def test_an_op_cancelled_in_its_own_message_is_answered_cancelled(stream: Stream
     stream.send(pb.MuxOp(id=1, take=_take(space_name)), pb.MuxOp(id=1, cancel=True))
     result = stream.result()
     assert (result.id, result.error.code) == (1, grpc.StatusCode.CANCELLED.value[0])
+
+
+def test_a_repeated_request_id_gets_the_first_reply_on_the_stream(stream: Stream, space_name: str) -> None:
+    write = _write(space_name, 1)
+    write.request_id = "w-1"
+    stream.send(pb.MuxOp(id=1, write=write))
+    first = stream.result().write.lease.id
+    stream.send(pb.MuxOp(id=2, write=write))
+    assert stream.result().write.lease.id == first
+    stream.send(pb.MuxOp(id=3, write=_write(space_name, 2)))
+    stream.result()
+    take = _take(space_name, timeout=0.0)
+    take.request_id = "t-1"
+    stream.send(pb.MuxOp(id=4, take=take))
+    taken = stream.result().match.entries
+    stream.send(pb.MuxOp(id=5, take=take))
+    assert stream.result().match.entries == taken
+    stream.send(pb.MuxOp(id=6, count=_count(space_name)))
+    assert stream.result().count.count == 1  # the repeated take took nothing more
