@@ -29,6 +29,8 @@ from google.protobuf.message import Message
 from outrig._base import rpc_errors
 from outrig._exceptions import OutrigError, UnavailableError, UnimplementedError
 from outrig._mux_wire import (
+    BATCH_BYTES,
+    BATCH_OPS,
     DEFAULT_LIMIT,
     MAX_STREAM_REQUEST,
     MUX_METHOD,
@@ -45,8 +47,6 @@ from outrig._mux_wire import (
 from outrig.v1 import space_pb2 as pb
 
 __all__ = ["Mux"]
-
-_BATCH = 256  # ops per message at most
 
 
 class _Slot:
@@ -111,19 +111,25 @@ class _Stream:
         return outcome(slot.result)
 
     def _requests(self) -> Iterator[bytes]:
-        """What gRPC's sending thread sends: every op queued meanwhile, in one message."""
-        outbox = self._outbox
+        """What gRPC's sending thread sends: the ops queued meanwhile, in one message (up to
+        BATCH_OPS and BATCH_BYTES; an op that does not fit goes first in the next)."""
+        outbox, carried = self._outbox, None
         while True:
-            op = outbox.get()
+            op = outbox.get() if carried is None else carried
+            carried = None
             if op is None:
                 return
-            ops = [op]
-            while len(ops) < _BATCH and not outbox.empty():
+            ops, size = [op], len(op)
+            while not outbox.empty():
                 op = outbox.get_nowait()
-                if op is None:
-                    yield request_message(ops)
-                    return
+                if op is None or len(ops) == BATCH_OPS or size + len(op) > BATCH_BYTES:
+                    carried = op
+                    if op is None:
+                        yield request_message(ops)
+                        return
+                    break
                 ops.append(op)
+                size += len(op)
             yield request_message(ops)
 
     def _read(self) -> None:

@@ -26,6 +26,12 @@ DEFAULT_LIMIT: Final = 1024
 #: hold up the small operations queued behind it.
 MAX_STREAM_REQUEST: Final = 1024 * 1024
 
+#: A MuxRequest carries several ops only up to this size, below gRPC's default limit of 4 MiB
+#: on what a server receives (an op is at most MAX_STREAM_REQUEST).
+BATCH_BYTES: Final = 3 * 1024 * 1024
+#: Ops per MuxRequest at most.
+BATCH_OPS: Final = 256
+
 #: The unary methods a Mux stream carries, and their MuxOp field numbers.
 OP_FIELDS: Final = {
     "Write": 2, "WriteMany": 3, "Read": 4, "Take": 5, "ReadMany": 6, "TakeMany": 7,

@@ -44,6 +44,10 @@ LIMIT_KEY = "outrig-max-stream-ops"
 _OP_ID, _OPS, _RESULTS = 1, 1, 1  # MuxOp.id, MuxRequest.ops, MuxReply.results
 _CANCEL = 15  # MuxOp.cancel
 _ERROR = 15  # MuxResult.error
+#: A MuxReply carries several results only up to this size, below gRPC's default limit of 4 MiB
+#: on what a client receives: a client whose limit is lower than the server's then gets each
+#: large result in a message of its own, as it would get a unary call's reply.
+BATCH_BYTES = 3 * 1024 * 1024
 _CLOSING_WAIT = 1.0  # seconds a stream of a stopping server waits for its operations in flight
 
 
@@ -304,7 +308,7 @@ class MuxStream:
     # ------------------------------------------------------------ writing
 
     async def _write(self) -> None:
-        """Send every result that is ready in one message (up to the size limit), as they come."""
+        """Send every result that is ready in one message (up to BATCH_BYTES), as they come."""
         while True:
             if not self._ready:
                 self._results.clear()
@@ -325,7 +329,7 @@ class MuxStream:
                     f"result: {result.size} bytes exceeds the limit max_message_bytes={self._max_bytes}",
                 )
             size += result.size + 16
-            if size > self._max_bytes and count:
+            if size > BATCH_BYTES and count:
                 self._ready = ready[count:]
                 return ready[:count]
         self._ready = []

@@ -23,6 +23,8 @@ from google.protobuf.message import Message
 from outrig._base import rpc_errors
 from outrig._exceptions import UnavailableError, UnimplementedError
 from outrig._mux_wire import (
+    BATCH_BYTES,
+    BATCH_OPS,
     DEFAULT_LIMIT,
     MAX_STREAM_REQUEST,
     MUX_METHOD,
@@ -39,8 +41,6 @@ from outrig._mux_wire import (
 from outrig.v1 import space_pb2 as pb
 
 __all__ = ["AsyncMux"]
-
-_BATCH = 256  # ops per message at most
 
 
 class _Stream:
@@ -91,7 +91,13 @@ class _Stream:
                 if not self._outbox:
                     self._queued.clear()
                     await self._queued.wait()
-                ops, self._outbox = self._outbox[:_BATCH], self._outbox[_BATCH:]
+                ops, size = [], 0
+                for op in self._outbox:
+                    if ops and (len(ops) == BATCH_OPS or size + len(op) > BATCH_BYTES):
+                        break
+                    ops.append(op)
+                    size += len(op)
+                del self._outbox[: len(ops)]
                 await call.write(request_message(ops))
         # A failed write shows as the call's end, which the reader reports.
 

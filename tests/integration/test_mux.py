@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent import futures
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -289,3 +290,32 @@ def test_a_repeated_request_id_gets_the_first_reply_on_the_stream(stream: Stream
     assert stream.result().match.entries == taken
     stream.send(pb.MuxOp(id=6, count=_count(space_name)))
     assert stream.result().count.count == 1  # the repeated take took nothing more
+
+
+@dataclass
+class Blob(outrig.Entry, type_name="it.MuxBlob"):
+    n: int | None = None
+    data: bytes | None = None
+
+
+_BLOB = b"x" * 700_000  # under the 1 MiB above which a request goes unary; 12 of them are 8 MB
+
+
+async def test_many_large_ops_go_in_messages_any_server_accepts(tmp_path: Path) -> None:
+    running = start_server("--in-memory", "--max-message-bytes", str(4 * 1024 * 1024))
+    try:
+        async with outrig.aio.connect(running.address, retry_deadline=0) as space:
+            await asyncio.gather(*(space.write(Blob(n=n, data=_BLOB)) for n in range(12)))
+            assert await space.count(Blob()) == 12
+    finally:
+        running.stop()
+
+
+async def test_many_large_results_go_in_messages_any_client_accepts(server, space_name) -> None:
+    async with outrig.aio.connect(
+        server.address, space=space_name, max_message_bytes=4 * 1024 * 1024
+    ) as space:
+        for n in range(12):
+            await space.write(Blob(n=n, data=_BLOB))
+        found = await asyncio.gather(*(space.read(Blob(n=n), timeout=10.0) for n in range(12)))
+        assert [blob.n for blob in found] == list(range(12))  # type: ignore[union-attr]
