@@ -203,6 +203,8 @@ class MuxStream:
             for task in self._running.values():
                 task.cancel()
             writer.cancel()
+            if writer.done() and not writer.cancelled():
+                writer.exception()  # a write that failed because the client went: nothing to report
 
     async def _wait_progress(self) -> None:
         self._progress.clear()
@@ -272,7 +274,7 @@ class MuxStream:
             if not isinstance(value, memoryview):
                 raise DecodeError("not a message")
             request = decode(value)
-        except DecodeError as err:
+        except (DecodeError, ValueError, IndexError) as err:  # not protobuf (or, large, not framed right)
             self._finish(
                 error_result(
                     op_id, grpc.StatusCode.INVALID_ARGUMENT, f"op: cannot decode {name}'s request ({err})"

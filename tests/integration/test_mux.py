@@ -319,3 +319,23 @@ async def test_many_large_results_go_in_messages_any_client_accepts(server, spac
             await space.write(Blob(n=n, data=_BLOB))
         found = await asyncio.gather(*(space.read(Blob(n=n), timeout=10.0) for n in range(12)))
         assert [blob.n for blob in found] == list(range(12))  # type: ignore[union-attr]
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def test_a_large_write_that_is_not_protobuf_is_refused_alone(stream: Stream, space_name: str) -> None:
+    inner = b"\x12" + _varint(100_000) + b"x" * 70_000  # entry: a length past the end
+    op = b"\x08\x09\x12" + _varint(len(inner)) + inner  # MuxOp{id: 9, write: inner}
+    stream.send(b"\x0a" + _varint(len(op)) + op)
+    result = stream.result()
+    assert (result.id, result.error.code) == (9, grpc.StatusCode.INVALID_ARGUMENT.value[0])
+    assert "cannot decode Write's request" in result.error.message
+    stream.send(pb.MuxOp(id=10, count=_count(space_name)))
+    assert stream.result().count.count == 0  # the stream goes on
