@@ -91,7 +91,8 @@ class _Stream:
                 if not self._outbox:
                     self._queued.clear()
                     await self._queued.wait()
-                ops, size = [], 0
+                ops: list[bytes] = []
+                size = 0
                 for op in self._outbox:
                     if ops and (len(ops) == BATCH_OPS or size + len(op) > BATCH_BYTES):
                         break
