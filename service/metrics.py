@@ -16,6 +16,7 @@ read from the backend when Prometheus scrapes, never kept up to date per request
 | `outrig_store_commit_seconds` | histogram | (the embedded store's group commits) |
 | `outrig_store_batch_changes` | histogram | (records per group commit) |
 | `outrig_policy_denials_total` | counter | action |
+| `outrig_mux_streams`, `outrig_mux_ops_in_flight` | gauge | (open Mux streams; their ops not yet answered) |
 """
 
 from __future__ import annotations
@@ -88,6 +89,20 @@ class _SpacesCollector(Collector):
         yield expired
 
 
+class _StreamsCollector(Collector):
+    """The Mux streams open now and their operations in flight, read at each scrape."""
+
+    def __init__(self, figures: Callable[[], tuple[int, int]]) -> None:
+        self._figures = figures
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        streams, in_flight = self._figures()
+        yield GaugeMetricFamily("outrig_mux_streams", "Open Mux streams", value=streams)
+        yield GaugeMetricFamily(
+            "outrig_mux_ops_in_flight", "Operations of the Mux streams not yet answered", value=in_flight
+        )
+
+
 class Metrics:
     """The server's metrics, in a registry of their own."""
 
@@ -121,6 +136,10 @@ class Metrics:
     def watch_spaces(self, figures: Callable[[], Mapping[str, SpaceFigures]]) -> None:
         """Read the spaces' figures from `figures` at each scrape."""
         self.registry.register(_SpacesCollector(figures))
+
+    def watch_streams(self, figures: Callable[[], tuple[int, int]]) -> None:
+        """Read (open Mux streams, their operations in flight) from `figures` at each scrape."""
+        self.registry.register(_StreamsCollector(figures))
 
     def call(self, method: str, code: str, seconds: float) -> None:
         """One call ended with `code` (a gRPC status name) after `seconds`."""

@@ -156,6 +156,12 @@ class MuxService:
         finally:
             self._streams.discard(stream)
 
+    def figures(self) -> tuple[int, int]:
+        """(open streams, their operations in flight): read by the metrics' thread at a scrape,
+        so the set is copied first (in one step of C code, which the event loop cannot interrupt)."""
+        streams = list(self._streams)
+        return len(streams), sum(stream.in_flight for stream in streams)
+
     def close(self) -> None:
         """End every stream with UNAVAILABLE once its operations in flight are done (briefly)."""
         for stream in list(self._streams):
@@ -205,6 +211,10 @@ class MuxStream:
             writer.cancel()
             if writer.done() and not writer.cancelled():
                 writer.exception()  # a write that failed because the client went: nothing to report
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
 
     async def _wait_progress(self) -> None:
         self._progress.clear()

@@ -130,6 +130,7 @@ class OutrigServer:
         if figures is not None:
             # Scrapes run on prometheus_client's thread; the figures are read on the event loop.
             metrics.watch_spaces(lambda: asyncio.run_coroutine_threadsafe(figures(), loop).result(10))
+        metrics.watch_streams(self._mux.figures)
         observe = getattr(self.backend, "observe_commits", None)
         if observe is not None:
             observe(metrics.committed)

@@ -6,6 +6,7 @@ import json
 import socket
 import time
 import urllib.request
+from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,6 +71,29 @@ def test_metrics_count_calls_codes_entries_and_commits(tmp_path: Path) -> None:
     assert samples['outrig_leases_expired_total{space="m"}'] == 1
     assert samples["outrig_store_commit_seconds_count"] >= 3
     assert samples["outrig_store_batch_changes_sum"] >= 5
+
+
+def test_metrics_show_the_mux_streams_and_their_ops_in_flight() -> None:
+    metrics = f"127.0.0.1:{_free_port()}"
+    server = start_server("--in-memory", "--metrics-listen", metrics)
+    try:
+        with outrig.connect(server.address, space="m", retry_deadline=0) as space:
+            space.count(Gauge())  # opens the connection's stream
+            with futures.ThreadPoolExecutor(2) as pool:
+                takes = [pool.submit(space.take, Gauge(n=n), 30.0) for n in (1, 2)]
+                time.sleep(0.3)
+                busy = _scrape(metrics)
+                space.write_many([Gauge(n=1), Gauge(n=2)])
+                assert all(take.result(timeout=10) is not None for take in takes)
+            idle = _scrape(metrics)
+        time.sleep(0.3)
+        closed = _scrape(metrics)
+    finally:
+        server.stop()
+    assert (busy["outrig_mux_streams"], busy["outrig_mux_ops_in_flight"]) == (1, 2)
+    assert (idle["outrig_mux_streams"], idle["outrig_mux_ops_in_flight"]) == (1, 0)
+    assert closed["outrig_mux_streams"] == 0
+    assert busy['outrig_requests_total{code="OK",method="Count"}'] == 1  # an op counts as its method
 
 
 def test_no_metrics_unless_asked_and_json_logs(tmp_path: Path) -> None:
