@@ -86,8 +86,9 @@ def test_metrics_show_the_mux_streams_and_their_ops_in_flight() -> None:
                 space.write_many([Gauge(n=1), Gauge(n=2)])
                 assert all(take.result(timeout=10) is not None for take in takes)
             idle = _scrape(metrics)
-        time.sleep(0.3)
-        closed = _scrape(metrics)
+        deadline = time.monotonic() + 10.0  # the server sees the stream end (cancelled) shortly
+        while (closed := _scrape(metrics))["outrig_mux_streams"] and time.monotonic() < deadline:
+            time.sleep(0.05)
     finally:
         server.stop()
     assert (busy["outrig_mux_streams"], busy["outrig_mux_ops_in_flight"]) == (1, 2)
