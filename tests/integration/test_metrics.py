@@ -6,6 +6,7 @@ import json
 import socket
 import time
 import urllib.request
+from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,14 @@ def _scrape(address: str) -> dict[str, float]:
         if line and not line.startswith("#"):
             name, _, value = line.rpartition(" ")
             samples[name] = float(value)
+    return samples
+
+
+def _scrape_until(address: str, done: Callable[[dict[str, float]], bool]) -> dict[str, float]:
+    """Scrape until `done` holds of the samples, or 10 s have passed; the last samples."""
+    deadline = time.monotonic() + 10.0
+    while not done(samples := _scrape(address)) and time.monotonic() < deadline:
+        time.sleep(0.05)
     return samples
 
 
@@ -81,14 +90,13 @@ def test_metrics_show_the_mux_streams_and_their_ops_in_flight() -> None:
             space.count(Gauge())  # opens the connection's stream
             with futures.ThreadPoolExecutor(2) as pool:
                 takes = [pool.submit(space.take, Gauge(n=n), 30.0) for n in (1, 2)]
-                time.sleep(0.3)
-                busy = _scrape(metrics)
+                busy = _scrape_until(metrics, lambda s: s["outrig_mux_ops_in_flight"] == 2)
                 space.write_many([Gauge(n=1), Gauge(n=2)])
                 assert all(take.result(timeout=10) is not None for take in takes)
-            idle = _scrape(metrics)
-        deadline = time.monotonic() + 10.0  # the server sees the stream end (cancelled) shortly
-        while (closed := _scrape(metrics))["outrig_mux_streams"] and time.monotonic() < deadline:
-            time.sleep(0.05)
+            # An op counts until gRPC has taken its result, which may be a moment after the client
+            # has it.
+            idle = _scrape_until(metrics, lambda s: s["outrig_mux_ops_in_flight"] == 0)
+        closed = _scrape_until(metrics, lambda s: s["outrig_mux_streams"] == 0)
     finally:
         server.stop()
     assert (busy["outrig_mux_streams"], busy["outrig_mux_ops_in_flight"]) == (1, 2)
