@@ -41,7 +41,7 @@ log = logging.getLogger("outrig.service")
 #: The initial metadata key that carries the stream's limit of operations in flight.
 LIMIT_KEY = "outrig-max-stream-ops"
 
-_OP_ID, _OPS, _RESULTS = 1, 1, 1  # MuxOp.id, MuxRequest.ops, MuxReply.results
+_OP_ID, _OPS = 1, 1  # MuxOp.id, MuxRequest.ops
 _CANCEL = 15  # MuxOp.cancel
 _ERROR = 15  # MuxResult.error
 #: A MuxReply carries several results only up to this size, below gRPC's default limit of 4 MiB
@@ -51,36 +51,21 @@ BATCH_BYTES = 3 * 1024 * 1024
 _CLOSING_WAIT = 1.0  # seconds a stream of a stopping server waits for its operations in flight
 
 
-def _decoder(message_type: Any) -> Callable[[memoryview], Any]:
-    def decode(raw: memoryview) -> Any:
-        return message_type.FromString(raw)
-
-    return decode
-
-
-def _received_decoder(message_type: Any) -> Callable[[memoryview], Any]:
-    receive = wire.receiving(message_type)
-
-    def decode(raw: memoryview) -> Any:
-        return receive(raw)  # type: ignore[arg-type]  # bytes-like: views are read, not kept
-
-    return decode
-
-
-# MuxOp field: (unary method, how its request is decoded, the MuxResult field of its reply)
-OPERATIONS: dict[int, tuple[str, Callable[[memoryview], Any], int]] = {
-    2: ("Write", _received_decoder(pb.WriteRequest), 2),
-    3: ("WriteMany", _received_decoder(pb.WriteManyRequest), 3),
-    4: ("Read", _decoder(pb.MatchRequest), 4),
-    5: ("Take", _decoder(pb.MatchRequest), 4),
-    6: ("ReadMany", _decoder(pb.MatchRequest), 4),
-    7: ("TakeMany", _decoder(pb.MatchRequest), 4),
-    8: ("RenewLeases", _decoder(pb.RenewLeasesRequest), 5),
-    9: ("CancelLeases", _decoder(pb.CancelLeasesRequest), 6),
-    10: ("Count", _decoder(pb.CountRequest), 7),
-    11: ("Begin", _decoder(pb.BeginRequest), 8),
-    12: ("Commit", _decoder(pb.EndRequest), 9),
-    13: ("Abort", _decoder(pb.EndRequest), 9),
+# MuxOp field: (unary method, how its request is decoded from a view of its bytes, the MuxResult
+# field of its reply). Writes are decoded as on the unary path (`wire.receiving`).
+OPERATIONS: dict[int, tuple[str, Callable[[Any], Any], int]] = {
+    2: ("Write", wire.receiving(pb.WriteRequest), 2),
+    3: ("WriteMany", wire.receiving(pb.WriteManyRequest), 3),
+    4: ("Read", pb.MatchRequest.FromString, 4),
+    5: ("Take", pb.MatchRequest.FromString, 4),
+    6: ("ReadMany", pb.MatchRequest.FromString, 4),
+    7: ("TakeMany", pb.MatchRequest.FromString, 4),
+    8: ("RenewLeases", pb.RenewLeasesRequest.FromString, 5),
+    9: ("CancelLeases", pb.CancelLeasesRequest.FromString, 6),
+    10: ("Count", pb.CountRequest.FromString, 7),
+    11: ("Begin", pb.BeginRequest.FromString, 8),
+    12: ("Commit", pb.EndRequest.FromString, 9),
+    13: ("Abort", pb.EndRequest.FromString, 9),
 }
 
 
@@ -89,9 +74,10 @@ class Result:
     its reply field) and the reply's bytes, kept apart so that a large reply is copied once, into
     the message."""
 
-    __slots__ = ("body", "head")
+    __slots__ = ("body", "head", "op_id")
 
     def __init__(self, op_id: int, field: int, body: bytes) -> None:
+        self.op_id = op_id
         self.head = b"".join(
             (b"\x08", wire.varint(op_id), bytes(((field << 3) | 2,)), wire.varint(len(body)))
         )
@@ -108,6 +94,17 @@ def error_result(op_id: int, status: grpc.StatusCode, message: str) -> Result:
     return Result(
         op_id, _ERROR, b"".join((b"\x08", wire.varint(code), b"\x12", wire.varint(len(text)), text))
     )
+
+
+def batch_size(ready: list[Result]) -> int:
+    """How many of the results ready, from the first, go in the next MuxReply: as many as fit in
+    BATCH_BYTES (with each one's tag and length), and at least one."""
+    size = 0
+    for count, result in enumerate(ready):
+        size += result.size + 16
+        if size > BATCH_BYTES and count:
+            return count
+    return len(ready)
 
 
 def reply_message(results: list[Result]) -> bytes:
@@ -147,9 +144,11 @@ class MuxService:
         self._limit = limit
         self._max_bytes = max_bytes
         self._streams: set[MuxStream] = set()
+        # The undecorated method each operation runs (what the `unary` wrapper runs), found once.
+        self._methods = {name: getattr(servicer, name).operation for name, _, _ in OPERATIONS.values()}
 
     async def handle(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> None:
-        stream = MuxStream(self._servicer, context, self._limit, self._max_bytes)
+        stream = MuxStream(self._servicer, self._methods, context, self._limit, self._max_bytes)
         self._streams.add(stream)
         try:
             await stream.run(requests)
@@ -172,9 +171,15 @@ class MuxStream:
     """One Mux call: reads operations, runs each as a task, sends their results as they come."""
 
     def __init__(
-        self, servicer: SpaceServicer, context: grpc.aio.ServicerContext, limit: int, max_bytes: int
+        self,
+        servicer: SpaceServicer,
+        methods: dict[str, Any],
+        context: grpc.aio.ServicerContext,
+        limit: int,
+        max_bytes: int,
     ) -> None:
         self._servicer = servicer
+        self._methods = methods
         self._context = context
         self._limit = limit
         self._max_bytes = max_bytes
@@ -248,7 +253,6 @@ class MuxStream:
             if field == _CANCEL:
                 task = self._running.get(op_id)
                 if task is not None:
-                    # A task cancelled before it ran never enters _perform: answer it here then.
                     task.add_done_callback(functools.partial(self._cancelled, op_id))
                     task.cancel()
                 continue
@@ -294,19 +298,23 @@ class MuxStream:
         self._running[op_id] = asyncio.ensure_future(self._perform(op_id, name, request, reply_field))
 
     async def _perform(self, op_id: int, name: str, request: Any, reply_field: int) -> None:
-        servicer = self._servicer
-        try:
-            outcome = await servicer.perform(name, getattr(servicer, name).operation, request, self._context)
-        except asyncio.CancelledError:
-            self._running.pop(op_id, None)
-            self._finish(error_result(op_id, grpc.StatusCode.CANCELLED, "cancelled by the client"))
-            return  # the stream goes on (a cancel op), or ends (its finally)
+        # A cancelled operation ends here with CancelledError: a cancel op's callback on the task
+        # answers it (`_cancelled`); when the stream ends, nobody is owed an answer.
+        outcome = await self._servicer.perform(name, self._methods[name], request, self._context)
         self._running.pop(op_id, None)
         if isinstance(outcome, Failure):
             self._finish(error_result(op_id, outcome.status, outcome.message))
             return
-        body = outcome if isinstance(outcome, bytes) else outcome.SerializeToString()
-        self._finish(Result(op_id, reply_field, body))
+        result = Result(
+            op_id, reply_field, outcome if isinstance(outcome, bytes) else outcome.SerializeToString()
+        )
+        if result.size > self._max_bytes - 16:  # with its tag and length in the MuxReply
+            result = error_result(
+                op_id,
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"result: {result.size} bytes exceeds the limit max_message_bytes={self._max_bytes}",
+            )
+        self._finish(result)
 
     def _cancelled(self, op_id: int, task: asyncio.Task[None]) -> None:
         if task.cancelled() and self._running.get(op_id) is task:
@@ -325,29 +333,8 @@ class MuxStream:
             if not self._ready:
                 self._results.clear()
                 await self._results.wait()
-            batch = self._take_batch()
+            count = batch_size(self._ready)
+            batch, self._ready = self._ready[:count], self._ready[count:]
             await self._context.write(reply_message(batch))
-            self._in_flight -= len(batch)
+            self._in_flight -= count
             self._progress.set()
-
-    def _take_batch(self) -> list[Result]:
-        ready, limit = self._ready, self._max_bytes - 16  # the tag and length of each result
-        size = 0
-        for count, result in enumerate(ready):
-            if result.size > limit:
-                ready[count] = result = error_result(
-                    _result_id(result),
-                    grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    f"result: {result.size} bytes exceeds the limit max_message_bytes={self._max_bytes}",
-                )
-            size += result.size + 16
-            if size > BATCH_BYTES and count:
-                self._ready = ready[count:]
-                return ready[:count]
-        self._ready = []
-        return ready
-
-
-def _result_id(result: Result) -> int:
-    op_id, _ = wire.varint_at(result.head, 1)
-    return op_id

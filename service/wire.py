@@ -85,7 +85,7 @@ class Received(Generic[M]):
         self.raw = raw
 
 
-def varint_at(data: bytes | memoryview, i: int) -> tuple[int, int]:
+def _varint_at(data: bytes | memoryview, i: int) -> tuple[int, int]:
     """The varint starting at data[i], and the index after it."""
     value = shift = 0
     while True:
@@ -105,14 +105,14 @@ def fields(message: memoryview) -> list[tuple[int, int | memoryview]]:
     found: list[tuple[int, int | memoryview]] = []
     i, end = 0, len(message)
     while i < end:
-        key, i = varint_at(message, i)
+        key, i = _varint_at(message, i)
         kind = key & 7
         value: int | memoryview
         if kind == 2:
-            length, i = varint_at(message, i)
+            length, i = _varint_at(message, i)
             value, i = message[i : i + length], i + length
         elif kind == 0:
-            value, i = varint_at(message, i)
+            value, i = _varint_at(message, i)
         elif kind in (1, 5):
             width = 8 if kind == 1 else 4
             value, i = int.from_bytes(message[i : i + width], "little"), i + width
@@ -150,15 +150,15 @@ def _spans(message: memoryview) -> list[tuple[int, int, int, int, int]]:
     i, end = 0, len(message)
     while i < end:
         start = i
-        key, i = varint_at(message, i)
+        key, i = _varint_at(message, i)
         kind = key & 7
         if kind == 2:
             tag_end = i
-            length, i = varint_at(message, i)
+            length, i = _varint_at(message, i)
             spans.append((key >> 3, start, tag_end, i, i + length))
             i += length
         elif kind == 0:
-            _, i = varint_at(message, i)
+            _, i = _varint_at(message, i)
         elif kind in (1, 5):
             i += 8 if kind == 1 else 4
         else:
