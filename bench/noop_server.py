@@ -16,9 +16,10 @@ Mux, the stream the SDK sends its calls over by default, is served as outrig ser
 operations in flight goes out in the initial metadata (`outrig-max-stream-ops: 1024`); each
 MuxOp of a MuxRequest gets the canned reply its unary method gives, in a MuxResult (operations
 beyond the limit RESOURCE_EXHAUSTED, as in outrig); one writer task sends every result that is
-ready in one MuxReply (up to --max-message-bytes), and the stream reads no further messages
-while 1024 results are unsent. The canned replies are serialized once (renewals and
-cancellations on each call) and results framed around their bytes, as outrig frames them around
+ready in one MuxReply (up to outrig's 3 MiB), and the stream reads no further messages while
+1024 results are unsent. The canned replies are serialized once (renewals and cancellations on
+each call) and results framed around their bytes by outrig's own functions (`Result`,
+`error_result`, `batch_size`, `reply_message` of service/mux.py), as outrig frames them around
 stored payloads: the only registration that differs from the generated code is Mux's, whose
 replies go out as bytes. Every operation completes as it is read, so a `cancel` op finds its
 operation done and is ignored, unless both came in the same MuxRequest (the operation has then
@@ -47,13 +48,13 @@ from typing import Any
 import grpc
 from entries import canned_batch, canned_frame, canned_small
 
+from outrig.service.mux import LIMIT_KEY, Result, batch_size, error_result, reply_message
 from outrig.v1 import space_pb2 as pb
 from outrig.v1 import space_pb2_grpc
 
 NOTIFY_QUEUE = 10_000  # outrig's default limits.notify_queue
 MAX_STREAM_OPS = 1024  # outrig's default limits.max_stream_ops
 PENDING_REQUESTS = 100_000  # gRPC's queue of calls not yet picked up: outrig's, for its default max_waiters
-LIMIT_KEY = "outrig-max-stream-ops"  # the initial metadata that announces it (service/mux.py)
 _LEASE_SECONDS = 60.0
 
 # The MuxResult field that carries the reply of each kind of MuxOp.
@@ -61,10 +62,8 @@ _REPLY_TAGS = {
     "write": 2, "write_many": 3, "read": 4, "take": 4, "read_many": 4, "take_many": 4,
     "renew_leases": 5, "cancel_leases": 6, "count": 7, "begin": 8, "commit": 9, "abort": 9,
 }  # fmt: skip
-_ERROR_TAG = bytes(((15 << 3) | 2,))  # MuxResult.error
-_CANCELLED, _INVALID_ARGUMENT, _RESOURCE_EXHAUSTED = 1, 3, 8  # gRPC status codes
 
-Reply = tuple[bytes, bytes]  # a MuxResult's reply: its field's tag and length, and its bytes
+Reply = tuple[int, bytes]  # a MuxResult's reply: its field, and its bytes
 
 
 def _lease(lease_id: int) -> pb.Lease:
@@ -72,45 +71,30 @@ def _lease(lease_id: int) -> pb.Lease:
     return pb.Lease(id=lease_id, expires_at=time.time() + 3600.0, granted_seconds=_LEASE_SECONDS)
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def _reply(kind: str, body: bytes) -> Reply:
-    return bytes(((_REPLY_TAGS[kind] << 3) | 2,)) + _varint(len(body)), body
-
-
-def _error(code: int, message: str) -> Reply:
-    text = message.encode()
-    body = b"\x08" + _varint(code) + b"\x12" + _varint(len(text)) + text
-    return _ERROR_TAG + _varint(len(body)), body
+    return _REPLY_TAGS[kind], body
 
 
 class _Stream:
     """One Mux call's results: ready to send, and in flight (read, not yet handed to gRPC)."""
 
-    def __init__(self, context: Any, max_bytes: int) -> None:
+    def __init__(self, context: Any) -> None:
         self._context = context
-        self._max_bytes = max_bytes
-        self.ready: list[tuple[bytes, bytes]] = []  # MuxResults: the id and reply's head, its bytes
+        self.ready: list[Result] = []
         self.in_flight = 0
         self._results = asyncio.Event()  # the writer has something to send
         self._progress = asyncio.Event()  # the writer sent something
 
-    def add(self, results: list[tuple[int, Reply]]) -> None:
-        for op_id, (head, body) in results:
+    def add(self, results: list[Result]) -> None:
+        for result in results:
             self.in_flight += 1
             if self.in_flight > MAX_STREAM_OPS:
-                head, body = _error(
-                    _RESOURCE_EXHAUSTED,
+                result = error_result(
+                    result.op_id,
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
                     f"ops: more than max_stream_ops={MAX_STREAM_OPS} operations in flight on this stream",
                 )
-            self.ready.append((b"\x08" + _varint(op_id) + head, body))
+            self.ready.append(result)
         self._results.set()
 
     async def wait_progress(self) -> None:
@@ -118,35 +102,22 @@ class _Stream:
         await self._progress.wait()
 
     async def write(self) -> None:
-        """Send every result that is ready in one MuxReply (up to the size limit), as they come."""
+        """Send every result that is ready in one MuxReply (as outrig batches them), as they come."""
         while True:
             if not self.ready:
                 self._results.clear()
                 await self._results.wait()
-            batch = self._take_batch()
-            parts: list[bytes] = []
-            for head, body in batch:
-                parts += (b"\x0a", _varint(len(head) + len(body)), head, body)
-            await self._context.write(b"".join(parts))
-            self.in_flight -= len(batch)
+            count = batch_size(self.ready)
+            batch, self.ready = self.ready[:count], self.ready[count:]
+            await self._context.write(reply_message(batch))
+            self.in_flight -= count
             self._progress.set()
-
-    def _take_batch(self) -> list[tuple[bytes, bytes]]:
-        ready, size = self.ready, 0
-        for count, (head, body) in enumerate(ready):
-            size += len(head) + len(body) + 16  # and the result's tag and length
-            if size > self._max_bytes and count:
-                self.ready = ready[count:]
-                return ready[:count]
-        self.ready = []
-        return ready
 
 
 class NoopSpace(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
     """outrig.v1.Space answering every call with a canned reply."""
 
-    def __init__(self, max_message_bytes: int = 64 * 1024 * 1024) -> None:
-        self._max_message_bytes = max_message_bytes
+    def __init__(self) -> None:
         self._small = pb.MatchReply(entries=[canned_small()])
         self._frame = pb.MatchReply(entries=[canned_frame()])
         self._batches: dict[int, pb.MatchReply] = {}
@@ -261,7 +232,7 @@ class NoopSpace(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
 
     async def Mux(self, requests: AsyncIterator[pb.MuxRequest], context: Any) -> None:
         await context.send_initial_metadata(((LIMIT_KEY, str(MAX_STREAM_OPS)),))
-        stream = _Stream(context, self._max_message_bytes)
+        stream = _Stream(context)
         writer = asyncio.ensure_future(stream.write())
         try:
             async for request in requests:
@@ -273,22 +244,27 @@ class NoopSpace(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
         finally:
             writer.cancel()
 
-    def _mux_results(self, request: pb.MuxRequest) -> list[tuple[int, Reply]]:
-        """(id, reply) of each MuxOp of a MuxRequest, but for its cancel ops."""
-        results: list[tuple[int, Reply]] = []
+    def _mux_results(self, request: pb.MuxRequest) -> list[Result]:
+        """The result of each MuxOp of a MuxRequest, but for its cancel ops."""
+        results: list[Result] = []
         for op in request.ops:
             kind = op.WhichOneof("op")
             if kind == "cancel":
                 for index in range(len(results) - 1, -1, -1):
-                    if results[index][0] == op.id:
-                        results[index] = (op.id, _error(_CANCELLED, "cancelled by the client"))
+                    if results[index].op_id == op.id:
+                        results[index] = error_result(
+                            op.id, grpc.StatusCode.CANCELLED, "cancelled by the client"
+                        )
                         break
                 continue
-            results.append((op.id, self._mux_reply(op, kind)))
+            if kind is None:
+                results.append(error_result(op.id, grpc.StatusCode.INVALID_ARGUMENT, "op: is required"))
+                continue
+            results.append(Result(op.id, *self._mux_reply(op, kind)))
         return results
 
-    def _mux_reply(self, op: pb.MuxOp, kind: str | None) -> Reply:
-        fixed = self._mux_fixed.get(kind) if kind is not None else None
+    def _mux_reply(self, op: pb.MuxOp, kind: str) -> Reply:
+        fixed = self._mux_fixed.get(kind)
         if fixed is not None:
             if kind == "write":
                 self._written()
@@ -313,9 +289,7 @@ class NoopSpace(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
             return reply
         if kind == "renew_leases":
             return _reply(kind, self._renewed(op.renew_leases).SerializeToString())
-        if kind == "cancel_leases":
-            return _reply(kind, self._cancelled(op.cancel_leases).SerializeToString())
-        return _error(_INVALID_ARGUMENT, "op: is required")
+        return _reply(kind, self._cancelled(op.cancel_leases).SerializeToString())
 
 
 def add_to_server(servicer: NoopSpace, server: grpc.aio.Server) -> None:
@@ -358,7 +332,7 @@ async def serve(listen: str, max_message_bytes: int) -> None:
             ("grpc.server.max_pending_requests_hard_limit", 2 * PENDING_REQUESTS),
         ]
     )
-    add_to_server(NoopSpace(max_message_bytes), server)
+    add_to_server(NoopSpace(), server)
     host = listen.rpartition(":")[0]
     port = server.add_insecure_port(listen)
     await server.start()
