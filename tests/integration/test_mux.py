@@ -21,6 +21,7 @@ import pytest
 import outrig
 import outrig.aio
 from outrig._codec import encode_entry_into, encode_template_into
+from outrig._mux_wire import OP_FIELDS, encode_op, request_message
 from outrig.v1 import space_pb2 as pb
 from outrig.v1 import space_pb2_grpc
 
@@ -321,19 +322,9 @@ async def test_many_large_results_go_in_messages_any_client_accepts(server, spac
         assert [blob.n for blob in found] == list(range(12))  # type: ignore[union-attr]
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def test_a_large_write_that_is_not_protobuf_is_refused_alone(stream: Stream, space_name: str) -> None:
-    inner = b"\x12" + _varint(100_000) + b"x" * 70_000  # entry: a length past the end
-    op = b"\x08\x09\x12" + _varint(len(inner)) + inner  # MuxOp{id: 9, write: inner}
-    stream.send(b"\x0a" + _varint(len(op)) + op)
+    inner = b"\x12\xa0\x8d\x06" + b"x" * 70_000  # entry: 100,000 bytes long, past the end
+    stream.send(request_message([encode_op(9, OP_FIELDS["Write"], inner)]))
     result = stream.result()
     assert (result.id, result.error.code) == (9, grpc.StatusCode.INVALID_ARGUMENT.value[0])
     assert "cannot decode Write's request" in result.error.message
