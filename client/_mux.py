@@ -33,9 +33,8 @@ from outrig._mux_wire import (
     BATCH_OPS,
     DEFAULT_LIMIT,
     MAX_STREAM_REQUEST,
-    MUX_METHOD,
     OP_FIELDS,
-    REPLY_TYPES,
+    callables,
     encode_cancel,
     encode_op,
     limit_of,
@@ -168,15 +167,7 @@ class Mux:
 
     def __init__(self, channel: grpc.Channel, metadata: Sequence[tuple[str, str]]) -> None:
         self._metadata = tuple(metadata)
-        self._open_stream = channel.stream_stream(
-            MUX_METHOD, request_serializer=None, response_deserializer=pb.MuxReply.FromString
-        )
-        self._unary = {
-            name: channel.unary_unary(
-                f"/outrig.v1.Space/{name}", request_serializer=None, response_deserializer=reply.FromString
-            )
-            for name, reply in REPLY_TYPES.items()
-        }
+        self._open_stream, self._unary = callables(channel)
         self._lock = threading.Lock()
         self._stream: _Stream | None = None
         self._supported = True

@@ -61,6 +61,21 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
+def callables(channel: Any) -> tuple[Any, dict[str, Any]]:
+    """A sync or asyncio channel's Mux method, and its unary methods that a stream carries, all
+    taking requests already encoded (a request is serialized once, whichever way it goes)."""
+    stream = channel.stream_stream(
+        MUX_METHOD, request_serializer=None, response_deserializer=pb.MuxReply.FromString
+    )
+    unary = {
+        name: channel.unary_unary(
+            f"/outrig.v1.Space/{name}", request_serializer=None, response_deserializer=reply.FromString
+        )
+        for name, reply in REPLY_TYPES.items()
+    }
+    return stream, unary
+
+
 def encode_op(op_id: int, field: int, request: bytes) -> bytes:
     """A MuxOp carrying an encoded request as its `field`."""
     return b"".join((b"\x08", _varint(op_id), bytes(((field << 3) | 2,)), _varint(len(request)), request))
