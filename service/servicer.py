@@ -107,6 +107,15 @@ class Failure:
         self.status = status
         self.message = message
 
+    @classmethod
+    def of(cls, err: Exception, method: str) -> Failure:
+        """An error the service raises on purpose becomes its status; anything else is logged and
+        answered INTERNAL (the server goes on serving)."""
+        if isinstance(err, SpaceError):
+            return cls(status_for(err), str(err))
+        log.exception("unexpected error in %s", method)
+        return cls(grpc.StatusCode.INTERNAL, f"internal error in {method}")
+
 
 def streaming(method: Streaming[R]) -> Streaming[R]:
     name = _checked(method.__name__)
@@ -122,17 +131,13 @@ def streaming(method: Streaming[R]) -> Streaming[R]:
             self._guard.check(context, name, request)
             async for reply in method(self, request, context):
                 yield reply
-        except SpaceError as err:
-            status = status_for(err)
-            code = status.name
-            await context.abort(status, str(err))
         except (asyncio.CancelledError, GeneratorExit):
             code = "CANCELLED"
             raise
-        except Exception:
-            code = "INTERNAL"
-            log.exception("unexpected error in %s", method.__name__)
-            await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {method.__name__}")
+        except Exception as err:
+            failure = Failure.of(err, name)
+            code = failure.status.name
+            await context.abort(failure.status, failure.message)
         finally:
             if metrics is not None:
                 metrics.call(name, code, time.perf_counter() - started)
@@ -165,25 +170,20 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
         self, name: str, method: Unary[R], request: Any, context: grpc.aio.ServicerContext
     ) -> R | Failure:
         """Run one operation, through the guard, as a unary call or a Mux stream's operation: its
-        reply, or how it failed. Errors the service raises on purpose become their status; anything
-        else is logged and answered INTERNAL."""
+        reply, or how it failed (`Failure.of`)."""
         metrics = self._metrics
         started = time.perf_counter() if metrics is not None else 0.0
         code = "OK"
         try:
             self._guard.check(context, name, request)
             return await method(self, request, context)
-        except SpaceError as err:
-            status = status_for(err)
-            code = status.name
-            return Failure(status, str(err))
         except asyncio.CancelledError:
             code = "CANCELLED"
             raise
-        except Exception:
-            code = "INTERNAL"
-            log.exception("unexpected error in %s", name)
-            return Failure(grpc.StatusCode.INTERNAL, f"internal error in {name}")
+        except Exception as err:
+            failure = Failure.of(err, name)
+            code = failure.status.name
+            return failure
         finally:
             if metrics is not None:
                 metrics.call(name, code, time.perf_counter() - started)
