@@ -22,6 +22,7 @@ from google.protobuf.message import Message
 from outrig._codec import AnyEntry, decode_entry, encode_entry_into, encode_template_into, iter_templates
 from outrig._exceptions import InternalError, OutrigError, error_from_code, error_from_rpc
 from outrig._mux_wire import OP_FIELDS
+from outrig._protocol import METHODS
 from outrig._retry import DEFAULT_RETRY_DEADLINE, Attempts, RetryCounter, RetryPolicy, new_request_id
 from outrig.v1 import space_pb2 as pb
 from outrig.v1.space_pb2_grpc import SpaceStub
@@ -240,14 +241,8 @@ class _StubWithMetadata:
 
     def __init__(self, stub: SpaceStub, metadata: Sequence[tuple[str, str]]) -> None:
         bound = tuple(metadata)
-        for name in _RPC_NAMES:
+        for name in METHODS:
             setattr(self, name, functools.partial(getattr(stub, name), metadata=bound))
-
-
-_RPC_NAMES = (
-    "Write", "WriteMany", "Read", "Take", "ReadMany", "TakeMany", "Contents", "Count", "Notify",
-    "RenewLeases", "CancelLeases", "Begin", "Commit", "Abort",
-)  # fmt: skip
 
 
 class BaseSpace:
@@ -470,7 +465,8 @@ def lease_results(
     paired: list[LeaseResult[L]] = []
     for lease, result in zip(leases, results, strict=True):
         if result.error_code:
-            paired.append(LeaseResult(lease, error_from_code(result.error_code, result.error_message)))
+            error = error_from_code(result.error_code, result.error_message, result.error_reason)
+            paired.append(LeaseResult(lease, error))
             continue
         if renewed:
             lease._update(result.lease)

@@ -7,33 +7,50 @@
      ├── UnknownStatusError          UNKNOWN, and any status this client does not know
      ├── InvalidArgumentError        INVALID_ARGUMENT
      ├── DeadlineExceededError       DEADLINE_EXCEEDED
-     ├── NotFoundError               NOT_FOUND (for example an unknown or expired lease)
+     ├── NotFoundError               NOT_FOUND
+     │   └── LeaseNotFoundError      an unknown, cancelled or expired lease
+     │       └── TransactionNotFoundError an unknown or ended transaction
      ├── AlreadyExistsError          ALREADY_EXISTS
      ├── PermissionDeniedError       PERMISSION_DENIED
      ├── ResourceExhaustedError      RESOURCE_EXHAUSTED
+     │   └── QuotaExceededError      a space quota or server limit
      ├── FailedPreconditionError     FAILED_PRECONDITION
+     │   ├── TypeConflictError       an entry type declared with other supertypes than it has
+     │   ├── TransactionAbortedError a commit of an aborted transaction
+     │   ├── RequestConflictError    a request id used again for another call
+     │   └── RegistrationBusyError   resuming a notify registration another stream holds
      ├── AbortedError                ABORTED
      ├── OutOfRangeError             OUT_OF_RANGE
      ├── UnimplementedError          UNIMPLEMENTED
      ├── InternalError               INTERNAL
      ├── UnavailableError            UNAVAILABLE
+     │   ├── ShuttingDownError       the server is stopping
+     │   └── StoreUnavailableError   a change could not be made durable (nothing acknowledged)
      ├── DataLossError               DATA_LOSS
      └── UnauthenticatedError        UNAUTHENTICATED
 
-Every error keeps the gRPC status as ``.code`` (a ``grpc.StatusCode``) and the server's message as
-``.details``. Values that cannot be encoded never reach the wire: they raise the builtin
-``TypeError`` or ``ValueError`` instead, naming the field.
+Every error keeps the gRPC status as ``.code`` (a ``grpc.StatusCode``), the server's message as
+``.details`` and the server's reason as ``.reason`` (an ``outrig.v1.ErrorReason`` name such as
+``"TYPE_CONFLICT"``, or ``""``). The classes under a status class are told apart by that reason,
+which the server sends as a google.rpc.ErrorInfo (see ``outrig._protocol``), so ``except
+FailedPreconditionError`` catches a type conflict as it always did, and ``except
+TypeConflictError`` catches only that. Values that cannot be encoded never reach the wire: they
+raise the builtin ``TypeError`` or ``ValueError`` instead, naming the field.
 
-``_BY_STATUS`` is the one table from status to class; `error_from_status` is the one function that
-uses it, and the gRPC boundary (``outrig._base.rpc_errors``) and batch lease results both go
-through it.
+``_BY_STATUS`` and ``_BY_REASON`` are the tables from status and reason to class;
+`error_from_status` is the one function that uses them, and the gRPC boundary
+(``outrig._base.rpc_errors``), Mux results and batch lease results all go through it.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, ClassVar
 
 import grpc
+
+from outrig._protocol import reason_in
+from outrig.v1 import space_pb2 as pb
 
 __all__ = [
     "AbortedError",
@@ -44,11 +61,20 @@ __all__ = [
     "FailedPreconditionError",
     "InternalError",
     "InvalidArgumentError",
+    "LeaseNotFoundError",
     "NotFoundError",
     "OutOfRangeError",
     "OutrigError",
     "PermissionDeniedError",
+    "QuotaExceededError",
+    "RegistrationBusyError",
+    "RequestConflictError",
     "ResourceExhaustedError",
+    "ShuttingDownError",
+    "StoreUnavailableError",
+    "TransactionAbortedError",
+    "TransactionNotFoundError",
+    "TypeConflictError",
     "UnauthenticatedError",
     "UnavailableError",
     "UnimplementedError",
@@ -65,14 +91,19 @@ class OutrigError(Exception):
     Attributes:
         code: the gRPC status (``grpc.StatusCode``) the server answered with.
         details: the server's message (may be empty).
+        reason: why, in the protocol's words: an ``outrig.v1.ErrorReason`` name, or ``""`` when
+            the server gave none.
     """
 
     #: The status this class stands for; the table below is built from these.
     code: Any = grpc.StatusCode.UNKNOWN
+    #: The `ErrorReason` (its number) a domain class stands for; 0 for a status class.
+    _reason: ClassVar[int] = 0
 
-    def __init__(self, details: str = "", *, code: Any = None) -> None:
+    def __init__(self, details: str = "", *, code: Any = None, reason: str = "") -> None:
         super().__init__(details)
         self.details = details
+        self.reason = reason or (pb.ErrorReason.Name(self._reason) if self._reason else "")
         # Only UnknownStatusError is ever built with a code other than its class's own.
         if code is not None:
             self.code = code
@@ -177,6 +208,61 @@ class UnauthenticatedError(OutrigError):
     code = grpc.StatusCode.UNAUTHENTICATED
 
 
+class LeaseNotFoundError(NotFoundError):
+    """A renew or cancel named a lease that is unknown, cancelled or expired."""
+
+    _reason = pb.LEASE_NOT_FOUND
+
+
+class TransactionNotFoundError(LeaseNotFoundError):
+    """The transaction is unknown, or has committed, aborted or run out of lease."""
+
+    _reason = pb.TRANSACTION_NOT_FOUND
+
+
+class QuotaExceededError(ResourceExhaustedError):
+    """A space quota (entries, bytes) or a server limit would be exceeded."""
+
+    _reason = pb.QUOTA_EXCEEDED
+
+
+class TypeConflictError(FailedPreconditionError):
+    """An entry type was declared with other supertypes than the space already has for it."""
+
+    _reason = pb.TYPE_CONFLICT
+
+
+class TransactionAbortedError(FailedPreconditionError):
+    """A commit of a transaction that has aborted (its lease ran out, say), or an abort of one
+    that has committed."""
+
+    _reason = pb.TRANSACTION_ABORTED
+
+
+class RequestConflictError(FailedPreconditionError):
+    """A request id was used again for a different call."""
+
+    _reason = pb.REQUEST_CONFLICT
+
+
+class RegistrationBusyError(FailedPreconditionError):
+    """Another stream holds the notify registration being resumed."""
+
+    _reason = pb.REGISTRATION_BUSY
+
+
+class ShuttingDownError(UnavailableError):
+    """The server is stopping; the call may be retried (on another server, or after a restart)."""
+
+    _reason = pb.SHUTTING_DOWN
+
+
+class StoreUnavailableError(UnavailableError):
+    """The server could not make a change durable, and acknowledged nothing; it may be retried."""
+
+    _reason = pb.STORE_UNAVAILABLE
+
+
 # The one table from gRPC status to error class (OK is not an error, so it maps to nothing).
 _BY_STATUS: dict[Any, type[OutrigError]] = {
     cls.code: cls
@@ -200,24 +286,49 @@ _BY_STATUS: dict[Any, type[OutrigError]] = {
     )
 }
 
+# The domain classes, by the reason each stands for.
+_BY_REASON: dict[int, type[OutrigError]] = {
+    cls._reason: cls
+    for cls in (
+        LeaseNotFoundError,
+        TransactionNotFoundError,
+        QuotaExceededError,
+        TypeConflictError,
+        TransactionAbortedError,
+        RequestConflictError,
+        RegistrationBusyError,
+        ShuttingDownError,
+        StoreUnavailableError,
+    )
+}
+
 # Batch lease results carry the status as its number, so numbers lead into the same table.
 _STATUS_BY_NUMBER: dict[int, Any] = {status.value[0]: status for status in grpc.StatusCode}
 
 
-def error_from_status(code: Any, details: str) -> OutrigError:
-    """Return the error for a ``grpc.StatusCode`` and message (UnknownStatusError if unmapped)."""
+def error_from_status(code: Any, details: str, reason: int = 0) -> OutrigError:
+    """Return the error for a ``grpc.StatusCode``, message and ``ErrorReason`` (UnknownStatusError
+    if the status is unmapped). A reason names a subclass of the status's class only if it is one:
+    a reason that does not belong to its status is kept in ``.reason`` but picks no class."""
     cls = _BY_STATUS.get(code)
+    name = pb.ErrorReason.Name(reason) if reason in pb.ErrorReason.values() and reason else ""
     if cls is None:
-        return UnknownStatusError(details, code=code if code is not None else grpc.StatusCode.UNKNOWN)
-    return cls(details)
+        return UnknownStatusError(
+            details, code=code if code is not None else grpc.StatusCode.UNKNOWN, reason=name
+        )
+    domain = _BY_REASON.get(reason)
+    if domain is not None and issubclass(domain, cls):
+        cls = domain
+    return cls(details, reason=name)
 
 
-def error_from_code(number: int, details: str) -> OutrigError:
-    """Return the error for a gRPC status given as its number, as batch lease results carry it."""
+def error_from_code(number: int, details: str, reason: int = 0) -> OutrigError:
+    """Return the error for a gRPC status given as its number, as Mux results and batch lease
+    results carry it."""
     status = _STATUS_BY_NUMBER.get(number)
     if status is None:
         return UnknownStatusError(f"status {number}: {details}")
-    return error_from_status(status, details)
+    return error_from_status(status, details, reason)
 
 
 def error_from_rpc(err: grpc.RpcError) -> OutrigError:
@@ -225,4 +336,10 @@ def error_from_rpc(err: grpc.RpcError) -> OutrigError:
     # Both grpc.Call and grpc.aio.AioRpcError have code() and details(); a bare RpcError has neither.
     code = err.code() if callable(getattr(err, "code", None)) else None
     details = err.details() if callable(getattr(err, "details", None)) else None
-    return error_from_status(code, details or "")
+    trailing = err.trailing_metadata() if callable(getattr(err, "trailing_metadata", None)) else None
+    return error_from_status(code, details or "", reason_in(_pairs(trailing)))
+
+
+def _pairs(metadata: Any) -> Iterable[tuple[str, Any]] | None:
+    # grpc.aio gives a Metadata object (iterable of pairs), sync gRPC a tuple of _Metadatum.
+    return None if metadata is None else [(item[0], item[1]) for item in metadata]

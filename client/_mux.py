@@ -29,20 +29,16 @@ from google.protobuf.message import Message
 from outrig._base import rpc_errors
 from outrig._exceptions import OutrigError, UnavailableError, UnimplementedError
 from outrig._mux_wire import (
-    BATCH_BYTES,
-    BATCH_OPS,
-    DEFAULT_LIMIT,
-    MAX_STREAM_REQUEST,
     OP_FIELDS,
+    batch_length,
     callables,
-    encode_cancel,
-    encode_op,
+    closed,
     limit_of,
     outcome,
-    request_message,
     stream_error,
     unsupported,
 )
+from outrig._protocol import DEFAULT_LIMIT, MAX_STREAM_REQUEST, encode_cancel, encode_op, request_message
 from outrig.v1 import space_pb2 as pb
 
 __all__ = ["Mux"]
@@ -110,26 +106,26 @@ class _Stream:
         return outcome(slot.result)
 
     def _requests(self) -> Iterator[bytes]:
-        """What gRPC's sending thread sends: the ops queued meanwhile, in one message (up to
-        BATCH_OPS and BATCH_BYTES; an op that does not fit goes first in the next)."""
-        outbox, carried = self._outbox, None
-        while True:
-            op = outbox.get() if carried is None else carried
-            carried = None
-            if op is None:
-                return
-            ops, size = [op], len(op)
-            while not outbox.empty():
+        """What gRPC's sending thread sends: the ops queued meanwhile, in one message as far as
+        `batch_length` lets them (the rest go in the next)."""
+        outbox = self._outbox
+        pending: list[bytes] = []
+        ending = False
+        while pending or not ending:
+            if not pending:
+                op = outbox.get()
+                if op is None:
+                    return
+                pending.append(op)
+            while not ending and not outbox.empty():
                 op = outbox.get_nowait()
-                if op is None or len(ops) == BATCH_OPS or size + len(op) > BATCH_BYTES:
-                    carried = op
-                    if op is None:
-                        yield request_message(ops)
-                        return
-                    break
-                ops.append(op)
-                size += len(op)
-            yield request_message(ops)
+                if op is None:
+                    ending = True
+                else:
+                    pending.append(op)
+            count = batch_length(pending)
+            yield request_message(pending[:count])
+            del pending[:count]
 
     def _read(self) -> None:
         error: BaseException
@@ -193,7 +189,7 @@ class Mux:
     def _current(self) -> _Stream:
         with self._lock:
             if self._closed:
-                raise ValueError("Cannot invoke RPC on closed channel!")
+                raise closed()
             if self._stream is None or self._stream.ended:
                 self._stream = _Stream(self._open_stream, self._metadata)
             return self._stream

@@ -13,31 +13,28 @@ from typing import Any, Final
 
 import grpc
 
-from outrig._exceptions import OutrigError, UnavailableError, error_from_code, error_from_rpc
+from outrig._exceptions import (
+    CallCancelledError,
+    OutrigError,
+    UnavailableError,
+    error_from_code,
+    error_from_rpc,
+)
+from outrig._protocol import (
+    BATCH_BYTES,
+    BATCH_OPS,
+    DEFAULT_LIMIT,
+    LIMIT_KEY,
+    METHODS,
+    MUX_METHOD,
+    OPS_BY_FIELD,
+)
 from outrig.v1 import space_pb2 as pb
 
-#: The method path of the stream.
-MUX_METHOD: Final = "/outrig.v1.Space/Mux"
-#: The initial metadata key with the server's limit of operations in flight per stream.
-LIMIT_KEY: Final = "outrig-max-stream-ops"
-#: The limit assumed until the server has said its own (its default).
-DEFAULT_LIMIT: Final = 1024
-#: A request larger than this goes as a unary call of its own: on the stream, its transfer would
-#: hold up the small operations queued behind it.
-MAX_STREAM_REQUEST: Final = 1024 * 1024
-
-#: A MuxRequest carries several ops only up to this size, below gRPC's default limit of 4 MiB
-#: on what a server receives (an op is at most MAX_STREAM_REQUEST).
-BATCH_BYTES: Final = 3 * 1024 * 1024
-#: Ops per MuxRequest at most.
-BATCH_OPS: Final = 256
-
 #: The unary methods a Mux stream carries, and their MuxOp field numbers.
-OP_FIELDS: Final = {
-    "Write": 2, "WriteMany": 3, "Read": 4, "Take": 5, "ReadMany": 6, "TakeMany": 7,
-    "RenewLeases": 8, "CancelLeases": 9, "Count": 10, "Begin": 11, "Commit": 12, "Abort": 13,
-}  # fmt: skip
-_CANCEL = b"\x78\x01"  # MuxOp.cancel = true (field 15, varint)
+OP_FIELDS: Final = {method.name: field for field, method in OPS_BY_FIELD.items()}
+#: The reply type of each method a stream carries, for a request sent as a unary call instead.
+REPLY_TYPES: Final[dict[str, Any]] = {name: METHODS[name].reply for name in OP_FIELDS}
 
 #: Statuses with which a broken stream fails its operations as they are, because retrying would
 #: fail the same way; every other way a stream ends fails them with UNAVAILABLE, to be retried.
@@ -52,13 +49,20 @@ _FINAL = frozenset(
 )
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+def closed() -> OutrigError:
+    """The error of a call on a connection that has been closed."""
+    return CallCancelledError("the connection is closed")
+
+
+def batch_length(ops: Sequence[bytes]) -> int:
+    """How many of the encoded ops queued, from the first, go in the next MuxRequest: up to
+    BATCH_OPS and BATCH_BYTES, and at least one (an op that does not fit goes first in the next)."""
+    size = 0
+    for count, op in enumerate(ops):
+        size += len(op)
+        if count and (count == BATCH_OPS or size > BATCH_BYTES):
+            return count
+    return len(ops)
 
 
 def callables(channel: Any) -> tuple[Any, dict[str, Any]]:
@@ -69,36 +73,18 @@ def callables(channel: Any) -> tuple[Any, dict[str, Any]]:
     )
     unary = {
         name: channel.unary_unary(
-            f"/outrig.v1.Space/{name}", request_serializer=None, response_deserializer=reply.FromString
+            METHODS[name].path, request_serializer=None, response_deserializer=reply.FromString
         )
         for name, reply in REPLY_TYPES.items()
     }
     return stream, unary
 
 
-def encode_op(op_id: int, field: int, request: bytes) -> bytes:
-    """A MuxOp carrying an encoded request as its `field`."""
-    return b"".join((b"\x08", _varint(op_id), bytes(((field << 3) | 2,)), _varint(len(request)), request))
-
-
-def encode_cancel(op_id: int) -> bytes:
-    """A MuxOp that abandons the operation `op_id`."""
-    return b"\x08" + _varint(op_id) + _CANCEL
-
-
-def request_message(ops: Sequence[bytes]) -> bytes:
-    """A MuxRequest carrying encoded MuxOps."""
-    parts: list[bytes] = []
-    for op in ops:
-        parts += (b"\x0a", _varint(len(op)), op)
-    return b"".join(parts)
-
-
 def outcome(result: pb.MuxResult) -> Any:
     """The reply a MuxResult carries; its error raised as the unary call would have raised it."""
     kind = result.WhichOneof("result")
     if kind == "error":
-        raise error_from_code(result.error.code, result.error.message)
+        raise error_from_code(result.error.code, result.error.message, result.error.reason)
     if kind is None:
         raise UnavailableError(f"the server sent an empty result for operation {result.id}")
     return getattr(result, kind)
@@ -131,12 +117,3 @@ def stream_error(err: BaseException) -> OutrigError:
 def unsupported(err: BaseException) -> bool:
     """Whether a stream ended because the server has no Mux method (an older server)."""
     return isinstance(err, grpc.RpcError) and error_from_rpc(err).code == grpc.StatusCode.UNIMPLEMENTED
-
-
-#: The reply type of each method a stream carries, for a request sent as a unary call instead.
-REPLY_TYPES: Final[dict[str, Any]] = {
-    "Write": pb.WriteReply, "WriteMany": pb.WriteManyReply, "Read": pb.MatchReply, "Take": pb.MatchReply,
-    "ReadMany": pb.MatchReply, "TakeMany": pb.MatchReply, "RenewLeases": pb.RenewLeasesReply,
-    "CancelLeases": pb.CancelLeasesReply, "Count": pb.CountReply, "Begin": pb.BeginReply,
-    "Commit": pb.EndReply, "Abort": pb.EndReply,
-}  # fmt: skip

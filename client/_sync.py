@@ -171,13 +171,21 @@ class Space(BaseSpace):
         reply: pb.MatchReply = self._call(self._ops["Read"], self._match_request(templates, timeout))
         return first_entry(reply)
 
-    def read_nowait(self, templates: Templates, timeout: float | None = 0.0) -> AnyEntry | None:
+    def read_nowait(self, templates: Templates) -> AnyEntry | None:
+        """Return a copy of an entry that matches now, or None; never waits.
+
+        An entry locked by another transaction counts as no match; `read_if_exists` waits for
+        such locks instead.
+        """
+        return self.read_if_exists(templates, lock_timeout=0.0)
+
+    def read_if_exists(self, templates: Templates, *, lock_timeout: float | None) -> AnyEntry | None:
         """Return a copy of an entry that matches now, or None (JavaSpaces ``readIfExists``).
 
-        If the only matches are locked by transactions, wait up to ``timeout`` seconds (None:
-        without limit) for those transactions to end; by default, not at all.
+        It waits for no new entry, but if the only matches are locked by other transactions, it
+        waits up to ``lock_timeout`` seconds (None: without limit) for those to end.
         """
-        request = self._match_request(templates, timeout, if_exists=True)
+        request = self._match_request(templates, lock_timeout, if_exists=True)
         reply: pb.MatchReply = self._call(self._ops["Read"], request)
         return first_entry(reply)
 
@@ -190,13 +198,14 @@ class Space(BaseSpace):
         reply: pb.MatchReply = self._call(self._ops["Take"], self._take_request(templates, timeout))
         return first_entry(reply)
 
-    def take_nowait(self, templates: Templates, timeout: float | None = 0.0) -> AnyEntry | None:
-        """Remove and return an entry that matches now, or None (JavaSpaces ``takeIfExists``).
+    def take_nowait(self, templates: Templates) -> AnyEntry | None:
+        """Remove and return an entry that matches now, or None; never waits (see `read_nowait`)."""
+        return self.take_if_exists(templates, lock_timeout=0.0)
 
-        If the only matches are locked by transactions, wait up to ``timeout`` seconds (None:
-        without limit) for those transactions to end; by default, not at all.
-        """
-        request = self._take_request(templates, timeout, if_exists=True)
+    def take_if_exists(self, templates: Templates, *, lock_timeout: float | None) -> AnyEntry | None:
+        """Remove and return an entry that matches now, or None (JavaSpaces ``takeIfExists``);
+        waits only for other transactions' locks, as `read_if_exists` does."""
+        request = self._take_request(templates, lock_timeout, if_exists=True)
         reply: pb.MatchReply = self._call(self._ops["Take"], request)
         return first_entry(reply)
 
@@ -456,12 +465,12 @@ class Notification:
 class Transaction:
     """An open transaction of one space (see `Space.transaction`).
 
-    ``write``, ``write_many``, ``read``, ``read_nowait``, ``take``, ``take_nowait``,
-    ``read_many``, ``take_many``, ``contents``, ``count`` and ``notify`` behave as the space's
-    own, under the transaction. An operation blocked by another transaction's lock waits, up to
-    its timeout, for that transaction to end; ``read_nowait`` and ``take_nowait`` wait only for
-    such locks. A notify registration made here also hears of this transaction's own writes, and
-    ends with it.
+    ``write``, ``write_many``, ``read``, ``read_nowait``, ``read_if_exists``, ``take``,
+    ``take_nowait``, ``take_if_exists``, ``read_many``, ``take_many``, ``contents``, ``count`` and
+    ``notify`` behave as the space's own, under the transaction. An operation blocked by another
+    transaction's lock waits, up to its timeout, for that transaction to end; ``read_if_exists``
+    and ``take_if_exists`` wait only for such locks, and ``*_nowait`` not at all. A notify
+    registration made here also hears of this transaction's own writes, and ends with it.
     """
 
     def __init__(self, space: Space, lease: Lease) -> None:
@@ -517,17 +526,20 @@ class Transaction:
     def read(self, templates: Templates, timeout: float | None = None) -> AnyEntry | None:
         return self._under.read(templates, timeout)
 
-    def read_nowait(self, templates: Templates, timeout: float | None = 0.0) -> AnyEntry | None:
-        """A match now; if the only matches are locked by other transactions, wait up to
-        ``timeout`` seconds (None: until they end) for them to end."""
-        return self._under.read_nowait(templates, timeout)
+    def read_nowait(self, templates: Templates) -> AnyEntry | None:
+        return self._under.read_nowait(templates)
+
+    def read_if_exists(self, templates: Templates, *, lock_timeout: float | None) -> AnyEntry | None:
+        return self._under.read_if_exists(templates, lock_timeout=lock_timeout)
 
     def take(self, templates: Templates, timeout: float | None = None) -> AnyEntry | None:
         return self._under.take(templates, timeout)
 
-    def take_nowait(self, templates: Templates, timeout: float | None = 0.0) -> AnyEntry | None:
-        """As `read_nowait`, taking."""
-        return self._under.take_nowait(templates, timeout)
+    def take_nowait(self, templates: Templates) -> AnyEntry | None:
+        return self._under.take_nowait(templates)
+
+    def take_if_exists(self, templates: Templates, *, lock_timeout: float | None) -> AnyEntry | None:
+        return self._under.take_if_exists(templates, lock_timeout=lock_timeout)
 
     def read_many(
         self, templates: Templates, *, max_entries: int, timeout: float | None = None

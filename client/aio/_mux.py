@@ -23,20 +23,16 @@ from google.protobuf.message import Message
 from outrig._base import rpc_errors
 from outrig._exceptions import UnavailableError, UnimplementedError
 from outrig._mux_wire import (
-    BATCH_BYTES,
-    BATCH_OPS,
-    DEFAULT_LIMIT,
-    MAX_STREAM_REQUEST,
     OP_FIELDS,
+    batch_length,
     callables,
-    encode_cancel,
-    encode_op,
+    closed,
     limit_of,
     outcome,
-    request_message,
     stream_error,
     unsupported,
 )
+from outrig._protocol import DEFAULT_LIMIT, MAX_STREAM_REQUEST, encode_cancel, encode_op, request_message
 from outrig.v1 import space_pb2 as pb
 
 __all__ = ["AsyncMux"]
@@ -90,14 +86,9 @@ class _Stream:
                 if not self._outbox:
                     self._queued.clear()
                     await self._queued.wait()
-                ops: list[bytes] = []
-                size = 0
-                for op in self._outbox:
-                    if ops and (len(ops) == BATCH_OPS or size + len(op) > BATCH_BYTES):
-                        break
-                    ops.append(op)
-                    size += len(op)
-                del self._outbox[: len(ops)]
+                count = batch_length(self._outbox)
+                ops = self._outbox[:count]
+                del self._outbox[:count]
                 await call.write(request_message(ops))
         # A failed write shows as the call's end, which the reader reports.
 
@@ -169,7 +160,7 @@ class AsyncMux:
 
     def _current(self) -> _Stream:
         if self._closed:
-            raise ValueError("the connection is closed")
+            raise closed()
         if self._stream is None or self._stream.ended:
             self._stream = _Stream(self._open_stream, self._metadata)
         return self._stream

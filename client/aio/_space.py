@@ -135,10 +135,15 @@ class AsyncSpace(BaseSpace):
         reply: pb.MatchReply = await self._call(self._ops["Read"], self._match_request(templates, timeout))
         return first_entry(reply)
 
-    async def read_nowait(self, templates: Templates, timeout: float | None = 0.0) -> AnyEntry | None:
-        """Return a copy of an entry that matches now, or None; see `outrig.Space.read_nowait`
-        for ``timeout`` (waiting for entries locked by transactions)."""
-        request = self._match_request(templates, timeout, if_exists=True)
+    async def read_nowait(self, templates: Templates) -> AnyEntry | None:
+        """Return a copy of an entry that matches now, or None; never waits (see
+        `outrig.Space.read_nowait`)."""
+        return await self.read_if_exists(templates, lock_timeout=0.0)
+
+    async def read_if_exists(self, templates: Templates, *, lock_timeout: float | None) -> AnyEntry | None:
+        """Return a copy of an entry that matches now, or None, waiting only for other
+        transactions' locks (see `outrig.Space.read_if_exists`)."""
+        request = self._match_request(templates, lock_timeout, if_exists=True)
         reply: pb.MatchReply = await self._call(self._ops["Read"], request)
         return first_entry(reply)
 
@@ -150,9 +155,14 @@ class AsyncSpace(BaseSpace):
         reply: pb.MatchReply = await self._call(self._ops["Take"], self._take_request(templates, timeout))
         return first_entry(reply)
 
-    async def take_nowait(self, templates: Templates, timeout: float | None = 0.0) -> AnyEntry | None:
-        """Remove and return an entry that matches now, or None; see `outrig.Space.take_nowait`."""
-        request = self._take_request(templates, timeout, if_exists=True)
+    async def take_nowait(self, templates: Templates) -> AnyEntry | None:
+        """Remove and return an entry that matches now, or None; never waits."""
+        return await self.take_if_exists(templates, lock_timeout=0.0)
+
+    async def take_if_exists(self, templates: Templates, *, lock_timeout: float | None) -> AnyEntry | None:
+        """Remove and return an entry that matches now, or None, waiting only for other
+        transactions' locks (see `outrig.Space.take_if_exists`)."""
+        request = self._take_request(templates, lock_timeout, if_exists=True)
         reply: pb.MatchReply = await self._call(self._ops["Take"], request)
         return first_entry(reply)
 
@@ -471,14 +481,20 @@ class AsyncTransaction:
     async def read(self, templates: Templates, timeout: float | None = None) -> AnyEntry | None:
         return await self._view().read(templates, timeout)
 
-    async def read_nowait(self, templates: Templates, timeout: float | None = 0.0) -> AnyEntry | None:
-        return await self._view().read_nowait(templates, timeout)
+    async def read_nowait(self, templates: Templates) -> AnyEntry | None:
+        return await self._view().read_nowait(templates)
+
+    async def read_if_exists(self, templates: Templates, *, lock_timeout: float | None) -> AnyEntry | None:
+        return await self._view().read_if_exists(templates, lock_timeout=lock_timeout)
 
     async def take(self, templates: Templates, timeout: float | None = None) -> AnyEntry | None:
         return await self._view().take(templates, timeout)
 
-    async def take_nowait(self, templates: Templates, timeout: float | None = 0.0) -> AnyEntry | None:
-        return await self._view().take_nowait(templates, timeout)
+    async def take_nowait(self, templates: Templates) -> AnyEntry | None:
+        return await self._view().take_nowait(templates)
+
+    async def take_if_exists(self, templates: Templates, *, lock_timeout: float | None) -> AnyEntry | None:
+        return await self._view().take_if_exists(templates, lock_timeout=lock_timeout)
 
     async def read_many(
         self, templates: Templates, *, max_entries: int, timeout: float | None = None

@@ -186,7 +186,9 @@ class SpaceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Begin(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """A transaction is a lease of the space: beginning and committing one is renewing, aborting
+        it is cancelling. Every operation under it is checked on its own.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')

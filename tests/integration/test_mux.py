@@ -21,7 +21,8 @@ import pytest
 import outrig
 import outrig.aio
 from outrig._codec import encode_entry_into, encode_template_into
-from outrig._mux_wire import OP_FIELDS, encode_op, request_message
+from outrig._mux_wire import OP_FIELDS
+from outrig._protocol import encode_op, request_message
 from outrig.v1 import space_pb2 as pb
 from outrig.v1 import space_pb2_grpc
 

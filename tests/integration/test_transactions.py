@@ -71,14 +71,14 @@ def test_a_blocked_take_gets_a_transactions_write_when_it_commits(space):
     timer.join()
 
 
-def test_nowait_waits_only_for_locked_entries(space):
-    assert space.take_nowait(Task(job="e"), timeout=10.0) is None  # nothing locked: at once
+def test_if_exists_waits_only_for_locked_entries(space):
+    assert space.take_if_exists(Task(job="e"), lock_timeout=10.0) is None  # nothing locked: at once
     space.write(Task(job="e", n=1))
     txn = space.transaction()
     txn.take(Task(job="e"))
     assert space.read_nowait(Task(job="e")) is None  # no timeout: no wait
     timer = _later(0.3, txn.abort)
-    assert space.read_nowait(Task(job="e"), timeout=10.0) == Task(job="e", n=1)
+    assert space.read_if_exists(Task(job="e"), lock_timeout=10.0) == Task(job="e", n=1)
     timer.join()
 
 
