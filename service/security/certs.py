@@ -3,7 +3,8 @@
 The certificates are real X.509 made with cryptography's builder: a CA, a server certificate for
 localhost (DNS localhost, IP 127.0.0.1 and ::1) and a client certificate, each signed by the CA.
 They are for trying TLS and mutual TLS in minutes, not for production: the CA's key sits next to
-its certificate.
+its certificate. `issue` makes whatever it is asked for (the tests forge certificates with it);
+`write_dev_certificates`, behind `outrig certs dev`, refuses a client name no server accepts.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from outrig.service.security.principal import refusal
 
 _VALID_DAYS = 365
 
@@ -126,7 +129,14 @@ def write_dev_certificates(
 ) -> list[Path]:
     """Write ca.pem/ca.key, server.pem/server.key and client.pem/client.key to `directory`.
 
-    Refuses to overwrite: an existing file is an error (FileExistsError)."""
+    Refuses to overwrite: an existing file is an error (FileExistsError). Refuses a client CN or
+    URI that breaks the principal name rule (principal.py), before writing anything (ValueError):
+    a server would refuse the certificate. The CN is checked even with a URI, which then names
+    the principal, so that the certificate is usable whichever name a server reads."""
+    for flag, name in (("--client", client), ("--client-uri", client_uri)):
+        refused = None if name is None else refusal(name)
+        if refused is not None:
+            raise ValueError(f"{flag}: {refused}")
     directory.mkdir(parents=True, exist_ok=True)
     names = ("ca.pem", "ca.key", "server.pem", "server.key", "client.pem", "client.key")
     existing = [name for name in names if (directory / name).exists()]

@@ -7,7 +7,8 @@ interceptor because a grpc.aio interceptor does not see the peer's TLS identity.
 1. authenticates: a bearer token in the `authorization` metadata (verified once, then cached
    until it expires), else the client certificate's principal (its SAN URI, else its CN, as gRPC
    reports them: no certificate is parsed per call), else, on a server with no authentication
-   configured, `ANONYMOUS`. No identity where one is required: UnauthenticatedError.
+   configured, `ANONYMOUS`. No identity where one is required, or one whose name breaks the name
+   rule (principal.py: empty, `*`, `group:...`, control characters): UnauthenticatedError.
 2. works out the `Access` (action, space, types) from the request's names (security/access.py);
 3. asks the current `Policy` about (principal, action, space, type) for each type, from its
    decision cache after the first time. A refusal is PermissionDeniedError and a log line
@@ -30,7 +31,7 @@ from outrig.service.exceptions import PermissionDeniedError, UnauthenticatedErro
 from outrig.service.security.access import ACCESS
 from outrig.service.security.policy import SCHEME
 from outrig.service.security.policy_file import PolicyFile
-from outrig.service.security.principal import ANONYMOUS, Principal
+from outrig.service.security.principal import ANONYMOUS, Principal, refusal
 from outrig.service.security.tokens import TokenVerifier
 
 log = logging.getLogger("outrig.service.security")
@@ -56,9 +57,12 @@ class Authenticator:
             return self._tokens.principal(token)
         if self._certificates:
             name = _certificate_name(context.auth_context())
-            if name is not None:
-                return Principal(name)
-            raise UnauthenticatedError("client certificate: names no principal (no SAN URI, no CN)")
+            if name is None:
+                raise UnauthenticatedError("client certificate: names no principal (no SAN URI, no CN)")
+            refused = refusal(name)
+            if refused is not None:  # a CA signing a CN 'group:ops' must not hand out group ops
+                raise UnauthenticatedError(f"client certificate: {refused}")
+            return Principal(name)
         raise UnauthenticatedError("no credential: send a bearer token in the 'authorization' metadata")
 
 

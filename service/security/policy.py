@@ -3,7 +3,7 @@
 A policy file (TOML)::
 
     [groups]
-    ops = ["alice", "bob"]
+    ops = ["alice", "bob"]                   # principal names; [] is a group with no members
 
     [[grant]]
     principals = ["alice", "group:ops"]      # a name, group:NAME, or "*" (anyone authenticated)
@@ -18,11 +18,19 @@ segment, `-` one or more (River's convention). A pattern ending in `/*` or `/-` 
 space itself. Without a policy everything authenticated is allowed; with one, what no grant allows
 is denied.
 
+Principals and groups are two namespaces. A grant's `principals` entry is read once, at load, into
+a tagged subject: `("principal", NAME)`, `("group", NAME)` for `group:NAME`, or `EVERYONE` for `*`;
+a principal is looked up as `("principal", its name)` and its groups as `("group", each)`, so no
+principal's name can equal a group's subject or `*`'s, whatever the name (a principal named
+`group:ops` is `("principal", "group:ops")`, not group ops). Authentication also refuses such names
+(principal.py), so that whoever can call can be named in a policy as itself.
+
 Everything about a grant is worked out at load time: patterns are parsed into `Pattern`s and filed
 by (subject, action), so deciding looks only at the grants naming this principal, its groups or
 `*`, for this action or `*`. Decisions are kept in an LRU cache keyed by (principal, action, space,
-type) that belongs to the policy object: a reload builds a new `Policy`, so swapping it drops the
-old decisions in the same step.
+type), the principal being the whole `Principal` (name and token groups), that belongs to the
+policy object: a reload builds a new `Policy`, so swapping it drops the old decisions in the same
+step.
 """
 
 from __future__ import annotations
@@ -37,13 +45,33 @@ from typing import Any
 from cachetools import LRUCache
 
 from outrig.service.exceptions import PolicyError
-from outrig.service.security.principal import Principal
+from outrig.service.security.principal import (
+    GROUP_PREFIX,
+    NAME_RULE,
+    Principal,
+    control_fault,
+    name_fault,
+    quoted,
+)
 
 ACTIONS = ("write", "read", "take", "notify", "renew", "cancel", "admin")
 ANY = "*"
 SCHEME = "outrig://"
 _SPACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-_GROUP = "group:"
+
+# Who a grant is for, tagged so that the namespaces cannot meet: ("principal", name),
+# ("group", name), or EVERYONE.
+Subject = tuple[str, str]
+EVERYONE: Subject = ("everyone", "")
+
+
+def subject(text: str) -> Subject:
+    """The subject a grant's `principals` entry names: `*`, `group:NAME` or a principal's name."""
+    if text == ANY:
+        return EVERYONE
+    if text.startswith(GROUP_PREFIX):
+        return ("group", text[len(GROUP_PREFIX) :])
+    return ("principal", text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,10 +121,28 @@ def parse_pattern(text: str, where: str = "resource") -> Pattern:
     return Pattern(None if space == ANY else space, tuple(segments), tail)
 
 
-def _strings(value: Any, where: str) -> list[str]:
-    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
-        raise PolicyError(f"{where}: expected a non-empty list of non-empty strings, got {value!r}")
+def _strings(value: Any, where: str, *, empty: bool = False) -> list[str]:
+    """A list of non-empty strings; an empty list only if `empty` (a group may have no members)."""
+    if (
+        not isinstance(value, list)
+        or (not value and not empty)
+        or not all(isinstance(v, str) and v for v in value)
+    ):
+        kind = "list" if empty else "non-empty list"
+        raise PolicyError(f"{where}: expected a {kind} of non-empty strings, got {value!r}")
     return value
+
+
+def _principal_names(names: list[str], where: str) -> list[str]:
+    """Refuse a name authentication never lets a principal have: it could only match no one."""
+    for name in names:
+        fault = name_fault(name)
+        if fault is not None:
+            nesting = " (groups do not nest)" if name.startswith(GROUP_PREFIX) else ""
+            raise PolicyError(
+                f"{where}: {quoted(name)} is not a principal name: it {fault}{nesting}; {NAME_RULE}"
+            )
+    return names
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,11 +170,11 @@ class Policy:
             for name in names:
                 members.setdefault(name, set()).add(group)
         self._groups_of = {name: frozenset(found) for name, found in members.items()}
-        self._index: dict[tuple[str, str], list[Pattern]] = {}
+        self._index: dict[tuple[Subject, str], list[Pattern]] = {}
         for grant in self.grants:
-            for subject in grant.principals:
+            for text in grant.principals:
                 for action in grant.actions:
-                    self._index.setdefault((subject, action), []).extend(grant.patterns)
+                    self._index.setdefault((subject(text), action), []).extend(grant.patterns)
         self._decisions: LRUCache[tuple[Principal, str, str, str | None], bool] = LRUCache(maxsize=cache_size)
 
     def allows(self, principal: Principal, action: str, space: str, type_name: str | None) -> bool:
@@ -142,16 +188,25 @@ class Policy:
 
     def _decide(self, principal: Principal, action: str, space: str, type_name: str | None) -> bool:
         groups = principal.groups | self._groups_of.get(principal.name, frozenset())
-        subjects = [principal.name, ANY, *(_GROUP + group for group in groups)]
-        for subject in subjects:
+        subjects: list[Subject] = [("principal", principal.name), EVERYONE]
+        subjects += [("group", group) for group in groups]
+        for who in subjects:
             for granted in (action, ANY):
-                for pattern in self._index.get((subject, granted), ()):
+                for pattern in self._index.get((who, granted), ()):
                     if pattern.covers(space, type_name):
                         return True
         return False
 
     def statistics(self) -> dict[str, int]:
         return {"grants": len(self.grants), "cached_decisions": len(self._decisions)}
+
+
+def _group_name_fault(name: str) -> str | None:
+    """A group's name is any non-empty text without control characters; it lives in its own
+    namespace, so unlike a principal's it may even be `*` or start with `group:`."""
+    if not name:
+        return "is empty ('group:' needs a group name)"
+    return control_fault(name)
 
 
 def parse_policy(data: Mapping[str, Any], source: str = "<policy>") -> Policy:
@@ -164,7 +219,13 @@ def parse_policy(data: Mapping[str, Any], source: str = "<policy>") -> Policy:
     groups = data.get("groups", {})
     if not isinstance(groups, Mapping):
         raise PolicyError(f"{source}: groups: expected a table of group = [names]")
-    checked_groups = {name: _strings(names, f"{source}: groups.{name}") for name, names in groups.items()}
+    checked_groups = {}
+    for group, names in groups.items():
+        where = f"{source}: groups.{group}"
+        fault = _group_name_fault(group)
+        if fault is not None:
+            raise PolicyError(f"{where}: the group name {quoted(group)} {fault}")
+        checked_groups[group] = _principal_names(_strings(names, where, empty=True), where)
     grants_data = data.get("grant", [])
     if not isinstance(grants_data, list):
         raise PolicyError(f"{source}: grant: expected [[grant]] tables")
@@ -178,8 +239,14 @@ def parse_policy(data: Mapping[str, Any], source: str = "<policy>") -> Policy:
             raise PolicyError(f"{where}: unknown key(s) {', '.join(sorted(extra))}")
         principals = _strings(item.get("principals"), f"{where}.principals")
         for name in principals:
-            if name.startswith(_GROUP) and len(name) == len(_GROUP):
-                raise PolicyError(f"{where}.principals: 'group:' needs a group name")
+            if name == ANY:
+                continue
+            if name.startswith(GROUP_PREFIX):
+                fault = _group_name_fault(name[len(GROUP_PREFIX) :])
+                if fault is not None:
+                    raise PolicyError(f"{where}.principals: {quoted(name)}: the group name {fault}")
+            else:
+                _principal_names([name], f"{where}.principals")
         resources = _strings(item.get("resources"), f"{where}.resources")
         patterns = tuple(parse_pattern(r, f"{where}.resources[{j}]") for j, r in enumerate(resources))
         actions = _strings(item.get("actions"), f"{where}.actions")

@@ -3,14 +3,14 @@
 A reload parses the file off the event loop, then replaces `current` in one assignment on the
 loop, so a call sees either the old policy (with its decision cache) or the new one (with an empty
 cache), never a mix. A file that cannot be parsed is rejected: the old policy stays, and the log
-says why. The file is watched by polling its (mtime, size, inode) every `interval` seconds, which
-needs no extra dependency and costs one stat per second.
+says why. A group with no members (`writers = []`) is valid: emptying a group is how its last
+member loses its grants. The file is watched by polling its (mtime, size, inode) every `interval`
+seconds, which needs no extra dependency and costs one stat per second.
 """
 
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import os
 from pathlib import Path
@@ -45,11 +45,10 @@ class PolicyFile:
         self._reloading = asyncio.Lock()
 
     def _install(self, policy: Policy) -> None:
+        # Nothing process-wide happens here: a reload used to gc.freeze() the whole heap (issue 18),
+        # freezing whatever garbage was alive with the new grants. The old policy holds no
+        # reference cycles, so reference counting frees it and its decision cache at this swap.
         self.current = policy
-        # As at start-up (OutrigServer.start): the new grants live until the next reload, so keep
-        # the cyclic collector from walking them on every full collection. The old policy holds
-        # no reference cycles, so reference counting frees it although it was frozen.
-        gc.freeze()
         self.reloads += 1
         log.info("policy reloaded from %s: %d grant(s)", self.path, len(policy.grants))
 

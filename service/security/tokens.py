@@ -1,9 +1,10 @@
 """Signed bearer tokens: JWTs signed with Ed25519 (EdDSA), made and checked by PyJWT.
 
-A token's claims: `sub` (the principal), `aud` (the server's audience, "outrig" unless
-configured), `iat`, `exp`, and optionally `groups` (a list of group names). `outrig keys ed25519
-DIR` writes a key pair; `outrig token issue --key DIR/token.key --principal alice --ttl 1h` prints
-a token; the server is given the public key (`--token-public-key DIR/token.pub`).
+A token's claims: `sub` (the principal, held to the name rule of principal.py), `aud` (the
+server's audience, "outrig" unless configured), `iat`, `exp`, and optionally `groups` (a list of
+group names). `outrig keys ed25519 DIR` writes a key pair; `outrig token issue --key DIR/token.key
+--principal alice --ttl 1h` prints a token; the server is given the public key
+(`--token-public-key DIR/token.pub`).
 
 Verifying a signature costs tens of microseconds, so `TokenVerifier` keeps each verified token
 (by its exact text) until it expires: a client that sends the same token on every call pays the
@@ -24,7 +25,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from outrig.service.exceptions import UnauthenticatedError
-from outrig.service.security.principal import Principal
+from outrig.service.security.principal import Principal, check_name, refusal
 
 DEFAULT_AUDIENCE = "outrig"
 ALGORITHM = "EdDSA"
@@ -90,9 +91,9 @@ def issue_token(
     audience: str = DEFAULT_AUDIENCE,
     now: float | None = None,
 ) -> str:
-    """A signed token naming `principal`, valid for `ttl` seconds."""
-    if not principal:
-        raise ValueError("principal: must not be empty")
+    """A signed token naming `principal`, valid for `ttl` seconds; ValueError if `principal` breaks
+    the name rule (principal.py): no server would accept the token."""
+    check_name(principal)
     issued = int(time.time() if now is None else now)
     claims: dict[str, Any] = {"sub": principal, "aud": audience, "iat": issued, "exp": issued + int(ttl)}
     if groups:
@@ -154,6 +155,9 @@ class TokenVerifier:
         subject, groups = claims.get("sub"), claims.get("groups", [])
         if not isinstance(subject, str) or not subject:
             raise UnauthenticatedError("token: claim 'sub' must be a non-empty string")
+        refused = refusal(subject)
+        if refused is not None:  # e.g. 'group:ops': never a group's grants by being called so
+            raise UnauthenticatedError(f"token: claim 'sub': {refused}")
         if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
             raise UnauthenticatedError("token: claim 'groups' must be a list of strings")
         expires = float(claims["exp"])

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+import jwt
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -495,3 +496,87 @@ def test_transactions_are_checked_as_leases_and_their_operations_as_usual(
                 txn.take_nowait(Task())  # but under a transaction she still may not take
         with pytest.raises(outrig.PermissionDeniedError, match=r"renew outrig://jobs \("):
             carol.transaction()  # carol may take tasks in jobs, but not begin a transaction there
+
+
+# Issue 17 section 1: a principal's name is never a group or "*". POLICY grants group:ops (carol by
+# the policy's [groups], dave by his token) everything in the ops space.
+CONFUSING_NAMES = ["group:ops", "*", "al\nice", "group:"]
+
+
+@pytest.mark.parametrize("name", CONFUSING_NAMES, ids=["group-ref", "star", "control-char", "group-prefix"])
+def test_a_token_whose_principal_looks_like_a_group_or_star_is_unauthenticated(
+    token_server: ServerProcess, pki: Pki, name: str
+) -> None:
+    # Signed with the server's own key, as a token from an identity provider whose subjects are
+    # free text could be: `outrig token issue` refuses to mint it (tests/security/test_commands.py).
+    token = jwt.encode({"sub": name, "aud": "outrig", "exp": int(time.time()) + 600}, pki.key, "EdDSA")
+    space = outrig.connect(token_server.address, tls=pki.tls(), token=token, space="ops", retry_deadline=0)
+    with space:
+        with pytest.raises(outrig.UnauthenticatedError, match="principal name") as info:
+            space.write(Task(n=1), lease=60)
+        assert "group:" in str(info.value)  # the message states the rule
+        with pytest.raises(outrig.UnauthenticatedError, match="principal name"):
+            space.count(Public())  # not even what "*" may do
+
+
+@pytest.mark.parametrize(
+    ("common_name", "uri"),
+    [("group:ops", None), ("*", None), ("mallory", "group:ops")],
+    ids=["cn-group-ref", "cn-star", "san-uri-group-ref"],
+)
+def test_a_client_certificate_whose_principal_looks_like_a_group_or_star_is_unauthenticated(
+    mtls_server: ServerProcess, pki: Pki, common_name: str, uri: str | None
+) -> None:
+    # Signed by the CA the server trusts: whoever may get a certificate signed must not get a
+    # group's grants by choosing its name (deploy/kubernetes/mtls grants group:operators everything).
+    ca = certs.Issued(pki.dir.joinpath("ca.pem").read_bytes(), pki.dir.joinpath("ca.key").read_bytes())
+    client = certs.issue(ca, common_name, uri=uri)
+    tls = outrig.TLS(ca=pki.path("ca.pem"), cert=client.cert, key=client.key)
+    space = outrig.connect(mtls_server.address, tls=tls, space="ops", retry_deadline=0)
+    with space, pytest.raises(outrig.UnauthenticatedError, match=r"client certificate.*principal name"):
+        space.write(Task(n=1), lease=60)
+
+
+def test_a_group_member_keeps_the_groups_grants(token_server: ServerProcess, pki: Pki) -> None:
+    # The other side of the rule: carol (by the policy) and dave (by his token) are in ops.
+    for principal, groups in (("carol", ()), ("dave", ("ops",))):
+        with _as(token_server, pki, principal, "ops", groups) as ops:
+            ops.write(Task(n=1), lease=60)
+    not_a_member = _as(token_server, pki, "ops", "ops")  # a principal named like the group, not in it
+    with not_a_member, pytest.raises(outrig.PermissionDeniedError, match="'ops' may not write"):
+        not_a_member.write(Task(n=1), lease=60)
+
+
+# Issue 17 section 5: a reload that empties a group is a valid policy, and takes effect.
+def test_a_reload_that_empties_a_group_takes_its_last_members_access_away(
+    server_factory: Callable[..., ServerProcess], pki: Pki, tmp_path: Path
+) -> None:
+    grant = (
+        '[[grant]]\nprincipals = ["group:writers"]\nresources = ["outrig://reload/*"]\nactions = ["write"]\n'
+    )
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[groups]\nwriters = ["bob"]\n' + grant)
+    server = server_factory(
+        *_tls_args(pki), "--token-public-key", pki.path("token.pub"), "--policy", str(policy)
+    )
+
+    def reload(text: str, reloads: int) -> None:
+        staging = tmp_path / "policy.new"
+        staging.write_text(text)
+        os.replace(staging, policy)
+        server.process.send_signal(signal.SIGHUP)
+        _eventually(
+            lambda: (
+                "reload rejected" in server.log.read_text()
+                or server.log.read_text().count("policy reloaded") >= reloads
+            )
+        )
+        assert "reload rejected" not in server.log.read_text(), server.log.read_text()
+
+    with _as(server, pki, "bob", "reload") as bob:
+        bob.write(Task(n=1), lease=60)
+        reload("[groups]\nwriters = []\n" + grant, 1)
+        with pytest.raises(outrig.PermissionDeniedError, match="'bob' may not write"):
+            bob.write(Task(n=2), lease=60)
+        reload('[groups]\nwriters = ["bob"]\n' + grant, 2)  # and back
+        bob.write(Task(n=3), lease=60)

@@ -96,3 +96,32 @@ def _ec_key(tmp_path: Path) -> None:
         )
     )
     tokens.load_private_key(path)
+
+
+REFUSED_NAMES = ["group:admins", "group:", "*", "bob\n", "a\x00b", "\x7f", "\u0085x"]
+
+
+@pytest.mark.parametrize("name", REFUSED_NAMES)
+def test_a_token_naming_a_principal_no_policy_could_tell_from_a_group_is_refused(
+    key: Ed25519PrivateKey, name: str
+) -> None:
+    # Signed with the right key (a token from an identity provider with free-text subjects):
+    # still refused, naming the rule.
+    token = jwt.encode({"sub": name, "aud": "outrig", "exp": int(time.time()) + 60}, key, algorithm="EdDSA")
+    verifier = tokens.TokenVerifier(key.public_key())
+    for _ in range(2):  # refused every time: a refusal is not cached as a principal
+        with pytest.raises(UnauthenticatedError, match="token: claim 'sub'") as info:
+            verifier.principal(token)
+        assert "principal name" in str(info.value) and "'group:'" in str(info.value)
+
+
+@pytest.mark.parametrize("name", REFUSED_NAMES)
+def test_issue_token_refuses_to_mint_such_a_principal(key: Ed25519PrivateKey, name: str) -> None:
+    with pytest.raises(ValueError, match="principal name"):
+        tokens.issue_token(key, name, 60)
+
+
+def test_a_principal_name_like_a_uri_or_with_a_colon_is_fine(key: Ed25519PrivateKey) -> None:
+    verifier = tokens.TokenVerifier(key.public_key())
+    for name in ("spiffe://example.org/ns/jobs/sa/worker", "groups:x", "Group:x", "user:alice", "élodie"):
+        assert verifier.principal(tokens.issue_token(key, name, 60)).name == name
