@@ -19,7 +19,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from google.protobuf.descriptor import FieldDescriptor, MethodDescriptor
 from google.protobuf.message import DecodeError
 from google.rpc import error_details_pb2, status_pb2
 
@@ -86,7 +85,7 @@ def varint(value: int) -> bytes:
     return bytes(out)
 
 
-def tag(field: FieldDescriptor) -> bytes:
+def tag(field: Any) -> bytes:
     """The tag that starts `field` in an encoded message."""
     kind = (
         _LENGTH_DELIMITED
@@ -136,7 +135,7 @@ def _snake(name: str) -> str:
 
 def _methods() -> dict[str, Method]:
     ops = {field.name: field for field in pb.MuxOp.DESCRIPTOR.oneofs_by_name["op"].fields}
-    results: dict[str, FieldDescriptor] = {}
+    results: dict[str, Any] = {}
     for field in pb.MuxResult.DESCRIPTOR.oneofs_by_name["result"].fields:
         if field.message_type is not None:
             results.setdefault(field.message_type.full_name, field)
@@ -148,10 +147,9 @@ def _methods() -> dict[str, Method]:
     return methods
 
 
-def _method(
-    method: MethodDescriptor, op: FieldDescriptor | None, results: dict[str, FieldDescriptor]
-) -> Method:
-    options = method.GetOptions()
+def _method(method: Any, op: Any, results: dict[str, Any]) -> Method:
+    """The Method a descriptor declares (`op`: its MuxOp field, if any)."""
+    options: Any = method.GetOptions()
     if not options.HasExtension(pb.access):
         raise AssertionError(f"{method.full_name}: declares no (outrig.v1.access) option")
     access = options.Extensions[pb.access]
@@ -209,7 +207,8 @@ def status_details(code: int, message: str, reason: int) -> bytes:
     status.details.add().Pack(
         error_details_pb2.ErrorInfo(reason=pb.ErrorReason.Name(reason), domain=REASON_DOMAIN)
     )
-    return status.SerializeToString()
+    encoded: bytes = status.SerializeToString()
+    return encoded
 
 
 def reason_in(metadata: Iterable[tuple[str, Any]] | None) -> int:
