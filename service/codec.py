@@ -1,8 +1,10 @@
 """Protobuf <-> engine objects, validating as it goes.
 
 Everything a client sends passes through here before the engine sees it, and every problem is an
-InvalidArgumentError whose message names the field at fault (`entries[3].fields['n']`). Values are
-turned into `FieldValue`s without decoding arrays: a typed array stays the bytes it arrived as.
+InvalidArgumentError whose message names the field at fault (`entries[3].fields['n']`). A name or
+key the client chose is quoted through `excerpt`, at most a short prefix of it, so that no message
+grows with the request. Values are turned into `FieldValue`s without decoding arrays: a typed
+array stays the bytes it arrived as.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from outrig.service import wire
 from outrig.service.config import Limits
 from outrig.service.engine.model import LeaseGrant, NewEntry, Template
 from outrig.service.engine.values import NULL, FieldValue
-from outrig.service.exceptions import InvalidArgumentError
+from outrig.service.exceptions import InvalidArgumentError, excerpt
 from outrig.v1 import space_pb2 as pb
 
 _SPACE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -37,7 +39,7 @@ def space_name(name: str, limits: Limits) -> str:
         raise InvalidArgumentError("space: must not be empty")
     if len(name) > limits.max_name_length or not _SPACE_NAME.fullmatch(name):
         raise InvalidArgumentError(
-            f"space: {name[:64]!r} is not a valid space name (letters, digits, '.', '_', '-', "
+            f"space: {excerpt(name)} is not a valid space name (letters, digits, '.', '_', '-', "
             f"starting with a letter or digit, at most {limits.max_name_length} characters)"
         )
     return name
@@ -88,7 +90,9 @@ def _check_nested(value: pb.Value, where: str, depth: int, limits: Limits) -> bo
             raise InvalidArgumentError(f"{where}: map has a duplicate key")
         ordered = keys == sorted(keys)
         for item in value.map_value.items:
-            ordered = _check_nested(item.value, f"{where}[{item.key!r}]", depth + 1, limits) and ordered
+            ordered = (
+                _check_nested(item.value, f"{where}[{excerpt(item.key)}]", depth + 1, limits) and ordered
+            )
         return ordered
     return True
 
@@ -153,15 +157,15 @@ def _fields(
     for name in fields:
         value = fields[name]
         if not name or len(name) > longest:
-            _name(name, f"{where}[{name!r}]", limits)  # raises, naming the field
+            _name(name, f"{where}[{excerpt(name)}]", limits)  # raises, naming the field
         kind = value.WhichOneof("kind")
         plain = _PLAIN.get(kind)  # None when no value is set
         if plain is not None:
             result[name] = FieldValue(plain, getattr(value, kind))
         elif arrays and kind == "array_value" and (view := arrays.get(name)) is not None:
-            result[name] = _array(value.array_value, f"{where}[{name!r}]", view)
+            result[name] = _array(value.array_value, f"{where}[{excerpt(name)}]", view)
         else:
-            result[name] = field_value(value, f"{where}[{name!r}]", limits)
+            result[name] = field_value(value, f"{where}[{excerpt(name)}]", limits)
     return result
 
 
@@ -178,7 +182,13 @@ def new_entry(
         if not supertype or len(supertype) > longest:
             _name(supertype, f"{where}.supertypes[{i}]", limits)  # raises
     if type_name in supertypes or len(set(supertypes)) != len(supertypes):
-        raise InvalidArgumentError(f"{where}.supertypes: a type appears twice in {[type_name, *supertypes]}")
+        seen = {type_name}
+        for i, supertype in enumerate(supertypes):
+            if supertype in seen:
+                raise InvalidArgumentError(
+                    f"{where}.supertypes[{i}]: {excerpt(supertype)} is the type or an earlier supertype"
+                )
+            seen.add(supertype)
     # The payload is the entry's encoding, framed: what replies and the store carry (see wire.py).
     if encoding is None:
         encoding = entry.SerializeToString()
@@ -186,7 +196,12 @@ def new_entry(
     # A large entry's arrays are taken as views into the payload: read through the decoded
     # message they would be one more copy (3.6 MB for an HD frame, held as long as the entry).
     # Such an entry arrives decoded without its arrays' data (wire.without_array_data).
-    arrays = wire.array_views(wire.unframed(payload)) if len(encoding) > wire.VIEW_ARRAYS_ABOVE else None
+    arrays = None
+    if len(encoding) > wire.VIEW_ARRAYS_ABOVE:
+        try:
+            arrays = wire.array_views(wire.unframed(payload))
+        except ValueError as err:  # the request's bytes were checked as they arrived: a safety net
+            raise InvalidArgumentError(f"{where}: not a valid outrig.v1.Entry ({err})") from None
     fields = _fields(entry.fields, f"{where}.fields", limits, arrays)
     return NewEntry(type_name, supertypes, fields, payload, len(encoding))
 

@@ -22,10 +22,24 @@
     └── ProcessTuningError        a process-wide setting left as it was (logged; the server runs on)
 
 The engine raises these; the gRPC servicer maps them to status codes through one table
-(outrig.service.servicer.STATUS_BY_ERROR). Messages name the field or limit at fault.
+(outrig.service.servicer.STATUS_BY_ERROR). Messages name the field or limit at fault, and quote
+a client's text only through `excerpt`: a message travels back as gRPC metadata, which a client
+refuses beyond its limit (8 KiB by default), so a 100,000-character name must not be echoed whole.
 """
 
 from __future__ import annotations
+
+#: The most characters of a client's text that a message quotes (`excerpt`).
+EXCERPT_CHARACTERS = 64
+
+
+def excerpt(text: str, limit: int = EXCERPT_CHARACTERS) -> str:
+    """`text` quoted for a message: its repr when it has at most `limit` characters, else the
+    repr of its first `limit`, an ellipsis, and how long it was: "'aaaa…' (100000 characters)"."""
+    if len(text) <= limit:
+        return repr(text)
+    quoted = repr(text[:limit])
+    return f"{quoted[:-1]}…{quoted[-1]} ({len(text)} characters)"
 
 
 class SpaceError(Exception):

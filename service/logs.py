@@ -1,5 +1,7 @@
 """How `outrig serve` logs: text lines for a terminal, or one JSON object per line for a log
-pipeline (`--log-format json`), on standard error either way."""
+pipeline (`--log-format json`), on standard error either way; and `Throttle`, which keeps what a
+client can make the server log (by sending the same bad request again and again) to a line every
+so often."""
 
 from __future__ import annotations
 
@@ -7,9 +9,10 @@ import json
 import logging
 import sys
 import time
-from typing import Final
+from collections.abc import Callable, Hashable
+from typing import Any, Final
 
-__all__ = ["JsonFormatter", "configure_logging"]
+__all__ = ["JsonFormatter", "Throttle", "configure_logging"]
 
 _TEXT: Final = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -35,3 +38,39 @@ def configure_logging(level: str, log_format: str) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(_TEXT))
     logging.basicConfig(level=level, handlers=[handler])
+
+
+class Throttle:
+    """At most one log line per key every `interval` seconds; the lines held back in between are
+    counted, and the next line let through says how many there were. Keys must come from a small
+    set the server chooses (a method name, an exception type), never from a request: each is
+    remembered. `clock` returns seconds (monotonic); tests pass a fake one."""
+
+    def __init__(self, interval: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._interval = interval
+        self._clock = clock
+        self._next: dict[Hashable, float] = {}  # when a line for the key may be logged again
+        self._held: dict[Hashable, int] = {}  # lines held back since the last one logged
+
+    def admit(self, key: Hashable) -> int | None:
+        """None if a line for `key` was let through less than `interval` seconds ago (this one is
+        counted, and held back); else how many were held back since the last one let through."""
+        now = self._clock()
+        if now < self._next.get(key, -float("inf")):
+            self._held[key] = self._held.get(key, 0) + 1
+            return None
+        self._next[key] = now + self._interval
+        return self._held.pop(key, 0)
+
+    def log(
+        self, logger: logging.Logger, level: int, key: Hashable, message: str, *args: Any, **kwargs: Any
+    ) -> bool:
+        """Log `message % args` unless `admit(key)` holds it back, with the count of those held
+        back before it; `kwargs` (exc_info) as for `Logger.log`. True if it was logged."""
+        held = self.admit(key)
+        if held is None:
+            return False
+        if held:
+            message += f" (and {held} more like it since the last such line, not logged)"
+        logger.log(level, message, *args, **kwargs)
+        return True

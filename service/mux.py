@@ -15,9 +15,10 @@ HTTP/2 flow control instead of making the server buffer. The limit is announced 
 metadata (`outrig-max-stream-ops`); operations of one message beyond it fail RESOURCE_EXHAUSTED.
 
 Requests are parsed without decoding them twice: `wire.fields` finds each operation's bytes in the
-message, and only the operation's own request is decoded (writes as a `wire.Received`, as on the
-unary path). Results are framed around the replies' bytes, which for entries are the stored
-payloads (service/wire.py): no protobuf work on the way out either.
+message, and only the operation's own request is decoded, by the deserializer its unary method has
+(writes as a `wire.Received`): bytes that are no valid request get the very answer of a unary call
+(`servicer.refusal`, through `perform`). Results are framed around the replies' bytes, which for
+entries are the stored payloads (service/wire.py): no protobuf work on the way out either.
 """
 
 from __future__ import annotations
@@ -29,11 +30,10 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
-from google.protobuf.message import DecodeError
 
 from outrig.service import wire
 from outrig.service.exceptions import InvalidArgumentError
-from outrig.service.servicer import Failure, SpaceServicer
+from outrig.service.servicer import Failure, SpaceServicer, bounded
 from outrig.v1 import space_pb2 as pb
 
 log = logging.getLogger("outrig.service")
@@ -51,21 +51,22 @@ BATCH_BYTES = 3 * 1024 * 1024
 _CLOSING_WAIT = 1.0  # seconds a stream of a stopping server waits for its operations in flight
 
 
-# MuxOp field: (unary method, how its request is decoded from a view of its bytes, the MuxResult
-# field of its reply). Writes are decoded as on the unary path (`wire.receiving`).
-OPERATIONS: dict[int, tuple[str, Callable[[Any], Any], int]] = {
-    2: ("Write", wire.receiving(pb.WriteRequest), 2),
-    3: ("WriteMany", wire.receiving(pb.WriteManyRequest), 3),
-    4: ("Read", pb.MatchRequest.FromString, 4),
-    5: ("Take", pb.MatchRequest.FromString, 4),
-    6: ("ReadMany", pb.MatchRequest.FromString, 4),
-    7: ("TakeMany", pb.MatchRequest.FromString, 4),
-    8: ("RenewLeases", pb.RenewLeasesRequest.FromString, 5),
-    9: ("CancelLeases", pb.CancelLeasesRequest.FromString, 6),
-    10: ("Count", pb.CountRequest.FromString, 7),
-    11: ("Begin", pb.BeginRequest.FromString, 8),
-    12: ("Commit", pb.EndRequest.FromString, 9),
-    13: ("Abort", pb.EndRequest.FromString, 9),
+# MuxOp field: (unary method, its request type, how its request is decoded from a view of its
+# bytes, the MuxResult field of its reply). Requests are decoded as on the unary path: the
+# message (writes: a `wire.Received`) or a `wire.Undecodable`.
+OPERATIONS: dict[int, tuple[str, Any, Callable[[Any], Any], int]] = {
+    2: ("Write", pb.WriteRequest, wire.receiving(pb.WriteRequest), 2),
+    3: ("WriteMany", pb.WriteManyRequest, wire.receiving(pb.WriteManyRequest), 3),
+    4: ("Read", pb.MatchRequest, wire.decoding(pb.MatchRequest), 4),
+    5: ("Take", pb.MatchRequest, wire.decoding(pb.MatchRequest), 4),
+    6: ("ReadMany", pb.MatchRequest, wire.decoding(pb.MatchRequest), 4),
+    7: ("TakeMany", pb.MatchRequest, wire.decoding(pb.MatchRequest), 4),
+    8: ("RenewLeases", pb.RenewLeasesRequest, wire.decoding(pb.RenewLeasesRequest), 5),
+    9: ("CancelLeases", pb.CancelLeasesRequest, wire.decoding(pb.CancelLeasesRequest), 6),
+    10: ("Count", pb.CountRequest, wire.decoding(pb.CountRequest), 7),
+    11: ("Begin", pb.BeginRequest, wire.decoding(pb.BeginRequest), 8),
+    12: ("Commit", pb.EndRequest, wire.decoding(pb.EndRequest), 9),
+    13: ("Abort", pb.EndRequest, wire.decoding(pb.EndRequest), 9),
 }
 
 
@@ -89,7 +90,7 @@ class Result:
 
 
 def error_result(op_id: int, status: grpc.StatusCode, message: str) -> Result:
-    text = message.encode()
+    text = bounded(message).encode()
     code: int = status.value[0]
     return Result(
         op_id, _ERROR, b"".join((b"\x08", wire.varint(code), b"\x12", wire.varint(len(text)), text))
@@ -116,7 +117,8 @@ def reply_message(results: list[Result]) -> bytes:
 
 
 def parse_request(raw: bytes) -> list[tuple[int, int, int | memoryview]]:
-    """(id, op field, op value) for each MuxOp of an encoded MuxRequest; ValueError if malformed.
+    """(id, op field, op value) for each MuxOp of an encoded MuxRequest; ValueError if malformed
+    (`wire.fields`).
     An op without an operation field has field 0."""
     ops: list[tuple[int, int, int | memoryview]] = []
     for number, op in wire.fields(memoryview(raw)):
@@ -145,7 +147,7 @@ class MuxService:
         self._max_bytes = max_bytes
         self._streams: set[MuxStream] = set()
         # The undecorated method each operation runs (what the `unary` wrapper runs), found once.
-        self._methods = {name: getattr(servicer, name).operation for name, _, _ in OPERATIONS.values()}
+        self._methods = {name: getattr(servicer, name).operation for name, *_ in OPERATIONS.values()}
 
     async def handle(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> None:
         stream = MuxStream(self._servicer, self._methods, context, self._limit, self._max_bytes)
@@ -204,7 +206,7 @@ class MuxStream:
             while self._in_flight:  # the client is done sending: finish what it sent
                 await self._wait_progress()
         except InvalidArgumentError as err:
-            await self._context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+            await self._context.abort(grpc.StatusCode.INVALID_ARGUMENT, bounded(str(err)))
         except asyncio.CancelledError:
             if not self._closing:
                 raise
@@ -247,7 +249,7 @@ class MuxStream:
     def _accept(self, raw: bytes) -> None:
         try:
             ops = parse_request(raw)
-        except (ValueError, IndexError) as err:
+        except ValueError as err:
             raise InvalidArgumentError(f"MuxRequest: malformed ({err})") from None
         for op_id, field, value in ops:
             if field == _CANCEL:
@@ -283,18 +285,13 @@ class MuxStream:
             status = grpc.StatusCode.INVALID_ARGUMENT if field == 0 else grpc.StatusCode.UNIMPLEMENTED
             self._finish(error_result(op_id, status, what))
             return
-        name, decode, reply_field = operation
-        try:
-            if not isinstance(value, memoryview):
-                raise DecodeError("not a message")
+        name, message_type, decode, reply_field = operation
+        # Bytes that are no valid request decode as a `wire.Undecodable`, which `perform` refuses
+        # as it does a unary call's.
+        if isinstance(value, memoryview):
             request = decode(value)
-        except (DecodeError, ValueError, IndexError) as err:  # not protobuf (or, large, not framed right)
-            self._finish(
-                error_result(
-                    op_id, grpc.StatusCode.INVALID_ARGUMENT, f"op: cannot decode {name}'s request ({err})"
-                )
-            )
-            return
+        else:
+            request = wire.Undecodable(message_type.DESCRIPTOR.full_name, "a number where a message belongs")
         self._running[op_id] = asyncio.ensure_future(self._perform(op_id, name, request, reply_field))
 
     async def _perform(self, op_id: int, name: str, request: Any, reply_field: int) -> None:

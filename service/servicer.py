@@ -1,10 +1,12 @@
 """The gRPC servicer: protobuf in, engine objects to the backend, protobuf out.
 
 It holds no logic of its own beyond translation. Every method is wrapped by `unary` or
-`streaming`, which first passes the call through the security `Guard` (the one check point: see
+`streaming`, which first refuses a request whose bytes could not be decoded (`refusal`), then
+passes the call through the security `Guard` (the one check point: see
 outrig.service.security.guard). Errors the service raises on purpose map to
 status codes through one table; anything else is logged and answered INTERNAL, and the server
-keeps serving.
+keeps serving. What a client can make the server log is throttled (`logs.Throttle`: a line per
+method every LOG_INTERVAL seconds), and no status message exceeds MAX_STATUS_MESSAGE.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from outrig.service.exceptions import (
     UnauthenticatedError,
     UnsupportedError,
 )
+from outrig.service.logs import Throttle
 from outrig.service.metrics import Metrics
 from outrig.service.security.access import ACCESS
 from outrig.service.security.guard import Authenticator, Guard
@@ -61,6 +64,44 @@ STATUS_BY_ERROR: dict[type[SpaceError], grpc.StatusCode] = {
     PermissionDeniedError: grpc.StatusCode.PERMISSION_DENIED,
     ConfigError: grpc.StatusCode.INTERNAL,
 }
+
+
+#: The most bytes (UTF-8) of any status message the service sends, whatever made it: gRPC carries
+#: it in the call's trailing metadata, which a client refuses beyond its limit (8 KiB by
+#: default, where a message percent-encoded can take 3 bytes a byte). Messages quote client
+#: text through `exceptions.excerpt` and stay far below this; `bounded` is the safety net.
+MAX_STATUS_MESSAGE = 1024
+
+#: Seconds between two log lines of one kind that a client's requests can cause (`Throttle`).
+LOG_INTERVAL = 60.0
+_throttle = Throttle(LOG_INTERVAL)
+
+
+def bounded(message: str) -> str:
+    """`message`, cut to at most MAX_STATUS_MESSAGE bytes of UTF-8, saying so."""
+    data = message.encode(errors="backslashreplace")
+    if len(data) <= MAX_STATUS_MESSAGE:
+        return message
+    note = f"… (cut: {len(data)} bytes in all)"
+    head = data[: MAX_STATUS_MESSAGE - len(note.encode())].decode(errors="ignore")
+    return head + note
+
+
+def refusal(request: wire.Undecodable, method: str, limits: Limits) -> InvalidArgumentError:
+    """The refusal of a request whose bytes could not be decoded, the same for a unary call and a
+    Mux stream's operation; logged, a line per method every LOG_INTERVAL seconds at most. Nesting
+    past protobuf's parse limit is told apart, and named by outrig's own limit on it."""
+    if request.too_deep:
+        why = (
+            "lists and maps nested deeper than protobuf can parse "
+            f"(the limit is max_depth={limits.max_depth})"
+        )
+    else:
+        why = f"not a valid {request.message_type} ({request.reason})"
+    _throttle.log(
+        log, logging.WARNING, ("undecodable", method), "refused an undecodable request to %s: %s", method, why
+    )
+    return InvalidArgumentError(f"request: cannot decode {method}'s request: {why}")
 
 
 def status_for(err: SpaceError) -> grpc.StatusCode:
@@ -99,21 +140,23 @@ def unary(method: Unary[R]) -> Unary[R]:
 
 
 class Failure:
-    """How an operation failed: the status and message its unary call ends with."""
+    """How an operation failed: the status and message its unary call ends with (`bounded`)."""
 
     __slots__ = ("message", "status")
 
     def __init__(self, status: grpc.StatusCode, message: str) -> None:
         self.status = status
-        self.message = message
+        self.message = bounded(message)
 
     @classmethod
     def of(cls, err: Exception, method: str) -> Failure:
         """An error the service raises on purpose becomes its status; anything else is logged and
-        answered INTERNAL (the server goes on serving)."""
+        answered INTERNAL (the server goes on serving). A client able to cause the unexpected
+        could cause it at every call: its traceback is logged once per method and type of error
+        every LOG_INTERVAL seconds."""
         if isinstance(err, SpaceError):
             return cls(status_for(err), str(err))
-        log.exception("unexpected error in %s", method)
+        _throttle.log(log, logging.ERROR, (method, type(err)), "unexpected error in %s", method, exc_info=err)
         return cls(grpc.StatusCode.INTERNAL, f"internal error in {method}")
 
 
@@ -128,6 +171,8 @@ def streaming(method: Streaming[R]) -> Streaming[R]:
         started = time.perf_counter() if metrics is not None else 0.0
         code = "OK"
         try:
+            if isinstance(request, wire.Undecodable):
+                raise refusal(request, name, self._limits)
             self._guard.check(context, name, request)
             async for reply in method(self, request, context):
                 yield reply
@@ -175,6 +220,8 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
         started = time.perf_counter() if metrics is not None else 0.0
         code = "OK"
         try:
+            if isinstance(request, wire.Undecodable):
+                raise refusal(request, name, self._limits)
             self._guard.check(context, name, request)
             return await method(self, request, context)
         except asyncio.CancelledError:
@@ -199,7 +246,7 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
         space = self._space(request)
         if not request.HasField("entry"):
             raise InvalidArgumentError("entry: is required")
-        encodings = wire.entry_encodings(received.raw)
+        encodings = received.entries
         # A client may send the field twice (the decoder merges them): then re-encode the merge.
         encoding = encodings[0] if len(encodings) == 1 else None
         entry = codec.new_entry(request.entry, "entry", self._limits, encoding)
@@ -218,7 +265,7 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
     ) -> pb.WriteManyReply:
         request = received.message
         space = self._space(request)
-        entries = codec.new_entries(request.entries, self._limits, wire.entry_encodings(received.raw))
+        entries = codec.new_entries(request.entries, self._limits, received.entries)
         grants = await self._backend.write(
             space,
             entries,
@@ -351,4 +398,4 @@ def _transaction_id(request: pb.EndRequest) -> int:
 
 
 def _lease_error(lease_id: int, err: SpaceError) -> pb.LeaseResult:
-    return pb.LeaseResult(id=lease_id, error_code=status_for(err).value[0], error_message=str(err))
+    return pb.LeaseResult(id=lease_id, error_code=status_for(err).value[0], error_message=bounded(str(err)))

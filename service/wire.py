@@ -13,16 +13,21 @@ bytes in the request by reading its top-level tags, without decoding or re-encod
 (re-encoding a 3.6 MB entry measured 5 ms inside the server); framing it is the one copy.
 
 `add_to_server` registers the servicer like the generated `add_SpaceServicer_to_server`, except
-that the methods answering with such bytes get a serializer that passes them through, and the
-writes get a `Received`.
+that the methods answering with such bytes get a serializer that passes them through, the
+writes get a `Received`, and bytes that are no valid request are not an exception: gRPC answers
+a deserializer that raises with UNKNOWN (and logs its traceback, for every such call), so each
+method's deserializer (`decoding`, `receiving`, the Mux stream's too) returns an `Undecodable`
+instead, which the servicer refuses INVALID_ARGUMENT before anything looks at the request.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from outrig.v1 import space_pb2 as pb
 
@@ -76,32 +81,78 @@ _ENTRY_FIELD = 2  # WriteRequest.entry, WriteManyRequest.entries
 
 
 class Received(Generic[M]):
-    """A request message and the bytes it was decoded from."""
+    """A request message and the bytes it was decoded from (and, found once, its entries' bytes:
+    `entry_encodings`)."""
 
-    __slots__ = ("message", "raw")
+    __slots__ = ("_entries", "message", "raw")
 
-    def __init__(self, message: M, raw: bytes) -> None:
+    def __init__(self, message: M, raw: bytes, entries: list[memoryview] | None = None) -> None:
         self.message = message
         self.raw = raw
+        self._entries = entries
+
+    @property
+    def entries(self) -> list[memoryview]:
+        if self._entries is None:
+            self._entries = entry_encodings(self.raw)
+        return self._entries
+
+
+class Undecodable:
+    """What a deserializer returns for bytes that are no valid request of its type, in place of the
+    message: the type's full name, and why (protobuf's words, or the server's own reading of a
+    write's tags). `too_deep` when it is nesting past protobuf's parse limit."""
+
+    __slots__ = ("message_type", "reason", "too_deep")
+
+    def __init__(self, message_type: str, reason: str, *, too_deep: bool = False) -> None:
+        self.message_type = message_type
+        self.reason = reason
+        self.too_deep = too_deep
+
+
+# "Error parsing message with type 'outrig.v1.WriteRequest': Wire format was corrupt": the
+# type is said by the refusal already.
+_PARSE_ERROR = re.compile(r"Error parsing message(?: with type '[^']*')?:?\s*")
+# How protobuf's parsers say a message nests past their limit: upb's "Exceeded
+# upb_DecodeOptions_MaxDepth", the pure-Python one's "too many levels of nesting".
+_TOO_DEEP = re.compile(r"MaxDepth|nesting|recursion", re.IGNORECASE)
+
+
+def undecodable(message_type: Any, err: Exception) -> Undecodable:
+    """The `Undecodable` for a decode failure of `message_type` (a generated message class)."""
+    reason = _PARSE_ERROR.sub("", str(err), count=1).strip() or type(err).__name__
+    return Undecodable(message_type.DESCRIPTOR.full_name, reason, too_deep=bool(_TOO_DEEP.search(reason)))
+
+
+#: The longest varint protobuf writes (a 64-bit value in 7-bit groups).
+_MAX_VARINT = 10
 
 
 def _varint_at(data: bytes | memoryview, i: int) -> tuple[int, int]:
-    """The varint starting at data[i], and the index after it."""
+    """The varint starting at data[i], and the index after it. ValueError if it runs past the end
+    or past 10 bytes: a longer one is no protobuf's, and read on it would make a number whose
+    cost grows with the square of its length (2 MB of 0xff held the event loop for minutes)."""
     value = shift = 0
-    while True:
-        byte = data[i]
-        i += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, i
-        shift += 7
+    try:
+        while True:
+            byte = data[i]
+            i += 1
+            value |= (byte & 0x7F) << shift
+            if byte < 0x80:
+                return value, i
+            shift += 7
+            if shift == 7 * _MAX_VARINT:
+                raise ValueError(f"a varint longer than {_MAX_VARINT} bytes")
+    except IndexError:
+        raise ValueError("truncated message: a varint runs past the end") from None
 
 
 def fields(message: memoryview) -> list[tuple[int, int | memoryview]]:
     """(field number, value) for each top-level field of an encoded message: a length-delimited
     value is a view of its bytes (no copy), others are ints. Only tags and lengths are read, so the
-    cost grows with the number of fields, not with their size. ValueError or IndexError if the
-    bytes are not protobuf's (a message gRPC has not decoded for us: a Mux stream's)."""
+    cost grows with the number of fields, not with their size. ValueError if the bytes are not
+    protobuf's (a message gRPC has not decoded for us: a Mux stream's, a write's before it is)."""
     found: list[tuple[int, int | memoryview]] = []
     i, end = 0, len(message)
     while i < end:
@@ -116,8 +167,8 @@ def fields(message: memoryview) -> list[tuple[int, int | memoryview]]:
         elif kind in (1, 5):
             width = 8 if kind == 1 else 4
             value, i = int.from_bytes(message[i : i + width], "little"), i + width
-        else:  # groups: not in outrig's protocol, and refused by the decoder already
-            raise ValueError(f"wire type {kind} in an outrig message")
+        else:  # groups (3, 4), which protobuf skips as unknown fields but outrig has none of; 6, 7
+            raise ValueError(f"wire type {kind}, which no outrig message has")
         found.append((key >> 3, value))
     if i != end:  # a length or a fixed-width value ran past the end
         raise ValueError("truncated message")
@@ -145,7 +196,8 @@ VIEW_ARRAYS_ABOVE = 64 * 1024
 
 def _spans(message: memoryview) -> list[tuple[int, int, int, int, int]]:
     """(field number, start, end of the tag, start of the value, end) of each top-level
-    length-delimited field of an encoded message; other fields are skipped."""
+    length-delimited field of an encoded message; other fields are skipped. ValueError, as
+    `fields`, if the bytes are not protobuf's."""
     spans = []
     i, end = 0, len(message)
     while i < end:
@@ -162,7 +214,9 @@ def _spans(message: memoryview) -> list[tuple[int, int, int, int, int]]:
         elif kind in (1, 5):
             i += 8 if kind == 1 else 4
         else:
-            raise ValueError(f"wire type {kind} in an outrig message")
+            raise ValueError(f"wire type {kind}, which no outrig message has")
+    if i != end:
+        raise ValueError("truncated message")
     return spans
 
 
@@ -190,14 +244,15 @@ def _without(message: memoryview, path: tuple[int, ...], *, above: int = -1) -> 
     return b"".join(parts)
 
 
-def without_array_data(raw: bytes, *, one_entry: bool) -> bytes:
+def without_array_data(raw: bytes, *, one_entry: bool, entries: Sequence[memoryview] | None = None) -> bytes:
     """A Write (`one_entry`) or WriteMany request's bytes to decode: each entry larger than
     VIEW_ARRAYS_ABOVE without its typed arrays' data, which the server reads through views of
     `raw` instead (`array_views`). Decoding them would copy every array (3.6 MB for an HD
     frame) only to throw the copy away. `raw` itself when nothing is left out, or when a Write
     has its entry field more than once (the decoder merges those, and the server then encodes
-    the merged entry from the decoded message, which needs the data)."""
-    if one_entry and len(entry_encodings(raw)) != 1:
+    the merged entry from the decoded message, which needs the data). `entries`: the request's
+    `entry_encodings`, if already found. ValueError if `raw` is not protobuf's."""
+    if one_entry and len(entry_encodings(raw) if entries is None else entries) != 1:
         return raw
     decoded = _without(memoryview(raw), (_ENTRY_FIELD, *_ARRAY_DATA_PATH), above=VIEW_ARRAYS_ABOVE)
     return raw if decoded is None else decoded
@@ -255,12 +310,38 @@ _METHODS: dict[str, tuple[str, Any, bool]] = {
 _RECEIVED = frozenset({"Write", "WriteMany"})
 
 
-def receiving(message_type: Any) -> Callable[[bytes], Received[Any]]:
-    one_entry = message_type is pb.WriteRequest
+def decoding(message_type: Any) -> Callable[[bytes], Any]:
+    """The deserializer of a request type: the message, or an `Undecodable`."""
+    parse = message_type.FromString
 
-    def deserialize(raw: bytes) -> Received[Any]:
-        decoded = raw if len(raw) <= VIEW_ARRAYS_ABOVE else without_array_data(raw, one_entry=one_entry)
-        return Received(message_type.FromString(decoded), raw)
+    def deserialize(raw: bytes) -> Any:
+        try:
+            return parse(raw)
+        except DecodeError as err:
+            return undecodable(message_type, err)
+
+    return deserialize
+
+
+def receiving(message_type: Any) -> Callable[[bytes], Received[Any] | Undecodable]:
+    """The deserializer of a write (WriteRequest, WriteManyRequest): a `Received`, or an
+    `Undecodable`. The request's tags are read first (`entry_encodings`), which also checks them
+    as the server will read them again: protobuf accepts, as unknown fields, groups that outrig's
+    protocol has none of."""
+    one_entry = message_type is pb.WriteRequest
+    parse = message_type.FromString
+
+    def deserialize(raw: bytes) -> Received[Any] | Undecodable:
+        try:
+            entries = entry_encodings(raw)
+            decoded = (
+                raw
+                if len(raw) <= VIEW_ARRAYS_ABOVE
+                else without_array_data(raw, one_entry=one_entry, entries=entries)
+            )
+            return Received(parse(decoded), raw, entries)
+        except (DecodeError, ValueError) as err:
+            return undecodable(message_type, err)
 
     return deserialize
 
@@ -281,7 +362,7 @@ def add_to_server(
         )
         handlers[name] = make(
             getattr(servicer, name),
-            request_deserializer=receiving(request) if name in _RECEIVED else request.FromString,
+            request_deserializer=receiving(request) if name in _RECEIVED else decoding(request),
             response_serializer=_passthrough if encoded else _serialize,
         )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
