@@ -89,12 +89,15 @@ class Result:
         return len(self.head) + len(self.body)
 
 
-def error_result(op_id: int, status: grpc.StatusCode, message: str) -> Result:
+def error_result(op_id: int, status: grpc.StatusCode, message: str, reason: int = 0) -> Result:
+    """A MuxResult carrying a MuxError: the status (its number), the message (`bounded`) and the
+    `ErrorReason`, as the unary call would have ended."""
     text = bounded(message).encode()
     code: int = status.value[0]
-    return Result(
-        op_id, _ERROR, b"".join((b"\x08", wire.varint(code), b"\x12", wire.varint(len(text)), text))
-    )
+    parts = [b"\x08", wire.varint(code), b"\x12", wire.varint(len(text)), text]
+    if reason:
+        parts += (b"\x18", wire.varint(reason))
+    return Result(op_id, _ERROR, b"".join(parts))
 
 
 def batch_size(ready: list[Result]) -> int:
@@ -300,7 +303,7 @@ class MuxStream:
         outcome = await self._servicer.perform(name, self._methods[name], request, self._context)
         self._running.pop(op_id, None)
         if isinstance(outcome, Failure):
-            self._finish(error_result(op_id, outcome.status, outcome.message))
+            self._finish(error_result(op_id, outcome.status, outcome.message, outcome.reason))
             return
         result = Result(
             op_id, reply_field, outcome if isinstance(outcome, bytes) else outcome.SerializeToString()

@@ -16,10 +16,11 @@ import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import grpc
 
+from outrig._protocol import DETAILS_KEY, status_details
 from outrig.service import codec, wire
 from outrig.service.backend import SpaceBackend
 from outrig.service.config import Limits
@@ -36,6 +37,7 @@ from outrig.service.exceptions import (
     SpaceError,
     StoreUnavailableError,
     TransactionAbortedError,
+    TransactionNotFoundError,
     TypeConflictError,
     UnauthenticatedError,
     UnsupportedError,
@@ -49,20 +51,25 @@ from outrig.v1 import space_pb2_grpc
 
 log = logging.getLogger("outrig.service")
 
-STATUS_BY_ERROR: dict[type[SpaceError], grpc.StatusCode] = {
-    InvalidArgumentError: grpc.StatusCode.INVALID_ARGUMENT,
-    LeaseNotFoundError: grpc.StatusCode.NOT_FOUND,
-    QuotaExceededError: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    TypeConflictError: grpc.StatusCode.FAILED_PRECONDITION,
-    UnsupportedError: grpc.StatusCode.UNIMPLEMENTED,
-    TransactionAbortedError: grpc.StatusCode.FAILED_PRECONDITION,
-    ShuttingDownError: grpc.StatusCode.UNAVAILABLE,
-    StoreUnavailableError: grpc.StatusCode.UNAVAILABLE,
-    RequestConflictError: grpc.StatusCode.FAILED_PRECONDITION,
-    RegistrationBusyError: grpc.StatusCode.FAILED_PRECONDITION,
-    UnauthenticatedError: grpc.StatusCode.UNAUTHENTICATED,
-    PermissionDeniedError: grpc.StatusCode.PERMISSION_DENIED,
-    ConfigError: grpc.StatusCode.INTERNAL,
+#: The one table from the service's errors to what a client is told: the gRPC status, and the
+#: `outrig.v1.ErrorReason` that tells apart errors of one status (sent as a google.rpc.ErrorInfo,
+#: a Mux error's or a lease result's reason; see outrig._protocol). A subclass maps as the nearest
+#: class listed above it in its MRO (TransactionNotFoundError is listed: it has its own reason).
+STATUS_BY_ERROR: dict[type[SpaceError], tuple[grpc.StatusCode, pb.ErrorReason]] = {
+    InvalidArgumentError: (grpc.StatusCode.INVALID_ARGUMENT, pb.INVALID_REQUEST),
+    LeaseNotFoundError: (grpc.StatusCode.NOT_FOUND, pb.LEASE_NOT_FOUND),
+    TransactionNotFoundError: (grpc.StatusCode.NOT_FOUND, pb.TRANSACTION_NOT_FOUND),
+    QuotaExceededError: (grpc.StatusCode.RESOURCE_EXHAUSTED, pb.QUOTA_EXCEEDED),
+    TypeConflictError: (grpc.StatusCode.FAILED_PRECONDITION, pb.TYPE_CONFLICT),
+    UnsupportedError: (grpc.StatusCode.UNIMPLEMENTED, pb.ERROR_REASON_UNSPECIFIED),
+    TransactionAbortedError: (grpc.StatusCode.FAILED_PRECONDITION, pb.TRANSACTION_ABORTED),
+    ShuttingDownError: (grpc.StatusCode.UNAVAILABLE, pb.SHUTTING_DOWN),
+    StoreUnavailableError: (grpc.StatusCode.UNAVAILABLE, pb.STORE_UNAVAILABLE),
+    RequestConflictError: (grpc.StatusCode.FAILED_PRECONDITION, pb.REQUEST_CONFLICT),
+    RegistrationBusyError: (grpc.StatusCode.FAILED_PRECONDITION, pb.REGISTRATION_BUSY),
+    UnauthenticatedError: (grpc.StatusCode.UNAUTHENTICATED, pb.UNAUTHENTICATED),
+    PermissionDeniedError: (grpc.StatusCode.PERMISSION_DENIED, pb.PERMISSION_DENIED),
+    ConfigError: (grpc.StatusCode.INTERNAL, pb.ERROR_REASON_UNSPECIFIED),
 }
 
 
@@ -104,12 +111,13 @@ def refusal(request: wire.Undecodable, method: str, limits: Limits) -> InvalidAr
     return InvalidArgumentError(f"request: cannot decode {method}'s request: {why}")
 
 
-def status_for(err: SpaceError) -> grpc.StatusCode:
+def status_for(err: SpaceError) -> tuple[grpc.StatusCode, pb.ErrorReason]:
+    """The status and `ErrorReason` a client is told for `err` (STATUS_BY_ERROR)."""
     for cls in type(err).__mro__:
-        code = STATUS_BY_ERROR.get(cls)
-        if code is not None:
-            return code
-    return grpc.StatusCode.INTERNAL
+        found = STATUS_BY_ERROR.get(cls)
+        if found is not None:
+            return found
+    return grpc.StatusCode.INTERNAL, pb.ERROR_REASON_UNSPECIFIED
 
 
 def _checked(method: str) -> str:
@@ -131,8 +139,7 @@ def unary(method: Unary[R]) -> Unary[R]:
     async def handler(self: SpaceServicer, request: Any, context: grpc.aio.ServicerContext) -> R:
         outcome = await self.perform(name, method, request, context)
         if isinstance(outcome, Failure):
-            await context.abort(outcome.status, outcome.message)
-            raise AssertionError("unreachable: abort raises")
+            await outcome.abort(context)
         return outcome
 
     handler.operation = method  # type: ignore[attr-defined]  # what the Mux stream runs (service/mux.py)
@@ -140,13 +147,27 @@ def unary(method: Unary[R]) -> Unary[R]:
 
 
 class Failure:
-    """How an operation failed: the status and message its unary call ends with (`bounded`)."""
+    """How an operation failed: the status, message (`bounded`) and `ErrorReason` its call ends
+    with."""
 
-    __slots__ = ("message", "status")
+    __slots__ = ("message", "reason", "status")
 
-    def __init__(self, status: grpc.StatusCode, message: str) -> None:
+    def __init__(
+        self, status: grpc.StatusCode, message: str, reason: int = pb.ERROR_REASON_UNSPECIFIED
+    ) -> None:
         self.status = status
         self.message = bounded(message)
+        self.reason = reason
+
+    async def abort(self, context: grpc.aio.ServicerContext) -> NoReturn:
+        """End the call with this failure: its status and message, and its reason as a
+        google.rpc.ErrorInfo in the status details (the `grpc-status-details-bin` trailer)."""
+        trailer: tuple[tuple[str, str | bytes], ...] = ()
+        if self.reason:
+            details = status_details(self.status.value[0], self.message, self.reason)
+            trailer = ((DETAILS_KEY, details),)
+        await context.abort(self.status, self.message, trailer)
+        raise AssertionError("unreachable: abort raises")
 
     @classmethod
     def of(cls, err: Exception, method: str) -> Failure:
@@ -155,7 +176,8 @@ class Failure:
         could cause it at every call: its traceback is logged once per method and type of error
         every LOG_INTERVAL seconds."""
         if isinstance(err, SpaceError):
-            return cls(status_for(err), str(err))
+            status, reason = status_for(err)
+            return cls(status, str(err), reason)
         _throttle.log(log, logging.ERROR, (method, type(err)), "unexpected error in %s", method, exc_info=err)
         return cls(grpc.StatusCode.INTERNAL, f"internal error in {method}")
 
@@ -182,7 +204,7 @@ def streaming(method: Streaming[R]) -> Streaming[R]:
         except Exception as err:
             failure = Failure.of(err, name)
             code = failure.status.name
-            await context.abort(failure.status, failure.message)
+            await failure.abort(context)
         finally:
             if metrics is not None:
                 metrics.call(name, code, time.perf_counter() - started)
@@ -398,4 +420,7 @@ def _transaction_id(request: pb.EndRequest) -> int:
 
 
 def _lease_error(lease_id: int, err: SpaceError) -> pb.LeaseResult:
-    return pb.LeaseResult(id=lease_id, error_code=status_for(err).value[0], error_message=bounded(str(err)))
+    status, reason = status_for(err)
+    return pb.LeaseResult(
+        id=lease_id, error_code=status.value[0], error_message=bounded(str(err)), error_reason=reason
+    )
