@@ -1,10 +1,13 @@
-"""Shared fixtures: a real outrig server process, started once per session on port 0."""
+"""Shared fixtures: a real outrig server process, started once per session on port 0, and a
+throwaway PostgreSQL (tests/postgres_server.py), started for the first test that needs it and
+stopped when the session ends."""
 
 from __future__ import annotations
 
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -15,16 +18,26 @@ from pathlib import Path
 
 import pytest
 
+from .postgres_server import PostgresServer, find_bindir, running_postgres
+
 _LISTENING = re.compile(r"outrig listening on (\S+)")
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 @dataclass
 class ServerProcess:
-    """A running `outrig serve` and the address it listens on."""
+    """A running `outrig serve`, the address it listens on, and its metrics' (if it serves them)."""
 
     process: subprocess.Popen[str]
     address: str
     log: Path
+    metrics: str | None = None
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
         if self.process.poll() is None:
@@ -44,10 +57,15 @@ def start_server(
     env: dict[str, str] | None = None,
     cwd: Path | None = None,
     preexec_fn: Callable[[], None] | None = None,
+    metrics: bool = False,
 ) -> ServerProcess:
     """Start `outrig serve --listen 127.0.0.1:0 ARGS...` and wait for its listening line.
-    `preexec_fn` runs in the child before outrig starts (to set resource limits)."""
+    `preexec_fn` runs in the child before outrig starts (to set resource limits). With `metrics`,
+    it also serves Prometheus metrics on a free port, whose state tests can poll (tests/polling.py)."""
+    metrics_listen = f"127.0.0.1:{free_port()}" if metrics else None
     command = [sys.executable, "-m", "outrig.service", "serve", "--listen", "127.0.0.1:0", *args]
+    if metrics_listen is not None:
+        command += ["--metrics-listen", metrics_listen]
     environment = {k: v for k, v in os.environ.items() if not k.startswith("OUTRIG_")}
     environment.update(env or {})
     log = Path(tempfile.mkstemp(prefix="outrig-server-", suffix=".log")[1])
@@ -69,12 +87,12 @@ def start_server(
         process.wait()
         process.stdout.close()
         raise RuntimeError(f"outrig serve did not start: {line!r} {log.read_text()}")
-    return ServerProcess(process, match.group(1), log)
+    return ServerProcess(process, match.group(1), log, metrics_listen)
 
 
 @pytest.fixture(scope="session")
 def server() -> Iterator[ServerProcess]:
-    running = start_server()
+    running = start_server(metrics=True)  # tests poll its parked waiters (tests/polling.py)
     yield running
     assert running.stop() == 0, "the server did not shut down cleanly on SIGTERM"
 
@@ -98,3 +116,14 @@ def server_factory() -> Iterator[Callable[..., ServerProcess]]:
 def space_name() -> str:
     """A fresh space per test, so tests on the shared server never see each other's entries."""
     return f"t-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """A throwaway PostgreSQL, shared by the session's tests (tests/postgres, the conformance
+    suite's postgresql backend); stopped, and its directory removed, when the session ends."""
+    bindir = find_bindir()
+    if bindir is None:  # pragma: no cover - the machine image has the server binaries
+        pytest.fail("no PostgreSQL server binaries (initdb): install postgresql or set OUTRIG_PG_BINDIR")
+    with running_postgres(bindir) as server:
+        yield server

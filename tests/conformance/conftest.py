@@ -1,8 +1,10 @@
 """The backends the conformance suite runs against: every `SpaceBackend` must pass it.
 
 To add one, append a factory to BACKENDS: an async context manager that takes the server
-configuration and the clock to use, and yields a started backend that it closes on exit. The
-tests see only the `SpaceBackend` protocol, the `clock` they may advance, and the names below.
+configuration, the clock to use and the test's fixture request (through which it asks for what it
+needs of the session, such as the `postgres` server, only when it runs), and yields a started
+backend that it closes on exit. The tests see only the `SpaceBackend` protocol, the `clock` they
+may advance, and the names below.
 """
 
 from __future__ import annotations
@@ -22,7 +24,11 @@ from outrig.service.config import Limits, ServerConfig
 from outrig.service.embedded import EmbeddedBackend
 from outrig.service.engine import FakeClock, SpaceSettings
 
-BackendFactory = Callable[[ServerConfig, FakeClock], AbstractAsyncContextManager[SpaceBackend]]
+from ..postgres_server import PostgresServer
+
+BackendFactory = Callable[
+    [ServerConfig, FakeClock, pytest.FixtureRequest], AbstractAsyncContextManager[SpaceBackend]
+]
 
 QUOTA_MAX_ENTRIES = 3
 QUOTA_MAX_BYTES = 1000
@@ -46,7 +52,9 @@ CONFIG = ServerConfig(
 
 
 @asynccontextmanager
-async def embedded(config: ServerConfig, clock: FakeClock) -> AsyncIterator[SpaceBackend]:
+async def embedded(
+    config: ServerConfig, clock: FakeClock, request: pytest.FixtureRequest
+) -> AsyncIterator[SpaceBackend]:
     backend = EmbeddedBackend(config, clock=clock)
     await backend.start()
     try:
@@ -57,10 +65,13 @@ async def embedded(config: ServerConfig, clock: FakeClock) -> AsyncIterator[Spac
 
 
 @asynccontextmanager
-async def embedded_durable(config: ServerConfig, clock: FakeClock) -> AsyncIterator[SpaceBackend]:
+async def embedded_durable(
+    config: ServerConfig, clock: FakeClock, request: pytest.FixtureRequest
+) -> AsyncIterator[SpaceBackend]:
     """The embedded backend recording every change in a real SQLite store (group commit, always)."""
     with tempfile.TemporaryDirectory(prefix="outrig-conformance-") as data_dir:
-        async with embedded(dataclasses.replace(config, data_dir=Path(data_dir)), clock) as backend:
+        durable = dataclasses.replace(config, data_dir=Path(data_dir))
+        async with embedded(durable, clock, request) as backend:
             yield backend
 
 
@@ -74,34 +85,26 @@ PARKED_WAITERS: dict[type, Callable[[Any, str], int]] = {EmbeddedBackend: _embed
 
 
 @asynccontextmanager
-async def postgresql(config: ServerConfig, clock: FakeClock) -> AsyncIterator[SpaceBackend]:
-    """The PostgreSQL backend on a fresh database of the session's throwaway server."""
+async def postgresql(
+    config: ServerConfig, clock: FakeClock, request: pytest.FixtureRequest
+) -> AsyncIterator[SpaceBackend]:
+    """The PostgreSQL backend on a fresh database of the session's throwaway server (the
+    `postgres` fixture of tests/conftest.py, which stops it at the session's end)."""
     import psycopg
 
     from outrig.service.postgres.backend import PostgresBackend
 
-    from ..postgres_server import find_bindir, running_postgres
-
-    global _postgres
-    if _postgres is None:
-        bindir = find_bindir()
-        assert bindir is not None, "no PostgreSQL server binaries"
-        _postgres_context.append(running_postgres(bindir))
-        _postgres = _postgres_context[-1].__enter__()
+    server: PostgresServer = request.getfixturevalue("postgres")
     name = f"c_{uuid.uuid4().hex[:12]}"
-    async with await psycopg.AsyncConnection.connect(_postgres.dsn(), autocommit=True) as admin:
+    async with await psycopg.AsyncConnection.connect(server.dsn(), autocommit=True) as admin:
         await admin.execute(f"CREATE DATABASE {name}")
-    backend = PostgresBackend(config, _postgres.dsn(name), clock)
+    backend = PostgresBackend(config, server.dsn(name), clock)
     await backend.start()
     try:
         yield backend
     finally:
         await backend.close()
         await backend.shutdown()
-
-
-_postgres: Any = None
-_postgres_context: list[Any] = []
 
 
 BACKENDS: list[object] = [
@@ -119,7 +122,7 @@ def clock() -> FakeClock:
 @pytest.fixture(params=BACKENDS)
 async def backend(request: pytest.FixtureRequest, clock: FakeClock) -> AsyncIterator[SpaceBackend]:
     factory: BackendFactory = request.param
-    async with factory(CONFIG, clock) as started:
+    async with factory(CONFIG, clock, request) as started:
         yield started
 
 

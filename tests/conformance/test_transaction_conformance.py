@@ -13,6 +13,7 @@ from outrig.service.backend import SpaceBackend
 from outrig.service.engine import FakeClock
 from outrig.service.exceptions import TransactionAbortedError, TransactionNotFoundError
 
+from ..polling import wait_for_waiters_async, wait_until_async
 from .test_backend_conformance import entry, ids, read, take, template, write
 
 
@@ -56,7 +57,7 @@ async def test_a_read_lock_blocks_takes_until_the_reader_ends(backend: SpaceBack
     assert ids(await read(backend, space, template())) == [entry_id]  # others read
     assert await take(backend, space, template()) == []  # but do not take
     waiting = asyncio.ensure_future(take(backend, space, template(), timeout=None))
-    await asyncio.sleep(0.05)
+    await wait_for_waiters_async(backend, space, 1)  # parked behind the lock
     assert not waiting.done()
     await backend.commit(space, txn)
     assert ids(await waiting) == [entry_id]
@@ -67,14 +68,14 @@ async def test_if_exists_waits_only_for_locked_entries(backend: SpaceBackend, sp
     txn = await _begin(backend, space)
     (entry_id,) = [g.id for g in await backend.write(space, [entry(n=1)], None, transaction=txn)]
     waiting = asyncio.ensure_future(take(backend, space, template(), timeout=None, if_exists=True))
-    await asyncio.sleep(0.05)
+    await wait_for_waiters_async(backend, space, 1)  # parked: the one match is locked
     assert not waiting.done()
     await backend.commit(space, txn)
     assert ids(await waiting) == [entry_id]
     txn = await _begin(backend, space)
     await backend.write(space, [entry(n=2)], None, transaction=txn)
     waiting = asyncio.ensure_future(take(backend, space, template(), timeout=None, if_exists=True))
-    await asyncio.sleep(0.05)
+    await wait_for_waiters_async(backend, space, 1)
     await backend.abort(space, txn)
     assert await waiting == []  # the locked entry is gone: nothing left to wait for
 
@@ -86,10 +87,10 @@ async def test_a_transaction_aborts_when_its_lease_runs_out(
     txn = await _begin(backend, space, lease=5.0)
     await take(backend, space, template(), transaction=txn)
     clock.advance(6.0)
-    for _ in range(200):  # the reaper runs every 10 ms of real time
-        if await read(backend, space, template()):
-            break
-        await asyncio.sleep(0.01)
+    # The reaper runs every 10 ms of real time: the take is undone at its next pass.
+    await wait_until_async(
+        lambda: read(backend, space, template()), what="the reaper to abort the transaction"
+    )
     assert ids(await read(backend, space, template())) == [entry_id]
     with pytest.raises(TransactionAbortedError):
         await backend.commit(space, txn)
@@ -104,6 +105,8 @@ async def test_notify_hears_a_write_at_commit(backend: SpaceBackend, space: str)
     own = await asyncio.wait_for(anext(aiter(inside)), 5)
     assert own.entry.id == written
     next_event = asyncio.ensure_future(anext(events))
+    # A deliberate pause, to show that no event comes before the commit: there is no state to
+    # poll for an event that must not exist (a backend may deliver it from another connection).
     await asyncio.sleep(0.05)
     assert not next_event.done()  # not before the commit
     await backend.commit(space, txn)

@@ -8,15 +8,15 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
-import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 import outrig
 
+from ..conftest import free_port
+from ..polling import wait_until
 from .files import BIN, dockerfile_stages, image_env
 
 
@@ -24,13 +24,6 @@ from .files import BIN, dockerfile_stages, image_env
 class DeployTask(outrig.Entry, type_name="deploy.Task"):
     job: str | None = None
     n: int | None = None
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def in_venv(argv: list[str]) -> list[str]:
@@ -75,10 +68,13 @@ def test_the_image_command_serves_is_healthy_and_stops_cleanly(tmp_path: Path) -
 
         # The HEALTHCHECK, as Docker would run it: the same argv and environment.
         healthcheck = server.healthcheck()
-        deadline = time.monotonic() + 20
-        while (probe := run(healthcheck, env)).returncode != 0:
-            assert time.monotonic() < deadline, probe.stderr
-            time.sleep(0.2)
+        probes: list[subprocess.CompletedProcess[str]] = []
+
+        def healthy() -> bool:
+            probes.append(run(healthcheck, env))
+            return probes[-1].returncode == 0
+
+        wait_until(healthy, 20, what=lambda: f"a healthy health check: {probes[-1].stderr}", interval=0.2)
 
         with outrig.connect(address, space="default") as space:
             space.write(DeployTask(job="deploy", n=1), lease=outrig.FOREVER)

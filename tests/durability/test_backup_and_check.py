@@ -28,6 +28,7 @@ from outrig.service.store.check import check_store
 from outrig.service.store.schema import FORMAT_VERSION
 
 from ..conftest import ServerProcess, start_server
+from ..polling import wait_until
 
 SPACE = "admin"
 FOREVER_ENTRIES = 40
@@ -115,9 +116,7 @@ class Writer(threading.Thread):
             self.errors.append(err)
 
     def wait_for(self, count: int) -> None:
-        deadline = time.monotonic() + 10
-        while self.acknowledged < count and not self.errors and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: self.acknowledged >= count or self.errors, what=f"{count} acknowledged writes")
         assert self.acknowledged >= count, self.errors
 
     def finish(self) -> int:

@@ -34,6 +34,7 @@ from outrig.service.store.schema import FORMAT_VERSION, database_path
 from outrig.v1 import space_pb2 as pb
 
 from ..field_values import value
+from ..polling import wait_for_waiters_async, wait_until_async
 
 SPACE = "s"
 
@@ -180,12 +181,7 @@ async def test_interval_replies_at_once_and_commits_within_the_interval(
         assert journal is not None
         await backend.write(SPACE, [entry(n=1)], None)
         assert journal.pending is not None  # acknowledged, not yet durable
-        for _ in range(100):
-            await asyncio.sleep(0.02)
-            if journal.pending is None:
-                break
-        else:
-            raise AssertionError("an interval of 50 ms had not committed after 2 s")
+        await wait_until_async(lambda: journal.pending is None, 2.0, what="an interval of 50 ms to commit")
         with sqlite3.connect(path) as db:
             assert db.execute("SELECT count(*) FROM entries").fetchone()[0] == 1
 
@@ -300,17 +296,17 @@ async def test_the_reaper_deletes_request_ids_past_their_window(
             assert db.execute("SELECT count(*) FROM requests").fetchone()[0] == 2
             assert db.execute("SELECT count(*) FROM entries WHERE taken_by = 't-1'").fetchone()[0] == 1
         clock.advance(60.0)
-        for _ in range(500):  # the reaper passes every 10 ms of real time
-            await asyncio.sleep(0.01)
+
+        def pruned() -> bool:
             with sqlite3.connect(path) as db:
                 left = db.execute(
                     "SELECT (SELECT count(*) FROM requests)"
                     " + (SELECT count(*) FROM entries WHERE taken_by IS NOT NULL)"
                 )
-                if left.fetchone()[0] == 0:
-                    break
-        else:
-            raise AssertionError("request ids past their window are still in the store after 5 s")
+                return bool(left.fetchone()[0] == 0)
+
+        # The reaper passes every 10 ms of real time.
+        await wait_until_async(pruned, 5.0, what="the request ids past their window to leave the store")
 
 
 async def test_request_ids_work_in_memory_too(clock: FakeClock) -> None:
@@ -324,9 +320,12 @@ async def test_request_ids_work_in_memory_too(clock: FakeClock) -> None:
 async def test_a_retry_in_flight_waits_for_the_first_call(config: ServerConfig, clock: FakeClock) -> None:
     async with running(config, clock) as backend:
         first = asyncio.create_task(take(backend, timeout=5.0, request_id="t-1"))
-        await asyncio.sleep(0.05)
+        await wait_for_waiters_async(backend, SPACE, 1)
         second = asyncio.create_task(take(backend, timeout=5.0, request_id="t-1"))
-        await asyncio.sleep(0.05)
+        # One step of the loop runs the retry up to its wait for the first call (nothing before it
+        # awaits): it does not park a waiter of its own.
+        await asyncio.sleep(0)
+        assert (await backend.space_figures())[SPACE].waiters == 1
         await backend.write(SPACE, [entry(n=7)], None)
         one, two = await asyncio.wait_for(asyncio.gather(first, second), 5.0)
         assert numbers(one) == numbers(two) == [7]

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
-import time
-import urllib.request
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
@@ -15,7 +12,8 @@ import pytest
 
 import outrig
 
-from ..conftest import start_server
+from ..conftest import free_port, start_server
+from ..polling import scrape, wait_until
 
 
 @dataclass
@@ -28,33 +26,13 @@ class SubGauge(Gauge, type_name="metrics.SubGauge"):
     pass
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def _scrape(address: str) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as reply:
-        text = reply.read().decode()
-    samples = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            samples[name] = float(value)
-    return samples
-
-
-def _scrape_until(address: str, done: Callable[[dict[str, float]], bool]) -> dict[str, float]:
-    """Scrape until `done` holds of the samples, or 10 s have passed; the last samples."""
-    deadline = time.monotonic() + 10.0
-    while not done(samples := _scrape(address)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return samples
+def _scrape_until(address: str, done: Callable[[dict[str, float]], bool], what: str) -> dict[str, float]:
+    """The first samples of which `done` holds (failing, saying `what`, after 10 s)."""
+    return wait_until(lambda: samples if done(samples := scrape(address)) else None, what=what)
 
 
 def test_metrics_count_calls_codes_entries_and_commits(tmp_path: Path) -> None:
-    metrics = f"127.0.0.1:{_free_port()}"
+    metrics = f"127.0.0.1:{free_port()}"
     server = start_server("--data-dir", str(tmp_path / "data"), "--metrics-listen", metrics)
     try:
         with outrig.connect(server.address, space="m", retry_deadline=0) as space:
@@ -64,8 +42,9 @@ def test_metrics_count_calls_codes_entries_and_commits(tmp_path: Path) -> None:
             with pytest.raises(outrig.InvalidArgumentError):
                 space.read(Gauge(), timeout=-1)
             txn = space.transaction()
-            time.sleep(0.8)  # the short lease runs out; the reaper counts it
-            samples = _scrape(metrics)
+            # The short lease runs out (a server process runs on the real clock); the reaper counts it.
+            expired = 'outrig_leases_expired_total{space="m"}'
+            samples = _scrape_until(metrics, lambda s: s.get(expired, 0) >= 1, "the 0.2 s lease to be reaped")
             txn.abort()
     finally:
         server.stop()
@@ -83,20 +62,22 @@ def test_metrics_count_calls_codes_entries_and_commits(tmp_path: Path) -> None:
 
 
 def test_metrics_show_the_mux_streams_and_their_ops_in_flight() -> None:
-    metrics = f"127.0.0.1:{_free_port()}"
+    metrics = f"127.0.0.1:{free_port()}"
     server = start_server("--in-memory", "--metrics-listen", metrics)
     try:
         with outrig.connect(server.address, space="m", retry_deadline=0) as space:
             space.count(Gauge())  # opens the connection's stream
             with futures.ThreadPoolExecutor(2) as pool:
                 takes = [pool.submit(space.take, Gauge(n=n), 30.0) for n in (1, 2)]
-                busy = _scrape_until(metrics, lambda s: s["outrig_mux_ops_in_flight"] == 2)
+                busy = _scrape_until(
+                    metrics, lambda s: s["outrig_mux_ops_in_flight"] == 2, "two ops in flight"
+                )
                 space.write_many([Gauge(n=1), Gauge(n=2)])
                 assert all(take.result(timeout=10) is not None for take in takes)
             # An op counts until gRPC has taken its result, which may be a moment after the client
             # has it.
-            idle = _scrape_until(metrics, lambda s: s["outrig_mux_ops_in_flight"] == 0)
-        closed = _scrape_until(metrics, lambda s: s["outrig_mux_streams"] == 0)
+            idle = _scrape_until(metrics, lambda s: s["outrig_mux_ops_in_flight"] == 0, "no op in flight")
+        closed = _scrape_until(metrics, lambda s: s["outrig_mux_streams"] == 0, "the stream to close")
     finally:
         server.stop()
     assert (busy["outrig_mux_streams"], busy["outrig_mux_ops_in_flight"]) == (1, 2)

@@ -27,6 +27,7 @@ from outrig.v1 import space_pb2 as pb
 from outrig.v1 import space_pb2_grpc
 
 from ..conftest import ServerProcess, start_server
+from ..polling import scrape, wait_for_waiters, wait_for_waiters_async
 from .entries import Task
 
 
@@ -146,12 +147,15 @@ def test_an_unknown_operation_and_a_repeated_id_are_refused(stream: Stream, spac
     assert "already in flight" in result.error.message
 
 
-def test_a_cancelled_take_ends_cancelled_and_takes_nothing(stream: Stream, space_name: str) -> None:
+def test_a_cancelled_take_ends_cancelled_and_takes_nothing(
+    stream: Stream, server: ServerProcess, space_name: str
+) -> None:
     stream.send(pb.MuxOp(id=1, take=_take(space_name)))
-    time.sleep(0.2)
+    wait_for_waiters(server, space_name, 1)
     stream.send(pb.MuxOp(id=1, cancel=True))
     result = stream.result()
     assert (result.id, result.error.code) == (1, grpc.StatusCode.CANCELLED.value[0])
+    wait_for_waiters(server, space_name, 0)  # and it left no waiter behind
     stream.send(pb.MuxOp(id=2, write=_write(space_name, 1)))
     assert stream.result().id == 2
     stream.send(pb.MuxOp(id=3, count=_count(space_name)))
@@ -170,7 +174,7 @@ def test_a_malformed_message_ends_the_stream_with_invalid_argument(stream: Strea
 def small_limit(tmp_path: Path) -> Iterator[ServerProcess]:
     config = tmp_path / "outrig.toml"
     config.write_text("[limits]\nmax_stream_ops = 2\n")
-    running = start_server("--in-memory", "--config", str(config))
+    running = start_server("--in-memory", "--config", str(config), metrics=True)
     yield running
     running.stop()
 
@@ -184,9 +188,14 @@ def test_beyond_the_limit_an_op_is_refused_and_the_stream_stops_reading(small_li
         assert (result.id, result.error.code) == (3, grpc.StatusCode.RESOURCE_EXHAUSTED.value[0])
         assert "max_stream_ops=2" in result.error.message
         # Two takes are in flight: the next message is not read until one of them ends.
+        wait_for_waiters(small_limit, "s", 2)
         stream.send(pb.MuxOp(id=4, count=_count("s")))
         with outrig.connect(small_limit.address, space="s", mux=False) as writer:
+            # A deliberate pause, in which the server would read and answer op 4 if it read on:
+            # nothing of the server's state shows a message it has not read.
             time.sleep(0.3)
+            assert small_limit.metrics is not None
+            assert 'outrig_requests_total{code="OK",method="Count"}' not in scrape(small_limit.metrics)
             assert writer.count(Task()) == 0
             writer.write(Task(n=1))
         answered = {stream.result().id, stream.result().id}
@@ -198,7 +207,7 @@ def test_beyond_the_limit_an_op_is_refused_and_the_stream_stops_reading(small_li
 def test_the_sdk_keeps_to_the_servers_limit(small_limit: ServerProcess) -> None:
     with outrig.connect(small_limit.address, space="s") as space, futures.ThreadPoolExecutor(6) as pool:
         takes = [pool.submit(space.take, Task(n=i), 30.0) for i in range(6)]
-        time.sleep(0.3)
+        wait_for_waiters(small_limit, "s", 6)  # two on the stream, four unary
         for i in range(6):
             space.write(Task(n=i))  # over the unary path if the stream is full: never refused
         assert sorted(t.result(timeout=30).n for t in takes) == list(range(6))
@@ -207,7 +216,7 @@ def test_the_sdk_keeps_to_the_servers_limit(small_limit: ServerProcess) -> None:
 def test_sync_callers_on_one_connection_are_not_held_up_by_a_blocked_take(server, space_name) -> None:
     with outrig.connect(server.address, space=space_name) as space, futures.ThreadPoolExecutor(1) as pool:
         taken = pool.submit(space.take, Task(n=99), 30.0)
-        time.sleep(0.2)
+        wait_for_waiters(server, space_name, 1)
         for n in range(20):
             space.write(Task(n=n))
         assert space.count(Task()) == 20
@@ -220,16 +229,17 @@ async def test_an_abandoned_async_take_takes_nothing(server, space_name) -> None
     async with outrig.aio.connect(server.address, space=space_name) as space:
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(space.take(Task()), 0.3)
-        await asyncio.sleep(0.2)  # the cancel op goes out with the next message at the latest
+        # The cancel op reaches the server (ops of one stream are read in order: a take it had not
+        # read yet is cancelled before it runs), and the waiter is gone: nothing left to take.
+        await wait_for_waiters_async(server, space_name, 0)
         await space.write(Task(n=1))
-        await asyncio.sleep(0.2)
         assert await space.count(Task()) == 1
 
 
 async def test_async_operations_complete_out_of_order(server, space_name) -> None:
     async with outrig.aio.connect(server.address, space=space_name) as space:
         take = asyncio.ensure_future(space.take(Task(n=1), timeout=30.0))
-        await asyncio.sleep(0.1)
+        await wait_for_waiters_async(server, space_name, 1)
         await asyncio.gather(*(space.write(Task(n=n), lease=60.0) for n in range(2, 50)))
         assert not take.done()
         await space.write(Task(n=1))
@@ -256,12 +266,12 @@ def test_a_server_without_mux_gets_unary_calls() -> None:
 
 
 def test_a_stopping_server_ends_its_streams_instead_of_waiting_out_its_grace() -> None:
-    running = start_server("--in-memory", "--grace-seconds", "60")
+    running = start_server("--in-memory", "--grace-seconds", "60", metrics=True)
     with outrig.connect(running.address, retry_deadline=0) as space:
         space.write(Task(n=1))
         with futures.ThreadPoolExecutor(1) as pool:
             taken = pool.submit(space.take, Task(n=2), None)
-            time.sleep(0.2)
+            wait_for_waiters(running, "default", 1)
             started = time.monotonic()
             assert running.stop() == 0
             assert time.monotonic() - started < 30.0  # an open stream would hold it for 60 s

@@ -11,6 +11,7 @@ import pytest
 import outrig
 import outrig.aio
 
+from ..polling import wait_for_waiters_async, waiters
 from .entries import Animal, Everything, Puppy, Task
 
 
@@ -30,12 +31,14 @@ async def test_write_read_take(space):
     assert await space.read_nowait(Animal()) is None
 
 
-async def test_blocking_take_woken_by_a_later_write(space):
+async def test_blocking_take_woken_by_a_later_write(space, server):
     taker = asyncio.ensure_future(space.take(Task(job="late"), timeout=10.0))
-    await asyncio.sleep(0.2)
+    await wait_for_waiters_async(server, space.name, 1)
     assert not taker.done()
     await space.write(Task(job="early"))  # does not match: the taker keeps waiting
-    await asyncio.sleep(0.1)
+    # A write offers itself to the parked waiters before it replies: had it woken the taker, the
+    # taker would no longer be parked now.
+    assert await asyncio.to_thread(waiters, server, space.name) == 1
     assert not taker.done()
     await space.write(Task(job="late", n=1))
     assert await taker == Task(job="late", n=1)
@@ -48,14 +51,15 @@ async def test_timeouts(space):
     assert await space.read_many(Task(), max_entries=5, timeout=0.05) == []
 
 
-async def test_cancelling_a_blocked_take_loses_nothing(space):
+async def test_cancelling_a_blocked_take_loses_nothing(space, server):
     taker = asyncio.ensure_future(space.take(Task(), timeout=None))
-    await asyncio.sleep(0.2)
+    await wait_for_waiters_async(server, space.name, 1)
     taker.cancel()
     with pytest.raises(asyncio.CancelledError):
         await taker
-    await space.write(Task(n=9))
-    await asyncio.sleep(0.1)
+    await space.write(Task(n=9))  # may reach the server before the cancel does
+    # Once the cancel has reached the server the waiter is gone, and what it took is back.
+    await wait_for_waiters_async(server, space.name, 0)
     assert await space.read_nowait(Task()) == Task(n=9)
 
 

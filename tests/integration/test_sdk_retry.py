@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -27,20 +26,16 @@ from outrig.testing import LocalServer
 from outrig.v1 import space_pb2 as pb
 from outrig.v1.space_pb2_grpc import SpaceStub
 
+from ..conftest import free_port
+from ..polling import once_parked, wait_for_waiters
 from .entries import Task
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 class Outage:
     """A real server on a fixed port, which a test can stop and bring back."""
 
     def __init__(self, config: ServerConfig | None = None) -> None:
-        self.address = f"127.0.0.1:{_free_port()}"
+        self.address = f"127.0.0.1:{free_port()}"
         self._config = config or ServerConfig()
         self._server: LocalServer | None = None
         self._comeback: threading.Thread | None = None
@@ -55,6 +50,12 @@ class Outage:
         self._server = server
         self.back_at = time.monotonic()
 
+    @property
+    def server(self) -> LocalServer:
+        """The server running now (to poll its state: tests/polling.py)."""
+        assert self._server is not None, "the server is down"
+        return self._server
+
     def stop(self, grace: float = 0.0) -> None:
         if self._server is not None:
             self._server.stop(grace)
@@ -65,7 +66,7 @@ class Outage:
         self.stop()
 
         def comeback() -> None:
-            time.sleep(seconds)
+            time.sleep(seconds)  # the outage itself: the server is away this long
             self.start()
 
         self._comeback = threading.Thread(target=comeback, daemon=True)
@@ -136,15 +137,12 @@ def test_a_deadline_shorter_than_the_outage_raises_after_about_the_deadline(outa
 def test_a_take_retried_across_an_outage_keeps_to_its_timeout(outage):
     with outrig.connect(outage.address) as space:
         space.count(Task())
-
-        def outage_soon() -> None:
-            time.sleep(0.2)
-            outage.back_after(0.5)  # the blocked take fails with UNAVAILABLE
-
-        threading.Thread(target=outage_soon, daemon=True).start()
+        # Once the take is parked, the outage: the blocked take fails with UNAVAILABLE.
+        down = once_parked(outage.server, "default", lambda: outage.back_after(0.5))
         started = time.monotonic()
         assert space.take(Task(), timeout=2.0) is None
         ended = time.monotonic()
+        down.result()
         outage.wait_until_back()
         assert ended - started > 1.8  # the retry waited out the rest of the timeout
         # A retry that waited the whole timeout again could not end before back_at + 2 s. (A bound
@@ -160,7 +158,7 @@ def test_a_blocked_take_survives_a_restart_and_gets_a_later_write(outage, mux):
         result: list[object] = []
         taker = threading.Thread(target=lambda: result.append(space.take(Task(), timeout=None)))
         taker.start()
-        time.sleep(0.2)
+        wait_for_waiters(outage.server, "default", 1)
         outage.back_after(0.3)
         outage.wait_until_back()
         with outrig.connect(outage.address) as writer:

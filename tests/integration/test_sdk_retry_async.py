@@ -12,6 +12,7 @@ import outrig
 import outrig.aio
 from outrig.service.config import ServerConfig
 
+from ..polling import wait_for_waiters_async
 from .entries import Task
 from .test_sdk_retry import Outage
 
@@ -66,7 +67,7 @@ async def test_a_take_retried_across_an_outage_keeps_to_its_timeout(outage):
         await space.count(Task())
         started = time.monotonic()
         taker = asyncio.ensure_future(space.take(Task(), timeout=2.0))
-        await asyncio.sleep(0.2)
+        await wait_for_waiters_async(outage.server, "default", 1)
         await _back_after(outage, 0.5)
         assert await taker is None
         ended = time.monotonic()

@@ -14,6 +14,7 @@ import pytest
 import outrig
 from outrig.testing import LocalServer
 
+from ..polling import once_parked, wait_for_waiters, wait_for_waiters_async
 from .entries import Animal, Dog, Everything, Puppy, Task
 
 
@@ -88,22 +89,18 @@ def test_take_one_of_many_matching_on_a_field(space):
     assert space.count(Task()) == 29
 
 
-def test_blocking_take_is_woken_by_a_later_write(space):
-    def write_later():
-        time.sleep(0.3)
-        space.write(Task(job="late", n=7))
-
-    writer = threading.Thread(target=write_later)
-    writer.start()
+def test_blocking_take_is_woken_by_a_later_write(space, server):
+    written = once_parked(server, space.name, lambda: space.write(Task(job="late", n=7)))
     got = space.take(Task(job="late"), timeout=10.0)
-    writer.join()
+    written.result()
     assert got == Task(job="late", n=7)
     assert space.count(Task()) == 0
 
 
-def test_non_matching_write_does_not_wake_a_blocked_take(space):
-    threading.Timer(0.1, lambda: space.write(Task(job="other"))).start()
+def test_non_matching_write_does_not_wake_a_blocked_take(space, server):
+    written = once_parked(server, space.name, lambda: space.write(Task(job="other")))
     assert space.take(Task(job="wanted"), timeout=0.5) is None
+    written.result()
     assert space.count(Task(job="other")) == 1
 
 
@@ -122,9 +119,10 @@ def test_read_many_and_take_many(space):
     assert space.count(Task()) == 0
 
 
-def test_take_many_blocks_until_one_arrives(space):
-    threading.Timer(0.2, lambda: space.write(Task(n=1))).start()
+def test_take_many_blocks_until_one_arrives(space, server):
+    written = once_parked(server, space.name, lambda: space.write(Task(n=1)))
     assert space.take_many(Task(), max_entries=10, timeout=10.0) == [Task(n=1)]
+    written.result()
 
 
 def test_contents_streams_every_match_in_order_across_chunks(space):
@@ -164,7 +162,7 @@ def test_blocked_takers_share_writes_one_each(space, server):
 
     with ThreadPoolExecutor(5) as pool:
         futures = [pool.submit(taker, i) for i in range(5)]
-        time.sleep(0.3)
+        wait_for_waiters(server, space.name, 5)
         for i in range(5):
             space.write(Task(job="w", n=i))
         got = sorted(f.result().n for f in futures)
@@ -226,21 +224,27 @@ def test_notify_streams_matching_writes_with_increasing_sequence(space):
         assert list(events) == []  # the stream ends with its lease
 
 
-def test_notify_fires_for_entries_taken_by_a_waiter(space):
+def test_notify_fires_for_entries_taken_by_a_waiter(space, server):
     with space.notify(Task(), lease=60.0) as events:
         result = []
         waiter = threading.Thread(target=lambda: result.append(space.take(Task(), timeout=10.0)))
         waiter.start()
-        time.sleep(0.2)
+        wait_for_waiters(server, space.name, 1)
         space.write(Task(n=5))
         waiter.join()
         assert result == [Task(n=5)]
         assert next(events).entry == Task(n=5)
 
 
-def test_notify_registration_expires(space):
-    with space.notify(Task(), lease=0.3) as events:
-        assert list(events) == []  # ends when the 0.3 s lease runs out (reaped within ~0.5 s)
+@pytest.mark.parametrize("mux", [True, False], ids=["mux", "unary"])
+def test_notify_registration_expires(mux):
+    with (
+        LocalServer(fake_clock=True) as server,
+        outrig.connect(server.address, mux=mux) as space,
+        space.notify(Task(), lease=0.3) as events,
+    ):
+        server.clock.advance(0.4)
+        assert list(events) == []  # ends when the 0.3 s lease runs out (reaped within 0.05 s)
 
 
 def test_spaces_are_isolated(space):
@@ -329,10 +333,10 @@ def test_parked_waiters_and_registrations_are_bounded():
 
     config = ServerConfig(limits=Limits(max_waiters=2, max_registrations=1))
 
-    async def scenario(address: str) -> None:
-        async with outrig.aio.connect(address) as space:
+    async def scenario(server: LocalServer) -> None:
+        async with outrig.aio.connect(server.address) as space:
             blocked = [asyncio.ensure_future(space.take(Task(), timeout=30.0)) for _ in range(2)]
-            await asyncio.sleep(0.3)
+            await wait_for_waiters_async(server, "default", 2)
             with pytest.raises(outrig.ResourceExhaustedError, match="max_waiters=2"):
                 await space.read(Task(), timeout=30.0)
             assert await space.read_nowait(Task()) is None  # not blocking: still served
@@ -344,4 +348,4 @@ def test_parked_waiters_and_registrations_are_bounded():
                         pass
 
     with LocalServer(config) as server:
-        asyncio.run(scenario(server.address))
+        asyncio.run(scenario(server))

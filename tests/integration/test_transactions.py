@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 
 import outrig
+from outrig.testing import LocalServer
 
+from ..polling import once_parked
 from .entries import Task
 
 
@@ -18,10 +20,11 @@ def space(server, space_name):
         yield space
 
 
-def _later(seconds: float, action) -> threading.Timer:
-    timer = threading.Timer(seconds, action)
-    timer.start()
-    return timer
+@pytest.fixture
+def fake_clock_server() -> Iterator[LocalServer]:
+    """An in-process server whose leases follow a clock the test moves (`server.clock.advance`)."""
+    with LocalServer(fake_clock=True) as server:
+        yield server
 
 
 def test_a_block_commits_on_a_normal_exit_and_its_writes_appear_only_then(space):
@@ -50,43 +53,42 @@ def test_a_block_aborts_on_an_exception_and_puts_takes_back(space):
     assert [t.n for t in space.contents(Task(job="b"))] == [1]
 
 
-def test_a_read_lock_lets_others_read_but_makes_their_take_wait(space):
+def test_a_read_lock_lets_others_read_but_makes_their_take_wait(space, server):
     space.write(Task(job="c", n=1))
     txn = space.transaction()
     assert txn.read(Task(job="c")) == Task(job="c", n=1)
     assert space.read_nowait(Task(job="c")) == Task(job="c", n=1)
     assert space.take_nowait(Task(job="c")) is None  # read-locked by another
-    timer = _later(0.3, txn.commit)
-    started = time.monotonic()
+    committed = once_parked(server, space.name, txn.commit)
     assert space.take(Task(job="c"), timeout=10.0) == Task(job="c", n=1)  # once the lock goes
-    assert time.monotonic() - started >= 0.25
-    timer.join()
+    returned = time.monotonic()
+    assert returned >= committed.result()  # it waited, parked, until the commit began
 
 
-def test_a_blocked_take_gets_a_transactions_write_when_it_commits(space):
+def test_a_blocked_take_gets_a_transactions_write_when_it_commits(space, server):
     txn = space.transaction()
     txn.write(Task(job="d", n=1))
-    timer = _later(0.3, txn.commit)
+    committed = once_parked(server, space.name, txn.commit)
     assert space.take(Task(job="d"), timeout=10.0) == Task(job="d", n=1)
-    timer.join()
+    committed.result()
 
 
-def test_if_exists_waits_only_for_locked_entries(space):
+def test_if_exists_waits_only_for_locked_entries(space, server):
     assert space.take_if_exists(Task(job="e"), lock_timeout=10.0) is None  # nothing locked: at once
     space.write(Task(job="e", n=1))
     txn = space.transaction()
     txn.take(Task(job="e"))
     assert space.read_nowait(Task(job="e")) is None  # no timeout: no wait
-    timer = _later(0.3, txn.abort)
+    aborted = once_parked(server, space.name, txn.abort)
     assert space.read_if_exists(Task(job="e"), lock_timeout=10.0) == Task(job="e", n=1)
-    timer.join()
+    aborted.result()
 
 
-def test_a_call_blocked_under_a_transaction_ends_when_the_transaction_does(space):
+def test_a_call_blocked_under_a_transaction_ends_when_the_transaction_does(space, server):
     txn = space.transaction()
-    timer = _later(0.3, txn.commit)
+    committed = once_parked(server, space.name, txn.commit)
     assert txn.take(Task(job="d2"), timeout=30.0) is None  # ended empty-handed by the commit
-    timer.join()
+    committed.result()
     space.write(Task(job="d2", n=1))
     assert space.count(Task(job="d2")) == 1  # and nothing was taken for it afterwards
 
@@ -120,22 +122,26 @@ def test_notify_hears_committed_writes_and_a_transactions_own(space):
         assert next(outside).entry == Task(job="g", n=3)
 
 
-def test_a_transaction_whose_lease_runs_out_aborts(space):
-    space.write(Task(job="h", n=1))
-    txn = space.transaction(lease=0.5)
-    txn.take(Task(job="h"))
-    assert space.take(Task(job="h"), timeout=10.0) == Task(job="h", n=1)  # back once it expired
-    with pytest.raises(outrig.FailedPreconditionError, match="aborted"):
+def test_a_transaction_whose_lease_runs_out_aborts(fake_clock_server):
+    with outrig.connect(fake_clock_server.address) as space:
+        space.write(Task(job="h", n=1))
+        txn = space.transaction(lease=0.5)
+        txn.take(Task(job="h"))
+        fake_clock_server.clock.advance(0.6)  # the lease runs out; the reaper (every 50 ms) aborts it
+        assert space.take(Task(job="h"), timeout=10.0) == Task(job="h", n=1)  # back once it expired
+        with pytest.raises(outrig.FailedPreconditionError, match="aborted"):
+            txn.commit()
+
+
+def test_renew_keeps_a_transaction_alive(fake_clock_server):
+    with outrig.connect(fake_clock_server.address) as space:
+        txn = space.transaction(lease=1.0)
+        assert txn.renew(30.0).duration == 30.0
+        # Past the first lease: a transaction that had run out would be refused at its next use.
+        fake_clock_server.clock.advance(1.3)
+        txn.write(Task(job="i", n=1))
         txn.commit()
-
-
-def test_renew_keeps_a_transaction_alive(space):
-    txn = space.transaction(lease=1.0)
-    assert txn.renew(30.0).duration == 30.0
-    time.sleep(1.3)
-    txn.write(Task(job="i", n=1))
-    txn.commit()
-    assert space.count(Task(job="i")) == 1
+        assert space.count(Task(job="i")) == 1
 
 
 def test_commit_and_abort_are_safe_to_repeat_but_not_to_mix(space):

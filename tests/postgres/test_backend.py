@@ -24,6 +24,7 @@ from outrig.service.exceptions import (
 from outrig.service.postgres.backend import PostgresBackend
 
 from ..conformance.test_backend_conformance import entry, ids, template
+from ..polling import wait_for_waiters_async, wait_until_async
 from ..postgres_server import PostgresServer
 
 CONFIG = ServerConfig(reap_interval=0.05)
@@ -71,7 +72,7 @@ async def test_a_write_through_one_server_wakes_a_take_blocked_on_another(databa
         blocked = asyncio.ensure_future(
             second.match("s", [template(n=7)], take=True, max_entries=1, timeout=30.0, if_exists=False)
         )
-        await asyncio.sleep(0.2)
+        await wait_for_waiters_async(second, "s", 1)  # parked on the second server
         assert not blocked.done()
         (grant,) = await first.write("s", [entry(n=7)], 60.0)
         assert ids(await asyncio.wait_for(blocked, 10)) == [grant.id]
@@ -153,13 +154,12 @@ async def test_a_registration_resumes_through_another_server_when_its_own_stops(
         assert event.entry.id == written.id and event.sequence > 2**31  # the jump says: maybe missed
         resumed.close()  # closed by its listener: the registration ends (its row goes in the background)
 
-        async def resume_until_gone() -> None:
-            for _ in range(100):
-                (await survivor.subscribe("s", [], None, resume=first.lease.id)).close()
-                await asyncio.sleep(0.05)
+        async def resumed_again() -> bool:
+            (await survivor.subscribe("s", [], None, resume=first.lease.id)).close()
+            return False  # still there: look again, until resuming raises
 
         with pytest.raises(LeaseNotFoundError):
-            await resume_until_gone()
+            await wait_until_async(resumed_again, 5.0, what="the registration's row to go", interval=0.05)
 
 
 async def test_an_entry_taken_at_once_still_reaches_a_subscription_on_another_server(database: str) -> None:
@@ -209,10 +209,11 @@ async def test_a_server_gone_mid_transaction_leaves_the_space_consistent(databas
         await doomed.shutdown()
         assert await survivor.count("s", [template()]) == 0  # taken, and the write invisible
         clock.advance(31.0)  # its lease runs out: the survivor's reaper aborts it
-        for _ in range(100):
-            if await survivor.count("s", [template()]) == 1:
-                break
-            await asyncio.sleep(0.05)
+
+        async def restored() -> bool:
+            return await survivor.count("s", [template()]) == 1
+
+        await wait_until_async(restored, what="the survivor's reaper to abort the transaction")
         found = await survivor.match("s", [template()], take=False, max_entries=5, timeout=0, if_exists=False)
         assert ids(found) == [written.id]  # the take undone, the write gone
 
