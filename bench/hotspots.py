@@ -63,7 +63,7 @@ from workloads import (
 
 _FRAME = re.compile(r"^(?P<function>.*) \((?P<file>[^():]*)(?::\d+)?\)$")
 _SAMPLE_RATE = 100  # py-spy's default, samples per second
-_ENTRY_POINTS = {"main (service/cli.py)", "<module> (service/__main__.py)"}  # on every stack
+_ENTRY_POINTS = {"main (service/cli/commands.py)", "<module> (service/__main__.py)"}  # on every stack
 _IDLE = {"epoll_wait", "EpollSelector.select"}  # the event loop waiting for something to do
 _STEPS: dict[str, SyncFactory] = {
     "read": read_sync,

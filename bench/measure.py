@@ -17,17 +17,17 @@ from dataclasses import dataclass
 
 from servers import ServerProcess
 
-from outrig.service import runtime
+from outrig.service import process
 
 
 def tune_client() -> str:
     """Give this (client) process the allocator settings `outrig serve` gives itself
-    (service/runtime.py), and say which took. Untuned, the client's own page faults decided the
+    (service/process.py), and say which took. Untuned, the client's own page faults decided the
     HD array rows: protobuf's heap trims made glibc hand the client fresh pages for 3.6 MB
     messages at random moments, 3,600-4,900 faults and about 10 ms per call, against outrig and
     the no-op server alike."""
-    thresholds = runtime.tune_malloc()
-    trims = runtime.keep_protobuf_from_trimming()
+    thresholds = process.tune_malloc()
+    trims = process.keep_protobuf_from_trimming()
     return (
         f"glibc thresholds {'raised' if thresholds else 'unchanged'}, "
         f"protobuf's heap trims {'off' if trims else 'on'}"

@@ -12,14 +12,14 @@ renewals and cancellations succeed; Begin a transaction's lease, Commit and Abor
 Nothing is stored, matched or checked.
 
 Mux, the stream the SDK sends its calls over by default, is served as outrig serves it
-(service/mux.py), so that bench/run.py measures the same client path against both: the limit of
+(service/transport/mux.py), so that bench/run.py measures the same client path against both: the limit of
 operations in flight goes out in the initial metadata (`outrig-max-stream-ops: 1024`); each
 MuxOp of a MuxRequest gets the canned reply its unary method gives, in a MuxResult (operations
 beyond the limit RESOURCE_EXHAUSTED, as in outrig); one writer task sends every result that is
 ready in one MuxReply (up to outrig's 3 MiB), and the stream reads no further messages while
 1024 results are unsent. The canned replies are serialized once (renewals and cancellations on
 each call) and results framed around their bytes by outrig's own functions (`Result`,
-`error_result`, `batch_size`, `reply_message` of service/mux.py), as outrig frames them around
+`error_result`, `batch_size`, `reply_message` of service/transport/mux.py), as outrig frames them around
 stored payloads: the only registration that differs from the generated code is Mux's, whose
 replies go out as bytes. Every operation completes as it is read, so a `cancel` op finds its
 operation done and is ignored, unless both came in the same MuxRequest (the operation has then
@@ -48,7 +48,7 @@ from typing import Any
 import grpc
 from entries import canned_batch, canned_frame, canned_small
 
-from outrig.service.mux import LIMIT_KEY, Result, batch_size, error_result, reply_message
+from outrig.service.transport.mux import LIMIT_KEY, Result, batch_size, error_result, reply_message
 from outrig.v1 import space_pb2 as pb
 from outrig.v1 import space_pb2_grpc
 

@@ -47,10 +47,11 @@ from workloads import OWN_CONNECTION
 
 import outrig
 from outrig._codec import encode_entry_into, encode_template_into
-from outrig.service import codec, servicer, wire
+from outrig.service import codec, wire
 from outrig.service.config import ServerConfig
 from outrig.service.embedded import EmbeddedBackend
 from outrig.service.engine.model import LeaseGrant
+from outrig.service.transport import servicer
 from outrig.v1 import space_pb2 as pb
 
 SPACE = "bench"

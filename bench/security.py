@@ -50,7 +50,7 @@ from outrig.service.config import ServerConfig
 from outrig.service.security import certs, tokens
 from outrig.service.security.policy import parse_policy
 from outrig.service.security.principal import Principal
-from outrig.service.security.transport import build_guard
+from outrig.service.security.settings import build_guard
 from outrig.v1 import space_pb2 as pb
 
 _OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]

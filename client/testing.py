@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from outrig.service.config import ServerConfig
     from outrig.service.engine.clock import FakeClock
-    from outrig.service.server import OutrigServer
+    from outrig.service.transport.server import OutrigServer
 
 
 class LocalServer:
@@ -48,7 +48,7 @@ class LocalServer:
 
     def start(self) -> str:
         """Start serving; returns the address to connect to."""
-        from outrig.service.server import OutrigServer
+        from outrig.service.transport.server import OutrigServer
 
         self._thread.start()
 

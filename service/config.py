@@ -66,7 +66,7 @@ class ServerConfig:
     max_message_bytes: int = 16 * 1024 * 1024
     grace_seconds: float = 5.0
     # Seconds the server must be idle before it gives freed memory back to the system (0: never);
-    # see service/runtime.py.
+    # see service/process.py.
     idle_release_seconds: float = 60.0
     reap_interval: float = 0.5
     reap_batch: int = 1000

@@ -22,7 +22,7 @@
     └── ProcessTuningError        a process-wide setting left as it was (logged; the server runs on)
 
 The engine raises these; the gRPC servicer maps them to status codes through one table
-(outrig.service.servicer.STATUS_BY_ERROR). Messages name the field or limit at fault, and quote
+(outrig.service.transport.servicer.STATUS_BY_ERROR). Messages name the field or limit at fault, and quote
 a client's text only through `excerpt`: a message travels back as gRPC metadata, which a client
 refuses beyond its limit (8 KiB by default), so a 100,000-character name must not be echoed whole.
 """
@@ -119,4 +119,4 @@ class IncompatibleStoreError(StoreError):
 
 
 class ProcessTuningError(SpaceError):
-    """A process-wide setting (service/runtime.py) could not be applied and was left as it was."""
+    """A process-wide setting (service/process.py) could not be applied and was left as it was."""

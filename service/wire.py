@@ -350,7 +350,7 @@ def add_to_server(
     servicer: object, server: grpc.aio.Server, mux: Callable[[Any, grpc.aio.ServicerContext], Any]
 ) -> None:
     """Register `servicer`'s methods for outrig.v1.Space on `server`, and `mux` as its Mux method
-    (service/mux.py), whose messages it reads and writes as bytes."""
+    (service/transport/mux.py), whose messages it reads and writes as bytes."""
     handlers = {
         "Mux": grpc.stream_stream_rpc_method_handler(
             mux, request_deserializer=_passthrough, response_serializer=_passthrough

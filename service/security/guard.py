@@ -1,6 +1,6 @@
 """The one check every outrig.v1.Space call passes: who is calling, and may they do this.
 
-`Guard.check` runs in the servicer's `unary`/`streaming` wrappers (service/servicer.py) before a
+`Guard.check` runs in the servicer's `unary`/`streaming` wrappers (service/transport/servicer.py) before a
 method's body, with the gRPC context and the decoded request. It is there rather than in a server
 interceptor because a grpc.aio interceptor does not see the peer's TLS identity. It
 

@@ -7,7 +7,8 @@ import argparse
 import math
 from pathlib import Path
 
-from outrig.service import cli, config
+from outrig.service import config
+from outrig.service.cli import commands as cli
 
 from .files import ROOT
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from outrig.service import cli
-from outrig.service.health_probe import default_address
+from outrig.service.cli import commands as cli
+from outrig.service.cli.health import default_address
 from outrig.service.security.certs import write_dev_certificates
 
 from ..conftest import ServerProcess, start_server

@@ -38,7 +38,7 @@ OP_FIELDS = {
     "RenewLeases": 8, "CancelLeases": 9, "Count": 10, "Begin": 11, "Commit": 12, "Abort": 13,
 }  # fmt: skip
 
-#: The status message's bound (service/servicer.py MAX_STATUS_MESSAGE).
+#: The status message's bound (service/transport/servicer.py MAX_STATUS_MESSAGE).
 MESSAGE_BOUND = 1024
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from outrig.service.config import load_config
 from outrig.service.exceptions import ConfigError
-from outrig.service.security.transport import is_loopback, server_credentials
+from outrig.service.security.settings import is_loopback, server_credentials
 
 
 def test_security_settings_from_each_source(tmp_path: Path) -> None:

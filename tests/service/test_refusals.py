@@ -9,11 +9,12 @@ import logging
 import grpc
 import pytest
 
-from outrig.service import servicer, wire
+from outrig.service import wire
 from outrig.service.config import Limits
 from outrig.service.exceptions import InvalidArgumentError, excerpt
 from outrig.service.logs import Throttle
-from outrig.service.servicer import MAX_STATUS_MESSAGE, Failure, bounded, refusal
+from outrig.service.transport import servicer
+from outrig.service.transport.servicer import MAX_STATUS_MESSAGE, Failure, bounded, refusal
 from outrig.v1 import space_pb2 as pb
 
 

@@ -1,9 +1,9 @@
 """The `outrig` command: `outrig serve` runs a server; `outrig backup` and `outrig check` copy and
 verify a data dir's store, also while a server is using it; `outrig health` probes a server's
-gRPC health service (service/health_probe.py); `outrig certs dev`, `outrig keys ed25519` and `outrig
-token issue` make what TLS and tokens need (service/security/commands.py); `outrig stress` runs a
+gRPC health service (service/cli/health.py); `outrig certs dev`, `outrig keys ed25519` and `outrig
+token issue` make what TLS and tokens need (service/cli/security.py); `outrig stress` runs a
 Locust campaign (outrig.loadtest.runner); `outrig stats` and `outrig dump` show what a running
-server holds (service/admin.py)."""
+server holds (service/cli/admin.py)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from outrig.service import admin, health_probe, software_version
+from outrig.service import software_version
+from outrig.service.cli import admin, health
+from outrig.service.cli import security as security_commands
 from outrig.service.exceptions import ConfigError, StoreError
 from outrig.service.logs import configure_logging
-from outrig.service.security import commands as security_commands
 
 # `outrig stress` runs in a fresh interpreter that imports Locust, and with it gevent's patching of
 # the standard library, before anything imports gRPC (this process already has).
@@ -122,7 +123,7 @@ def _parser() -> argparse.ArgumentParser:
         "0 ok; 1 problems found; 2 DATA_DIR holds no store, an incompatible one, or cannot be read.",
     )
     check.add_argument("data_dir", metavar="DATA_DIR", type=Path, help="the data dir to check")
-    health_probe.add_parser(commands)
+    health.add_parser(commands)
     security_commands.add_parsers(commands)
     admin.add_parsers(commands)
     commands.add_parser(
@@ -173,14 +174,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command in security_commands.COMMANDS:
         return security_commands.run(args)
     if args.command == "health":
-        return health_probe.run(args)
+        return health.run(args)
     if args.command in ("stats", "dump"):
         return admin.run(args)
     if args.command != "serve":
         return _store_command(args)
     try:
         from outrig.service.config import load_config
-        from outrig.service.server import serve
+        from outrig.service.transport.server import serve
     except ImportError as err:  # pragma: no cover - depends on the install
         print(f"outrig: the server needs its extras: pip install 'outrig[server]' ({err})", file=sys.stderr)
         return 2

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from outrig.service import runtime
+from outrig.service import process as tuning
 from tests.conftest import start_server
 
 GLIBC = os.confstr("CS_GNU_LIBC_VERSION") is not None if hasattr(os, "confstr") else False
@@ -19,7 +19,7 @@ GLIBC = os.confstr("CS_GNU_LIBC_VERSION") is not None if hasattr(os, "confstr") 
 def _tune_in_a_fresh_process(**environment: str) -> str:
     """tune_malloc's result in a new interpreter, so the tests' own allocator is left alone."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
-    code = "from outrig.service import runtime; print(runtime.tune_malloc())"
+    code = "from outrig.service import process as tuning; print(tuning.tune_malloc())"
     result = subprocess.run(
         [sys.executable, "-c", code], env={**env, **environment}, capture_output=True, text=True, check=True
     )
@@ -45,22 +45,22 @@ def test_the_operators_settings_are_left_alone(environment: dict[str, str]) -> N
 
 
 def test_unrelated_tunables_do_not_count_as_the_operators() -> None:
-    assert not runtime._set_by_operator({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"})
-    assert runtime._set_by_operator({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1:glibc.malloc.top_pad=0"})
+    assert not tuning._set_by_operator({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"})
+    assert tuning._set_by_operator({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1:glibc.malloc.top_pad=0"})
 
 
 _FREED_THEN_UPB = """
 import sys
-from outrig.service import runtime
+from outrig.service import process as tuning
 from outrig.v1 import space_pb2 as pb
 
 def resident_mib():
     with open("/proc/self/statm") as statm:
         return int(statm.read().split()[1]) * 4096 / 2**20
 
-assert runtime.tune_malloc()
+assert tuning.tune_malloc()
 if sys.argv[1] == "redirect":
-    assert runtime.keep_protobuf_from_trimming()
+    assert tuning.keep_protobuf_from_trimming()
 blocks = [b"x" * (1 << 20) for _ in range(200)]  # 200 MiB touched, in the heap
 del blocks
 before = resident_mib()
@@ -90,7 +90,7 @@ def test_protobuf_trims_the_heap_unless_redirected() -> None:
 
 @pytest.mark.skipif(not GLIBC, reason="malloc_trim is glibc's")
 def test_protobuf_trims_stay_when_the_operator_set_thresholds() -> None:
-    assert not runtime.keep_protobuf_from_trimming({"MALLOC_TRIM_THRESHOLD_": "131072"})
+    assert not tuning.keep_protobuf_from_trimming({"MALLOC_TRIM_THRESHOLD_": "131072"})
 
 
 class _OutOfPeriodsError(Exception):
@@ -121,7 +121,7 @@ async def _trims(loads: list[float]) -> int:
     """How often release_when_idle trims through periods with these loads (share of a core)."""
     process = _Process(loads)
     with pytest.raises(_OutOfPeriodsError):
-        await runtime.release_when_idle(
+        await tuning.release_when_idle(
             10.0, cpu_time=process.cpu_time, trim=process.trim, sleep=process.sleep
         )
     return process.trims
@@ -143,8 +143,8 @@ def test_the_collector_waits_longer_before_a_young_collection() -> None:
     saved = gc.get_threshold()
     try:
         gc.set_threshold(700, 11, 12)
-        runtime.tune_collector()
-        assert gc.get_threshold() == (runtime.YOUNG_COLLECTION_THRESHOLD, 11, 12)
+        tuning.tune_collector()
+        assert gc.get_threshold() == (tuning.YOUNG_COLLECTION_THRESHOLD, 11, 12)
     finally:
         gc.set_threshold(*saved)
 

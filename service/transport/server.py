@@ -12,16 +12,16 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from outrig.service import runtime, wire
+from outrig.service import process, wire
 from outrig.service.backend import SpaceBackend
 from outrig.service.config import ServerConfig
 from outrig.service.embedded import EmbeddedBackend
 from outrig.service.engine.clock import Clock
 from outrig.service.exceptions import ConfigError
 from outrig.service.metrics import Metrics
-from outrig.service.mux import MuxService
-from outrig.service.security.transport import build_guard, check_listen, server_credentials
-from outrig.service.servicer import SpaceServicer
+from outrig.service.security.settings import build_guard, check_listen, server_credentials
+from outrig.service.transport.mux import MuxService
+from outrig.service.transport.servicer import SpaceServicer
 from outrig.v1 import space_pb2
 
 log = logging.getLogger("outrig.service")
@@ -163,11 +163,11 @@ async def serve(config: ServerConfig) -> None:
     # This process is the server's own: large entries reuse freed memory, given back when idle,
     # and the objects of a request in flight are not promoted by a young collection.
     releasing = None
-    if runtime.tune_malloc():
-        runtime.keep_protobuf_from_trimming()
+    if process.tune_malloc():
+        process.keep_protobuf_from_trimming()
         if config.idle_release_seconds > 0:
-            releasing = asyncio.create_task(runtime.release_when_idle(config.idle_release_seconds))
-    runtime.tune_collector()
+            releasing = asyncio.create_task(process.release_when_idle(config.idle_release_seconds))
+    process.tune_collector()
     server = OutrigServer(config)
     await server.start()
     # What start-up built (the modules, a policy's grants, a recovered store) lives as long as the

@@ -142,7 +142,7 @@ def unary(method: Unary[R]) -> Unary[R]:
             await outcome.abort(context)
         return outcome
 
-    handler.operation = method  # type: ignore[attr-defined]  # what the Mux stream runs (service/mux.py)
+    handler.operation = method  # type: ignore[attr-defined]  # what the Mux stream runs (service/transport/mux.py)
     return handler
 
 

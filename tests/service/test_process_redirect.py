@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from outrig.service import elf_imports
+from outrig.service import process
 from outrig.service.exceptions import ProcessTuningError
 
 LINUX_GLIBC = sys.platform == "linux" and os.confstr("CS_GNU_LIBC_VERSION") is not None
@@ -24,27 +24,27 @@ def _upb_module() -> str:
 
 @pytest.mark.skipif(not LINUX_GLIBC, reason="ELF and glibc")
 def test_finds_the_slot_of_an_import() -> None:
-    offsets = elf_imports.slot_offsets(_upb_module(), "malloc_trim")
+    offsets = process.slot_offsets(_upb_module(), "malloc_trim")
     assert len(offsets) == 1
-    assert elf_imports.slot_offsets(_upb_module(), "no_such_function") == []
+    assert process.slot_offsets(_upb_module(), "no_such_function") == []
 
 
 @pytest.mark.skipif(not LINUX_GLIBC, reason="ELF and glibc")
 def test_the_slot_holds_the_functions_address() -> None:
     libc = ctypes.CDLL(None)
-    (offset,) = elf_imports.slot_offsets(_upb_module(), "malloc")
-    held = ctypes.c_void_p.from_address(elf_imports._load_address(_upb_module()) + offset).value
+    (offset,) = process.slot_offsets(_upb_module(), "malloc")
+    held = ctypes.c_void_p.from_address(process._load_address(_upb_module()) + offset).value
     assert held == ctypes.cast(libc.malloc, ctypes.c_void_p).value
 
 
 @pytest.mark.skipif(not LINUX_GLIBC, reason="ELF and glibc")
 def test_nothing_is_written_when_the_slot_holds_something_else() -> None:
     abs_address = ctypes.cast(ctypes.CDLL(None).abs, ctypes.c_void_p).value or 1
-    (offset,) = elf_imports.slot_offsets(_upb_module(), "malloc_trim")
-    slot = elf_imports._load_address(_upb_module()) + offset
+    (offset,) = process.slot_offsets(_upb_module(), "malloc_trim")
+    slot = process._load_address(_upb_module()) + offset
     held = ctypes.c_void_p.from_address(slot).value
     with pytest.raises(ProcessTuningError, match="holds"):
-        elf_imports.redirect(_upb_module(), "malloc_trim", 1, abs_address)
+        process.redirect(_upb_module(), "malloc_trim", 1, abs_address)
     assert ctypes.c_void_p.from_address(slot).value == held
 
 
@@ -52,10 +52,10 @@ def test_refuses_what_is_not_an_elf_file(tmp_path: Path) -> None:
     text = tmp_path / "not-elf.so"
     text.write_bytes(b"#!/bin/sh\n" * 10)
     with pytest.raises(ProcessTuningError, match="not a 64-bit"):
-        elf_imports.slot_offsets(str(text), "malloc_trim")
+        process.slot_offsets(str(text), "malloc_trim")
 
 
 @pytest.mark.skipif(not LINUX_GLIBC, reason="ELF and glibc")
 def test_an_object_that_does_not_import_the_name() -> None:
     with pytest.raises(ProcessTuningError, match="does not import"):
-        elf_imports.redirect(_upb_module(), "no_such_function", 1, 2)
+        process.redirect(_upb_module(), "no_such_function", 1, 2)

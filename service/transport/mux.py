@@ -33,7 +33,7 @@ import grpc
 
 from outrig.service import wire
 from outrig.service.exceptions import InvalidArgumentError
-from outrig.service.servicer import Failure, SpaceServicer, bounded
+from outrig.service.transport.servicer import Failure, SpaceServicer, bounded
 from outrig.v1 import space_pb2 as pb
 
 log = logging.getLogger("outrig.service")
