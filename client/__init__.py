@@ -18,12 +18,17 @@ The asyncio twin is `outrig.aio`. Every error a call raises is an `OutrigError`.
 fails because the server is unreachable or restarting is retried for up to ``retry_deadline``
 seconds (an argument of `connect`, 30 by default) before it raises `UnavailableError`; writes and
 takes are not done twice. `Space.retries` counts the retried attempts.
+
+`entry_to_bytes` and `entry_from_bytes` turn an entry into its protocol encoding and back, for
+entries kept outside a space. `channel_options` are `connect`'s gRPC channel options, for a
+program that makes its own channel and wraps it in a `Space`.
 """
 
 from importlib.metadata import PackageNotFoundError, version
 
 from outrig import aio as aio  # `import outrig` makes `outrig.aio` available
-from outrig._base import ANY, FOREVER, Event, LeaseResult
+from outrig._base import ANY, FOREVER, Event, LeaseResult, channel_options
+from outrig._codec import entry_from_bytes, entry_to_bytes
 from outrig._entry import Entry, GenericEntry
 from outrig._exceptions import (
     AbortedError,
@@ -100,5 +105,8 @@ __all__ = [
     "UnimplementedError",
     "UnknownStatusError",
     "__version__",
+    "channel_options",
     "connect",
+    "entry_from_bytes",
+    "entry_to_bytes",
 ]

@@ -189,8 +189,19 @@ _RECONNECT_OPTIONS: Final = (
 )
 
 
-def channel_options(max_message_bytes: int, options: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
-    """gRPC channel options: message size limits and quick reconnects, then the caller's own (which win)."""
+def channel_options(
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, options: Iterable[tuple[str, Any]] = ()
+) -> list[tuple[str, Any]]:
+    """The gRPC channel options `outrig.connect` gives its channel, for a channel you make yourself.
+
+    ``grpc.insecure_channel(target, options=outrig.channel_options())`` (or ``grpc.aio``'s, or a
+    secure channel with ``TLS(...).options()`` among ``options``) behaves as `connect`'s channel
+    does: messages up to ``max_message_bytes`` (64 MiB) each way, and reconnection every 0.1 s to
+    1 s after the server went away, rather than gRPC's 1 s to 120 s, so that a call the SDK
+    retries after a restart finds the channel connected. ``options`` come last and win over these.
+    Pass the channel to `outrig.Space` (or `outrig.aio.AsyncSpace`); owning the channel lets a
+    program use gRPC's own calls on it, such as ``grpc.channel_ready_future``.
+    """
     if isinstance(max_message_bytes, bool) or not isinstance(max_message_bytes, int):
         raise TypeError(f"max_message_bytes must be an int, got {type(max_message_bytes).__name__}")
     options = list(options)

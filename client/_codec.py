@@ -30,6 +30,8 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from google.protobuf.message import DecodeError
+
 from outrig._entry import Entry, GenericEntry, entry_info, registered_class
 from outrig.v1 import space_pb2 as pb
 
@@ -43,6 +45,8 @@ __all__ = [
     "encode_template",
     "encode_template_into",
     "encode_value",
+    "entry_from_bytes",
+    "entry_to_bytes",
     "iter_templates",
 ]
 
@@ -369,3 +373,35 @@ def decode_entry(message: pb.Entry) -> AnyEntry:
 def decode_entries(messages: Iterable[pb.Entry]) -> list[AnyEntry]:
     """Decode a sequence of ``Entry`` messages."""
     return [decode_entry(message) for message in messages]
+
+
+# ---------------------------------------------------------------- entries as bytes (public)
+
+
+def entry_to_bytes(entry: AnyEntry) -> bytes:
+    """Encode an entry as bytes: the serialized ``outrig.v1.Entry`` message a write sends.
+
+    For entries kept or shipped outside a space (a file, a queue, another program, which can
+    parse them with the protocol's ``Entry`` message); `entry_from_bytes` rebuilds the entry.
+    Every field is encoded, ``None`` as null, by the rules of a write, which also raise here:
+    ``TypeError`` or ``ValueError`` naming the field. Equal entries give identical bytes, and
+    ``len()`` of them is the entry's size in a request.
+    """
+    # deterministic: the fields are a protobuf map, whose order is otherwise unspecified.
+    return encode_entry(entry).SerializeToString(deterministic=True)
+
+
+def entry_from_bytes(data: bytes) -> AnyEntry:
+    """Rebuild an entry from `entry_to_bytes`'s bytes (or any serialized ``outrig.v1.Entry``).
+
+    As a read does, it returns the entry's registered class, or a `GenericEntry` when its type
+    has no class in this process. Bytes that do not parse as an ``Entry``, or parse as one with
+    no type name (as ``b""`` does), raise ``ValueError``.
+    """
+    try:
+        message = pb.Entry.FromString(data)
+    except DecodeError as err:
+        raise ValueError("the bytes are not an encoded outrig.v1.Entry") from err
+    if not message.type_name:
+        raise ValueError("the bytes are not an encoded outrig.v1.Entry: they carry no type name")
+    return decode_entry(message)

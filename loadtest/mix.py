@@ -23,7 +23,6 @@ from locust.env import Environment
 
 import outrig
 from outrig import OutrigError
-from outrig._codec import encode_entry
 from outrig.loadtest.entries import ENTRY_CLASSES, ROOT_TEMPLATES, EntryFactory, StressEntry, identity_of
 from outrig.loadtest.link import Link
 from outrig.loadtest.options import MixParams
@@ -97,14 +96,14 @@ class MixWorker:
         size = 0
         for entry in entries:
             self._taken.append(identity_of(entry))
-            size += encode_entry(entry).ByteSize()
+            size += len(outrig.entry_to_bytes(entry))
         self.tally.taken += len(entries)
         return size
 
     def write(self) -> None:
         entry = self.factory.make()
         with measured(self._fire, "write") as measure:
-            measure.size = encode_entry(entry).ByteSize()
+            measure.size = len(outrig.entry_to_bytes(entry))
             self.space.write(entry, lease=_LEASE)
         self.tally.written += 1
         self._written.append(identity_of(entry)[1])
@@ -116,7 +115,7 @@ class MixWorker:
         with measured(self._fire, "read" if wait else "read_nowait") as measure:
             template = self.template()
             got = self.space.read(template, timeout=_WAIT) if wait else self.space.read_nowait(template)
-            measure.size = encode_entry(got).ByteSize() if got is not None else 0
+            measure.size = len(outrig.entry_to_bytes(got)) if got is not None else 0
         if got is not None:
             self.tally.read += 1
 

@@ -35,22 +35,14 @@ from locust.exception import StopUser
 
 import outrig
 from outrig import OutrigError, UnavailableError
-from outrig._codec import decode_entry, encode_entry
 from outrig.loadtest.entries import EntryFactory, StressEntry, identity_of
 from outrig.loadtest.link import Link
 from outrig.loadtest.options import StressParams
 from outrig.loadtest.report import CheckFailedError, Tally, measured
-from outrig.v1 import space_pb2 as pb
 
 __all__ = ["Reader", "StressWorker", "Writer"]
 
 _FLUSH_SECONDS = 0.1
-# As `outrig.connect`'s: reconnect within a second of the server's restart, not gRPC's 1 s to 120 s.
-_CHANNEL_OPTIONS = [
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-]
 # How long a call the kill broke waits for the restart before it counts as a failure.
 _RESTART_GRACE = 120.0
 
@@ -64,8 +56,9 @@ class StressWorker:
         self._fire = environment.events.request.fire
         self.factory = EntryFactory()
         retry_deadline = 0.0 if params.retry == "original" else params.restart_wait + _RESTART_GRACE
-        # The channel is ours, so that the original path can wait until it has reconnected.
-        self._channel = grpc.insecure_channel(str(environment.host), options=_CHANNEL_OPTIONS)
+        # The channel is ours, so that the original path can wait until it has reconnected; its
+        # options are `outrig.connect`'s, which reconnect within a second of the restart.
+        self._channel = grpc.insecure_channel(str(environment.host), options=outrig.channel_options())
         self.space = outrig.Space(
             self._channel, params.space, owns_channel=True, retry_deadline=retry_deadline
         )
@@ -158,7 +151,7 @@ class StressWorker:
                 index = random.randrange(len(self._pool))
                 self._pool[index], self._pool[-1] = self._pool[-1], self._pool[index]
                 encoded = self._pool.pop()
-                entry: Any = decode_entry(pb.Entry.FromString(encoded))
+                entry: Any = outrig.entry_from_bytes(encoded)
                 return entry, len(encoded)
             if self.writes_complete.is_set():
                 return None
@@ -169,7 +162,7 @@ class StressWorker:
 
     def write(self, entry: StressEntry) -> None:
         """Write ``entry`` and, once acknowledged, put it on the list."""
-        encoded = encode_entry(entry).SerializeToString()
+        encoded = outrig.entry_to_bytes(entry)
         size = len(encoded)
         epoch = self.restarts
         try:

@@ -278,6 +278,38 @@ def test_the_grpc_boundary_maps_and_chains_errors() -> None:
         raise KeyError("x")
 
 
+# ---------------------------------------------------------------- channel options (outrig.channel_options)
+
+
+def test_channel_options_are_connects_reconnect_and_size_limits() -> None:
+    options = outrig.channel_options()
+    assert dict(options) == {
+        "grpc.max_receive_message_length": 64 * 1024 * 1024,
+        "grpc.max_send_message_length": 64 * 1024 * 1024,
+        "grpc.initial_reconnect_backoff_ms": 100,
+        "grpc.min_reconnect_backoff_ms": 100,
+        "grpc.max_reconnect_backoff_ms": 1000,
+    }
+    assert len(options) == len(dict(options))  # each name once, so no option shadows another
+
+
+def test_channel_options_take_a_size_and_the_callers_own_which_win() -> None:
+    own = [("grpc.max_reconnect_backoff_ms", 5000), ("grpc.ssl_target_name_override", "db")]
+    options = outrig.channel_options(1024, own)
+    assert options[-2:] == own
+    assert dict(options)["grpc.max_reconnect_backoff_ms"] == 5000
+    assert [name for name, _ in options].count("grpc.max_reconnect_backoff_ms") == 1
+    assert dict(outrig.channel_options(max_message_bytes=1024))["grpc.max_send_message_length"] == 1024
+    with pytest.raises(TypeError, match="max_message_bytes"):
+        outrig.channel_options(True)
+
+
+def test_a_space_wraps_a_channel_made_with_the_channel_options() -> None:
+    channel = grpc.insecure_channel("127.0.0.1:1", options=outrig.channel_options())
+    with outrig.Space(channel, "jobs", owns_channel=True, retry_deadline=0) as space:
+        assert space.name == "jobs"
+
+
 # ---------------------------------------------------------------- arguments checked before any call
 # (Requests and replies are exercised against a real server in tests/integration.)
 
