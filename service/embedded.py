@@ -7,7 +7,9 @@ expiry never stalls request handling.
 
 Durability: with a data dir, every change is applied in memory at once and handed, as records
 with an undo, to the `Recorder` (service/recorder.py), whose journal commits the changes that
-arrive together in one transaction (group commit).
+arrive together in one transaction (group commit). A change whose records cannot be made or
+handed over is undone in memory before the call fails: memory never holds what the store was
+not told of, and no call is acknowledged for what it did not apply.
 """
 
 from __future__ import annotations
@@ -24,7 +26,15 @@ from typing import Any
 from outrig.service import codec, software_version
 from outrig.service.config import ServerConfig
 from outrig.service.engine.clock import Clock, SystemClock
-from outrig.service.engine.model import LeaseGrant, NewEntry, StoredEntry, Template, Waiter
+from outrig.service.engine.leases import check_lease_duration
+from outrig.service.engine.model import (
+    LeaseGrant,
+    NewEntry,
+    StoredEntry,
+    Template,
+    TransactionOutcome,
+    Waiter,
+)
 from outrig.service.engine.space import SpaceEngine
 from outrig.service.engine.transactions import Transaction, TransactionState
 from outrig.service.exceptions import (
@@ -173,8 +183,11 @@ class EmbeddedBackend:
         while True:
             await asyncio.sleep(self.config.reap_interval)
             for engine in list(self._spaces.values()):
-                while engine.reap(batch) >= batch:  # noqa: ASYNC110 - bounded batches, not a wait
-                    await asyncio.sleep(0)  # let requests run between batches
+                try:
+                    while engine.reap(batch) >= batch:  # noqa: ASYNC110 - bounded batches, not a wait
+                        await asyncio.sleep(0)  # let requests run between batches
+                except Exception:  # the engine refiled what it could not reap: the next pass retries
+                    log.exception("reaping space %r failed", engine.name)
             pruned = 0
             while (step := self._requests.prune(batch)) >= batch:
                 pruned += step
@@ -199,9 +212,11 @@ class EmbeddedBackend:
         undo: Callable[[], None] | None,
         written: Iterable[StoredEntry] = (),
         outcome: Outcome | None = None,
+        *,
+        hands_out: bool = False,
     ) -> None:
         if self._recorder is not None:
-            await self._recorder.commit(records, undo, written, outcome)
+            await self._recorder.commit(records, undo, written, outcome, hands_out=hands_out)
 
     async def settled(self, entries: Sequence[StoredEntry]) -> bool:
         """Wait until the writes of `entries` are durable; False if one of them failed."""
@@ -271,30 +286,50 @@ class EmbeddedBackend:
                 # The store learns of the entries at commit; their ids are reserved now.
                 self.note(self._recorder.id_records(space, engine))
             elif self._recorder is not None:
-                records: list[Record] = [
-                    ("put", space, s.id, s.arrival, s.expires_at, s.payload) for s in written
-                ]
-                records += [
-                    ("type", space, name, json.dumps(list(parents)))
-                    for name, parents in engine.declared.items()
-                ]
-                records += self._recorder.id_records(space, engine)
-                if outcome is not None:
-                    # Ids of one write are consecutive, with one lease: four numbers say it all.
-                    first = grants[0]
-                    assert grants[-1].id == first.id + len(grants) - 1
-                    records.append(
-                        (
-                            *self._recorder.request_head(outcome),
-                            first.id,
-                            len(grants),
-                            first.expires_at,
-                            granted,
-                        )
-                    )
+                with self._undone_on_error(lambda: engine.revoke(written)):
+                    records = self._write_records(space, engine, written, grants, outcome)
                 await self._commit(records, lambda: engine.revoke(written), written, outcome)
         self._acted(outcome, grants, keep=txn is not None)
         return grants
+
+    def _write_records(
+        self,
+        space: str,
+        engine: SpaceEngine,
+        written: list[StoredEntry],
+        grants: list[LeaseGrant],
+        outcome: Outcome | None,
+    ) -> list[Record]:
+        assert self._recorder is not None
+        records: list[Record] = [("put", space, s.id, s.arrival, s.expires_at, s.payload) for s in written]
+        records += [
+            ("type", space, name, json.dumps(list(parents))) for name, parents in engine.declared.items()
+        ]
+        records += self._recorder.id_records(space, engine)
+        if outcome is not None:
+            # Ids of one write are consecutive, with one lease: four numbers say it all.
+            first = grants[0]
+            assert grants[-1].id == first.id + len(grants) - 1
+            records.append(
+                (
+                    *self._recorder.request_head(outcome),
+                    first.id,
+                    len(grants),
+                    first.expires_at,
+                    first.granted,
+                )
+            )
+        return records
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _undone_on_error(undo: Callable[[], None]) -> Iterator[None]:
+        """A change is applied in memory: if making its records fails, undo it before raising."""
+        try:
+            yield
+        except BaseException:
+            undo()
+            raise
 
     async def match(
         self,
@@ -342,7 +377,7 @@ class EmbeddedBackend:
             records = [("take", space, s.id, outcome.request_id, i) for i, s in enumerate(found)]
             records.append((*Recorder.request_head(outcome), None, len(found), None, None))
         try:
-            await self._commit(records, lambda: engine.restore(found), outcome=outcome)
+            await self._commit(records, lambda: engine.restore(found), outcome=outcome, hands_out=True)
         except asyncio.CancelledError:
             # The caller is gone. With a request id its retry gets these entries; without one,
             # nobody will: put them back, as a cancelled blocked take does.
@@ -392,6 +427,7 @@ class EmbeddedBackend:
             max_entries,
             txn=txn,
             if_exists=if_exists,
+            wants=lambda: not future.done(),  # cancelled, timed out or shut down: not any more
         )
         engine.park(waiter)
         self._parked.add(future)
@@ -467,6 +503,8 @@ class EmbeddedBackend:
                 f"space {space!r} has {engine.registered} notify registrations; "
                 f"the limit is max_registrations={limit}"
             )
+        # Encoded before anything changes: the record must not be what fails once it has.
+        stored_templates = codec.templates_bytes(templates) if self._recorder is not None else b""
         subscription = EmbeddedSubscription(self, space, engine)
         registration, grant = engine.register(
             tuple(templates), lease, subscription.on_event, subscription.on_end, txn
@@ -477,7 +515,7 @@ class EmbeddedBackend:
         self._subscriptions[(space, registration.seq)] = subscription
         if self._recorder is not None and txn is None:  # one under a transaction ends with it
             records: list[Record] = [
-                ("register", space, grant.id, grant.expires_at, codec.templates_bytes(templates), 0),
+                ("register", space, grant.id, grant.expires_at, stored_templates, 0),
                 *self._recorder.id_records(space, engine),
             ]
             await self._commit(records, subscription.close)
@@ -524,29 +562,32 @@ class EmbeddedBackend:
     async def renew(
         self, space: str, renewals: Sequence[tuple[int, float | None]]
     ) -> list[LeaseGrant | SpaceError]:
+        for _, duration in renewals:  # a duration nobody may ask for refuses the whole call
+            check_lease_duration(duration, "duration")
         engine = self.engine(space)
         self._check_store()
         results: list[LeaseGrant | SpaceError] = []
         records: list[Record] = []
         previous: list[tuple[int, float | None]] = []
-        for lease_id, duration in renewals:
-            try:
-                old = engine.lease_expiry(lease_id)
-                grant = engine.renew(lease_id, duration)
-            except SpaceError as err:
-                results.append(err)
-                continue
-            results.append(grant)
-            if engine.is_transaction(lease_id):
-                continue  # a transaction lives in memory only
-            previous.append((lease_id, old))
-            kind = "registration_expiry" if engine.registration(lease_id) is not None else "entry_expiry"
-            records.append((kind, space, lease_id, grant.expires_at))
 
         def undo() -> None:
             for lease_id, old in reversed(previous):
                 engine.set_expiry(lease_id, old)
 
+        with self._undone_on_error(undo):
+            for lease_id, duration in renewals:
+                try:
+                    old = engine.lease_expiry(lease_id)
+                    grant = engine.renew(lease_id, duration)
+                except SpaceError as err:
+                    results.append(err)
+                    continue
+                results.append(grant)
+                previous.append((lease_id, old))
+                if engine.is_transaction(lease_id):
+                    continue  # a transaction lives in memory only
+                kind = "registration_expiry" if engine.registration(lease_id) is not None else "entry_expiry"
+                records.append((kind, space, lease_id, grant.expires_at))
         if records:
             await self._commit(records, undo)
         return results
@@ -557,21 +598,28 @@ class EmbeddedBackend:
         results: list[SpaceError | None] = []
         records: list[Record] = []
         removed: list[StoredEntry] = []
-        for lease_id in lease_ids:
-            transaction = engine.is_transaction(lease_id)
-            try:
-                stored = engine.cancel(lease_id)
-            except SpaceError as err:
-                results.append(err)
-                continue
-            results.append(None)
-            if transaction:
-                self._ended(space, lease_id, TransactionState.ABORTED)
-            elif stored is not None:
-                removed.append(stored)
-                records.append(("delete", space, lease_id))
-            else:
-                records.append(("unregister", space, lease_id))
+        try:
+            for lease_id in lease_ids:
+                transaction = engine.is_transaction(lease_id)
+                try:
+                    stored = engine.cancel(lease_id)
+                except SpaceError as err:
+                    results.append(err)
+                    continue
+                results.append(None)
+                if transaction:
+                    self._ended(space, lease_id, TransactionState.ABORTED)
+                elif stored is not None:
+                    removed.append(stored)
+                    records.append(("delete", space, lease_id))
+                else:
+                    records.append(("unregister", space, lease_id))
+        except BaseException:
+            # An ended registration or an aborted transaction cannot be undone: the store is told
+            # of the cancellations made before the failure, so that it agrees with memory.
+            if records:
+                self.note(records)
+            raise
         if records:
             await self._commit(records, lambda: engine.restore(removed))
         return results
@@ -622,29 +670,24 @@ class EmbeddedBackend:
         if self._recorder is None:
             return
         outcome = self._requests.begin(_commit_marker(transaction), space, "commit")
-        records: list[Record] = [
-            ("put", space, s.id, s.arrival, s.expires_at, s.payload) for s in result.written
-        ]
-        records += [
-            ("type", space, name, json.dumps(list(stored.lineage[depth + 1 :])))
-            for stored in result.written
-            for depth, name in enumerate(stored.lineage)
-        ]
-        records += [("delete", space, stored.id) for stored in result.taken]
-        records += self._recorder.id_records(space, engine)
-        records.append((*Recorder.request_head(outcome), transaction, 0, None, None))
 
         def undo() -> None:  # the store failed: the commit did not happen
             engine.revoke(result.written)
             engine.restore(result.taken)
 
         try:
+            with self._acting_for(outcome), self._undone_on_error(undo):
+                records = self._commit_records(space, engine, result, outcome)
             with self._acting_for(outcome):
-                await self._commit(records, undo, result.written, outcome)
+                await self._commit(records, undo, result.written, outcome, hands_out=bool(result.taken))
         except SpaceError:
             # The store failed and the undo ran: the transaction's effects are gone, so it ended
             # as an abort, and a retried commit says so.
             self._ended(space, transaction, TransactionState.ABORTED)
+            raise
+        except BaseException:
+            if not outcome.committing:  # undone before it reached the store: as above
+                self._ended(space, transaction, TransactionState.ABORTED)
             raise
         self._acted(outcome, None)
 
@@ -655,6 +698,23 @@ class EmbeddedBackend:
         if txn is not None:
             engine.abort(txn)
             self._ended(space, transaction, TransactionState.ABORTED)
+
+    def _commit_records(
+        self, space: str, engine: SpaceEngine, result: TransactionOutcome, outcome: Outcome
+    ) -> list[Record]:
+        assert self._recorder is not None
+        records: list[Record] = [
+            ("put", space, s.id, s.arrival, s.expires_at, s.payload) for s in result.written
+        ]
+        records += [
+            ("type", space, name, json.dumps(list(stored.lineage[depth + 1 :])))
+            for stored in result.written
+            for depth, name in enumerate(stored.lineage)
+        ]
+        records += [("delete", space, stored.id) for stored in result.taken]
+        records += self._recorder.id_records(space, engine)
+        records.append((*Recorder.request_head(outcome), result.transaction.id, 0, None, None))
+        return records
 
     def _ended_or_active(
         self, space: str, engine: SpaceEngine, transaction: int, wanted: TransactionState

@@ -49,11 +49,26 @@ class Recorder:
         undo: Callable[[], None] | None,
         written: Iterable[StoredEntry] = (),
         outcome: Outcome | None = None,
+        *,
+        hands_out: bool = False,
     ) -> None:
         """Submit a change already made in memory and, under `always`, wait until it is durable.
-        A request id's outcome is settled by the batch, even if the caller is cancelled."""
+        A request id's outcome is settled by the batch, even if the caller is cancelled. If the
+        journal refuses the change at once, it is undone here: nothing else will undo it.
+
+        `hands_out`: the change gave entries to its caller (a take, a commit's takes). Under
+        `interval` the reply does not wait for the batch, so the caller may hold them when the
+        batch fails; undoing the change then would put them back for a second taker. So its undo
+        runs only if the journal refuses it at once: memory keeps the take, and the store, as
+        after a crash, loses it (the interval policy's documented loss)."""
         journal = self.journal
-        future, waiter = journal.submit(records, undo, own=journal.waits)
+        undo_later = undo if journal.waits or not hands_out else None
+        try:
+            future, waiter = journal.submit(records, undo_later, own=journal.waits)
+        except BaseException:
+            if undo is not None:
+                undo()
+            raise
         if outcome is not None:
             outcome.committing = True
             future.add_done_callback(lambda done: self._settle(outcome, done))

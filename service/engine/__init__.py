@@ -5,6 +5,7 @@ back; the embedded backend drives one `SpaceEngine` per named space from the asy
 """
 
 from outrig.service.engine.clock import Clock, FakeClock, SystemClock
+from outrig.service.engine.leases import MAX_LEASE_SECONDS
 from outrig.service.engine.model import (
     LeaseGrant,
     NewEntry,
@@ -19,6 +20,7 @@ from outrig.service.engine.transactions import Transaction
 from outrig.service.engine.values import FieldValue
 
 __all__ = [
+    "MAX_LEASE_SECONDS",
     "Clock",
     "FakeClock",
     "FieldValue",

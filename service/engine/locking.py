@@ -3,10 +3,17 @@ takes on entries (the lock table itself is in transactions.py).
 
 A mixin, so that space.py stays about matching and indexes: `SpaceEngine` inherits it, and these
 methods use the engine's indexes and waiters through the names declared for the type checker below.
+
+Commit and abort keep the engine's rule (space.py): what can fail comes first and is undone if it
+does (the entries that leave the space with the transaction, its registrations, its parked calls,
+its lease); then the transaction ends, and from there on only locks are released, entries
+published and offered, and callbacks told.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
@@ -24,12 +31,15 @@ from outrig.service.exceptions import TransactionNotFoundError
 
 __all__ = ["TransactionsMixin"]
 
+log = logging.getLogger("outrig.service.engine")
+
 
 class TransactionsMixin:
     """Transactions of one space: see `SpaceEngine` and docs/transactions.md."""
 
     name: str
     _clock: Clock
+    _next_id: int
     _entries: dict[int, StoredEntry]
     _registration_by_id: dict[int, Registration]
     _transactions: dict[int, Transaction]
@@ -40,15 +50,19 @@ class TransactionsMixin:
 
     if TYPE_CHECKING:  # SpaceEngine's, used here
 
-        def _grant(self, requested: float | None, now: float) -> tuple[float | None, float | None]: ...
+        def _grant(
+            self, requested: float | None, now: float, field: str = "lease"
+        ) -> tuple[float | None, float | None]: ...
         def _new_id(self) -> int: ...
         def _move_expiry(self, lease_id: int, old: float | None, new: float | None) -> None: ...
-        def _insert(self, stored: StoredEntry) -> None: ...
         def _remove(self, stored: StoredEntry) -> None: ...
+        def _put_back(self, stored: StoredEntry) -> None: ...
         def _offer(self, stored: StoredEntry) -> bool: ...
         def _publish(self, stored: StoredEntry, writer: Transaction | None = None) -> None: ...
-        def _end(self, registration: Registration) -> None: ...
+        def unregister(self, registration: Registration) -> None: ...
+        def _file_registration(self, registration: Registration) -> None: ...
         def unpark(self, waiter: Waiter) -> None: ...
+        def _file_waiter(self, waiter: Waiter) -> None: ...
         def _select(
             self,
             templates: Sequence[Template],
@@ -64,8 +78,12 @@ class TransactionsMixin:
         the lease runs out."""
         expires_at, granted = self._grant(lease, self._clock.time())
         txn = Transaction(self._new_id(), expires_at)
+        try:
+            self._move_expiry(txn.id, None, expires_at)
+        except BaseException:
+            self._next_id = txn.id
+            raise
         self._transactions[txn.id] = txn
-        self._move_expiry(txn.id, None, expires_at)
         return txn, LeaseGrant(txn.id, expires_at, granted)
 
     def transaction(self, transaction_id: int) -> Transaction:
@@ -96,9 +114,10 @@ class TransactionsMixin:
         """Make the transaction's writes visible to all and its takes final, release its read
         locks, and end its notify registrations; then offer what became usable to waiters."""
         self._check_active(txn)
-        written, taken, read = self._close(txn, TransactionState.COMMITTED)
-        for stored in taken:
-            self._remove(stored)
+        taken = list(txn.taken.values())
+        ending = self._unfile(txn, taken, taken=True)  # its takes leave the space for good
+        written = list(txn.written.values())
+        read = self._close(txn, TransactionState.COMMITTED, ending)
         for stored in written:
             self._release(stored, writer=txn)
         for stored in written:
@@ -115,9 +134,10 @@ class TransactionsMixin:
         its notify registrations; then offer what became usable again to waiters."""
         if not txn.active or self._transactions.get(txn.id) is not txn:
             raise TransactionNotFoundError(f"transaction {txn.id} in space {self.name!r} has ended")
-        written, taken, read = self._close(txn, TransactionState.ABORTED)
-        for stored in written:
-            self._remove(stored)
+        written = list(txn.written.values())
+        ending = self._unfile(txn, written, taken=False)  # its writes leave the space
+        taken = list(txn.taken.values())
+        read = self._close(txn, TransactionState.ABORTED, ending)
         for stored in taken:
             self._release(stored, taker=txn)
         self._settle(txn, [*taken, *read])
@@ -126,30 +146,60 @@ class TransactionsMixin:
             self.on_transaction_end(outcome)
         return outcome
 
+    def _unfile(
+        self, txn: Transaction, leaving: list[StoredEntry], *, taken: bool
+    ) -> tuple[list[Registration], list[Waiter]]:
+        """Before `txn` ends, all or nothing: unfile the entries that leave the space with it (a
+        commit's takes, an abort's writes), its registrations, its parked calls and its lease.
+        Returns the registrations and waiters, to be told in `_close`."""
+        registrations = [r for r in map(self._registration_by_id.get, txn.registrations) if r is not None]
+        waiters = [self._by_seq[seq] for seq in txn.waiters]
+        undos: list[Callable[[], None]] = []
+        try:
+            for stored in leaving:
+                self._remove(stored)
+                undos.append(functools.partial(self._relock, stored, txn, taken))
+            for registration in registrations:
+                self.unregister(registration)
+                undos.append(functools.partial(self._file_registration, registration))
+            for waiter in waiters:
+                self.unpark(waiter)
+                undos.append(functools.partial(self._file_waiter, waiter))
+            self._move_expiry(txn.id, txn.expires_at, None)
+        except BaseException:
+            for undo in reversed(undos):
+                undo()
+            raise
+        return registrations, waiters
+
+    def _relock(self, stored: StoredEntry, txn: Transaction, taken: bool) -> None:
+        """Undo `_unfile` of an entry: back in the space, locked as it was (a take-locked entry has
+        no other lock, and a write-locked one none either: both are invisible to others)."""
+        self._put_back(stored)
+        lock = self._lock(stored)
+        if taken:
+            lock.taker = txn
+            txn.taken[stored.id] = stored
+        else:
+            lock.writer = txn
+            txn.written[stored.id] = stored
+
     def _close(
-        self, txn: Transaction, state: TransactionState
-    ) -> tuple[list[StoredEntry], list[StoredEntry], list[StoredEntry]]:
-        """End `txn`: its lease, its registrations and its read locks. Returns what it had written,
-        taken and read."""
+        self, txn: Transaction, state: TransactionState, ending: tuple[list[Registration], list[Waiter]]
+    ) -> list[StoredEntry]:
+        """End `txn`, once `_unfile` has: tell its registrations and parked calls, and release its
+        read locks. Returns what it had read."""
         txn.state = state
         del self._transactions[txn.id]
-        self._move_expiry(txn.id, txn.expires_at, None)
-        for registration_id in list(txn.registrations):
-            registration = self._registration_by_id.get(registration_id)
-            if registration is not None:
-                self._end(registration)
-        for seq in list(txn.waiters):  # its blocked reads and takes end, empty-handed
-            waiter = self._by_seq[seq]
-            self.unpark(waiter)
+        registrations, waiters = ending
+        for registration in registrations:
+            registration.on_end()
+        for waiter in waiters:  # its blocked reads and takes end, empty-handed
             waiter.deliver([])
-        written, taken, read = (
-            list(txn.written.values()),
-            list(txn.taken.values()),
-            list(txn.read_locked.values()),
-        )
+        read = list(txn.read_locked.values())
         for stored in read:
             self._release(stored, reader=txn)
-        return written, taken, read
+        return read
 
     def _settle(self, txn: Transaction, usable: list[StoredEntry]) -> None:
         """After `txn` ended: offer the entries it unlocked to waiters, then end the if_exists
@@ -159,9 +209,12 @@ class TransactionsMixin:
             if stored.id in self._entries and stored.lock is None and not self._expired(stored, now):
                 self._offer(stored)
         for waiter in list(self._if_exists.values()):
-            if not self._select(waiter.templates, 1 << 62, waiter.txn, waiter.take)[1]:
-                self.unpark(waiter)
-                waiter.deliver([])
+            try:
+                if not self._select(waiter.templates, 1 << 62, waiter.txn, waiter.take)[1]:
+                    self.unpark(waiter)
+                    waiter.deliver([])
+            except Exception:  # past the commit point: it waits on, until its deadline
+                log.exception("space %r: ending an if_exists wait failed", self.name)
 
     def is_transaction(self, lease_id: int) -> bool:
         """Whether a lease id is an active transaction's."""
@@ -202,15 +255,7 @@ class TransactionsMixin:
         txn.read_locked[stored.id] = stored
 
     def _lock_take(self, txn: Transaction, stored: StoredEntry) -> None:
-        lock = stored.lock
-        if lock is not None and lock.writer is txn:  # its own write, taken back: as if never written
-            if stored.id in self._entries:
-                self._remove(stored)
-            else:  # handed straight from the write to its own parked take
-                self._detach(stored)
-            return
-        if stored.id not in self._entries:
-            self._insert(stored)  # handed straight from a write: it must stay until commit or abort
+        """Take-lock an entry of the space for `txn` (not its own write: see `_claim`)."""
         lock = self._lock(stored)
         lock.taker = txn
         if txn in lock.readers:

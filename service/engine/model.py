@@ -96,9 +96,14 @@ class Waiter:
     Under a transaction (`txn`), what it is handed is read- or take-locked for that transaction.
     An `if_exists` waiter (readIfExists, takeIfExists) waits only while the entries it could use
     are locked by other transactions: when none is left locked, it is handed nothing.
+
+    `wants`, if given, says whether it still wants entries (its call has not ended). The engine
+    asks before it claims an entry for the waiter, so that what it claims is never refused. A
+    waiter without it should never refuse: a refusal by `deliver` is undone afterwards by filing
+    the entry again, a step that could itself fail (the entry would then be lost).
     """
 
-    __slots__ = ("deliver", "if_exists", "max_entries", "seq", "take", "templates", "txn")
+    __slots__ = ("deliver", "if_exists", "max_entries", "seq", "take", "templates", "txn", "wants")
 
     def __init__(
         self,
@@ -110,6 +115,7 @@ class Waiter:
         *,
         txn: Transaction | None = None,
         if_exists: bool = False,
+        wants: Callable[[], bool] | None = None,
     ) -> None:
         self.seq = seq
         self.templates = templates
@@ -118,6 +124,7 @@ class Waiter:
         self.max_entries = max_entries
         self.txn = txn
         self.if_exists = if_exists
+        self.wants = wants
 
 
 @dataclass(frozen=True, slots=True)

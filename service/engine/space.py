@@ -8,17 +8,27 @@ bucket, and a wildcard template walks its type in arrival order: nothing scans t
 All methods are synchronous and run on one thread (the server's event loop); each call is
 atomic with respect to the others, which is what makes take exclusive. Transactions (begin, commit,
 abort and the locks) come from `TransactionsMixin` in locking.py.
+
+Each call also either fails having changed nothing, or happens: an exception midway must never
+leave an entry filed in one index and gone from another (a take would then return it forever).
+So a call first checks its arguments (lease durations included), then does the steps that can
+fail (filing or unfiling leases, entries and watchers), undoing those done if one fails; that
+is its commit point. After it, the call only hands entries to waiters and events to
+registrations. Each hand-off is all or nothing itself (an entry is unfiled for a take before the
+take is given it), and one that fails is logged and skipped, not raised: the call has happened
+and must not report otherwise; the entry stays in the space, the waiter waits on.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 from outrig.service.engine.clock import Clock
-from outrig.service.engine.leases import LeaseQueue
+from outrig.service.engine.leases import MAX_LEASE_SECONDS, LeaseQueue, check_lease_duration
 from outrig.service.engine.locking import TransactionsMixin
 from outrig.service.engine.model import (
     LeaseGrant,
@@ -37,6 +47,8 @@ from outrig.service.exceptions import (
     QuotaExceededError,
     TypeConflictError,
 )
+
+log = logging.getLogger("outrig.service.engine")
 
 FOREVER = math.inf
 """A requested lease of FOREVER; None requests the space's default (Lease.ANY)."""
@@ -81,6 +93,16 @@ def _size(bucket: Bucket) -> int:
 
 def _arrival(stored: StoredEntry) -> int:
     return stored.arrival
+
+
+def _nothing() -> None:
+    """The undo of a claim that changed nothing (a plain read)."""
+
+
+def _reorder(bucket: OrderedDict[int, StoredEntry], arrival: int) -> None:
+    """Move the entries of `bucket` that arrived after `arrival` behind everything else."""
+    for later in [entry_id for entry_id, stored in bucket.items() if stored.arrival > arrival]:
+        bucket.move_to_end(later)
 
 
 def _bucket_is_exact(template: Template) -> bool:
@@ -160,8 +182,14 @@ class SpaceEngine(TransactionsMixin):
         """A fresh sequence number for a `Waiter` (ids and waiters share one counter)."""
         return self._new_id()
 
-    def _grant(self, requested: float | None, now: float) -> tuple[float | None, float | None]:
-        """(expires_at, granted seconds) for a requested duration; None means forever."""
+    def _grant(
+        self, requested: float | None, now: float, field: str = "lease"
+    ) -> tuple[float | None, float | None]:
+        """(expires_at, granted seconds) for a requested duration; None means forever.
+        InvalidArgumentError, naming `field`, for a duration nobody may ask for: every call that
+        grants a lease calls this before it changes anything."""
+        if requested is not None and not requested <= MAX_LEASE_SECONDS:  # the rare case: NaN too
+            check_lease_duration(requested, field)
         duration = self.settings.default_lease if requested is None else requested
         duration = min(duration, self.settings.max_lease)
         if math.isinf(duration):
@@ -169,10 +197,18 @@ class SpaceEngine(TransactionsMixin):
         return now + duration, duration
 
     def _move_expiry(self, lease_id: int, old: float | None, new: float | None) -> None:
+        """Refile a lease from `old` to `new` (None: not filed, forever), all or nothing."""
+        if old == new:
+            return
         if old is not None:
             self._leases.discard(lease_id, old)
         if new is not None:
-            self._leases.add(lease_id, new)
+            try:
+                self._leases.add(lease_id, new)
+            except BaseException:
+                if old is not None:
+                    self._leases.add(lease_id, old)
+                raise
 
     def next_expiry(self) -> float | None:
         """A time at or before the soonest lease's end, or None."""
@@ -195,26 +231,37 @@ class SpaceEngine(TransactionsMixin):
         and the granted lease duration (None: forever).
 
         Under `txn` the entries are write-locked: only that transaction sees them, and hears of
-        them through its own notify registrations, until it commits."""
+        them through its own notify registrations, until it commits.
+
+        Every entry is filed before any is published or offered: a write that fails has handed
+        nothing to anyone, and one that has handed something out has stored all of it."""
+        expires_at, granted = self._grant(lease, self._clock.time())
         if txn is not None:
             self._check_active(txn)
         declared = self._declare_types(entries)
         self._check_quota(len(entries), sum(entry.size for entry in entries))
-        # Only now, so that a write refused for its quota leaves no type declared behind it.
+        first_id = self._next_id
+        written = [StoredEntry(self._new_id(), new, expires_at) for new in entries]
+        filed = 0
+        try:
+            for stored in written:
+                self._insert(stored)
+                filed += 1
+        except BaseException:
+            for stored in reversed(written[:filed]):  # the newest last in every bucket: order kept
+                self._remove(stored)
+            self._next_id = first_id
+            raise
+        # Only now, so that a refused write leaves no type declared behind it.
         self._types.update(declared)
         self.declared = declared
-        now = self._clock.time()
-        expires_at, granted = self._grant(lease, now)
-        written = []
-        for new in entries:
-            stored = StoredEntry(self._new_id(), new, expires_at)
-            written.append(stored)
-            if txn is not None:
+        if txn is not None:
+            for stored in written:
                 self._lock(stored).writer = txn
                 txn.written[stored.id] = stored
+        for stored in written:  # the commit point is passed: these never raise
             self._publish(stored, txn)
-            if not self._offer(stored) and stored.id not in self._entries:
-                self._insert(stored)
+            self._offer(stored)
         return written, granted
 
     def _declare_types(self, entries: Sequence[NewEntry]) -> dict[str, tuple[str, ...]]:
@@ -258,7 +305,11 @@ class SpaceEngine(TransactionsMixin):
             )
 
     def _insert(self, stored: StoredEntry) -> None:
+        """File an entry in the space: its lease first, the one step that can refuse, so that a
+        failure leaves nothing filed; then the indexes, plain dict operations."""
         entry_id = stored.id
+        if stored.expires_at is not None:
+            self._leases.add(entry_id, stored.expires_at)
         self._entries[entry_id] = stored
         self._bytes += stored.size
         by_type, index = self._by_type, self._index
@@ -276,18 +327,19 @@ class SpaceEngine(TransactionsMixin):
                     index[slot] = OrderedDict(((current.id, current), (entry_id, stored)))
                 else:
                     current[entry_id] = stored
-        if stored.expires_at is not None:
-            self._leases.add(entry_id, stored.expires_at)
 
     def _remove(self, stored: StoredEntry) -> None:
+        """Unfile an entry (doing nothing if it is not in the space): its lease first, so that a
+        failure leaves it filed everywhere; then the indexes."""
         entry_id = stored.id
-        if self._entries.pop(entry_id, None) is None:
+        if entry_id not in self._entries:
             return
+        if stored.expires_at is not None:
+            self._leases.discard(entry_id, stored.expires_at)
+        del self._entries[entry_id]
         if stored.lock is not None:
             self._detach(stored)
         self._bytes -= stored.size
-        if stored.expires_at is not None:
-            self._leases.discard(entry_id, stored.expires_at)
         by_type, index = self._by_type, self._index
         for type_name in stored.lineage:
             bucket = by_type[type_name]
@@ -304,55 +356,134 @@ class SpaceEngine(TransactionsMixin):
                     if len(current) == 1:
                         index[slot] = next(iter(current.values()))
 
-    def _offer(self, stored: StoredEntry) -> bool:
-        """Hand an entry that has just become usable (written, put back, or unlocked) to parked
-        waiters in arrival order; True if a take claimed it.
+    def _put_back(self, stored: StoredEntry) -> None:
+        """File again an entry just unfiled (undoing a step that failed), at its place in arrival
+        order: `_insert` appends it to its buckets, so what arrived after it moves behind it."""
+        self._insert(stored)
+        arrival = stored.arrival
+        for type_name in stored.lineage:
+            _reorder(self._by_type[type_name], arrival)
+            for name, value in stored.fields.items():
+                bucket = self._index[(type_name, name, value.key)]
+                if not isinstance(bucket, StoredEntry):
+                    _reorder(bucket, arrival)
 
-        The entry may or may not be in the space yet: a plain take removes it if it is; a take or
-        read under a transaction locks it, putting it in the space first if need be."""
-        for waiter in self._waiters.candidates(stored):
-            if not any(template.matches(stored) for template in waiter.templates):
-                continue
-            lock = stored.lock
-            if lock is not None and (take_access if waiter.take else read_access)(lock, waiter.txn) != OK:
-                continue
-            self.unpark(waiter)
-            if not waiter.deliver([stored]):
-                continue
-            txn = waiter.txn
-            if txn is not None:
-                if waiter.take:
-                    self._lock_take(txn, stored)
+    def _claim(self, stored: StoredEntry, take: bool, txn: Transaction | None) -> Callable[[], None]:
+        """Claim an entry of the space found for a take or a read, and return what undoes it: a
+        plain take unfiles it; under `txn`, a take take-locks it (unfiles it, if it is the
+        transaction's own write) and a read read-locks it. If it raises, nothing changed."""
+        if txn is None:
+            if not take:
+                return _nothing
+            self._remove(stored)
+            return lambda: self._put_back(stored)
+        lock = stored.lock
+        if lock is not None and lock.writer is txn:  # its own write: nobody else can see it
+            if not take:
+                return _nothing
+            self._remove(stored)  # taken back: as if never written
+
+            def unwrite() -> None:
+                self._put_back(stored)
+                self._lock(stored).writer = txn
+                txn.written[stored.id] = stored
+
+            return unwrite
+        if take:
+            was_reader = lock is not None and txn in lock.readers
+            self._lock_take(txn, stored)
+
+            def untake() -> None:
+                self._release(stored, taker=txn)
+                if was_reader:
+                    self._lock_read(txn, stored)
+
+            return untake
+        if lock is not None and txn in lock.readers:
+            return _nothing
+        self._lock_read(txn, stored)
+        return lambda: self._release(stored, reader=txn)
+
+    def _offer(self, stored: StoredEntry) -> bool:
+        """Hand an entry of the space that has just become usable (written, put back, or
+        unlocked) to parked waiters in arrival order; True if a take claimed it.
+
+        Only ever called past a call's commit point, so it never raises: a hand-off that fails is
+        logged, and changed nothing (the entry stays, the waiter waits on)."""
+        try:
+            for waiter in self._waiters.candidates(stored):
+                if not any(template.matches(stored) for template in waiter.templates):
+                    continue
+                txn = waiter.txn
+                if txn is not None and (not txn.active or self._expired_transaction(txn, self._clock.time())):
+                    continue  # its transaction has ended, or is about to abort: so has its call
+                lock = stored.lock
+                if lock is not None and (take_access if waiter.take else read_access)(lock, txn) != OK:
+                    continue
+                if self._hand(waiter, stored) and waiter.take:
                     return True
-                self._lock_read(txn, stored)
-            elif waiter.take:
-                self._remove(stored)
-                return True
+        except Exception:
+            log.exception("space %r: offering entry %d to waiters failed; it stays", self.name, stored.id)
         return False
+
+    def _hand(self, waiter: Waiter, stored: StoredEntry) -> bool:
+        """Give `stored` to a parked waiter, all or nothing; False if it no longer wanted it."""
+        if waiter.wants is not None and not waiter.wants():
+            self.unpark(waiter)  # its call is over, and only waits to unpark it
+            return False
+        self.unpark(waiter)
+        try:
+            undo = self._claim(stored, waiter.take, waiter.txn)
+        except BaseException:
+            self._file_waiter(waiter)
+            raise
+        try:
+            accepted = waiter.deliver([stored])
+        except BaseException:
+            undo()
+            raise
+        if not accepted:
+            undo()  # it gave up meanwhile, and could not say so beforehand (no `wants`)
+        return accepted
 
     def _publish(self, stored: StoredEntry, writer: Transaction | None = None) -> None:
         """Tell the registrations that match of a write: all of them, or under `writer` (a write
-        not yet committed) only the writer's own."""
+        not yet committed) only the writer's own. Past the write's commit point: never raises."""
         now = self._clock.time()
-        for registration in self._registrations.candidates(stored):
-            if registration.expires_at is not None and registration.expires_at <= now:
-                self._end(registration)  # its lease ran out before the reaper got to it: no event
-                continue
-            if writer is not None and registration.txn is not writer:
-                continue
-            if any(template.matches(stored) for template in registration.templates):
-                registration.sequence += 1
-                registration.on_event(registration.sequence, stored)
+        try:
+            for registration in self._registrations.candidates(stored):
+                if registration.expires_at is not None and registration.expires_at <= now:
+                    self._end(registration)  # its lease ran out before the reaper got to it: no event
+                    continue
+                if writer is not None and registration.txn is not writer:
+                    continue
+                if any(template.matches(stored) for template in registration.templates):
+                    registration.sequence += 1
+                    registration.on_event(registration.sequence, stored)
+        except Exception:
+            log.exception("space %r: telling registrations of entry %d failed", self.name, stored.id)
 
     def restore(self, entries: Iterable[StoredEntry]) -> None:
-        """Put back entries taken for a reply that could not be delivered (a cancelled call)."""
+        """Put back entries taken for a reply that could not be delivered (a cancelled call), all
+        or nothing, at the back of the space's order; then offer them to waiters."""
         now = self._clock.time()
-        for stored in entries:
-            if stored.id in self._entries or self._expired(stored, now):
-                continue
-            stored.arrival = self._new_id()  # buckets append it at the back: say so
-            if not self._offer(stored) and stored.id not in self._entries:
+        back = [s for s in entries if s.id not in self._entries and not self._expired(s, now)]
+        first_id, arrivals = self._next_id, [stored.arrival for stored in back]
+        filed = 0
+        try:
+            for stored in back:
+                stored.arrival = self._new_id()  # buckets append it at the back: say so
                 self._insert(stored)
+                filed += 1
+        except BaseException:
+            for stored in reversed(back[:filed]):
+                self._remove(stored)
+            for stored, arrival in zip(back, arrivals, strict=True):
+                stored.arrival = arrival
+            self._next_id = first_id
+            raise
+        for stored in back:
+            self._offer(stored)
 
     # ------------------------------------------------------------------ matching
 
@@ -404,8 +535,8 @@ class SpaceEngine(TransactionsMixin):
         return found, conflicted
 
     def _expire(self, stored: StoredEntry) -> None:
-        self.expired += 1
         self._remove(stored)
+        self.expired += 1
         if self.on_expired is not None:
             self.on_expired(stored.id)
 
@@ -459,29 +590,45 @@ class SpaceEngine(TransactionsMixin):
         if txn is not None:
             self._check_active(txn)
         found, conflicted = self._select(templates, max_entries, txn, take)
-        for stored in found:
-            if txn is None:
-                if take:
-                    self._remove(stored)
-            elif take:
-                self._lock_take(txn, stored)
-            else:
-                self._lock_read(txn, stored)
+        if txn is None:
+            if take:  # the common take, without closures: unfiled one by one, or none of them
+                removed = 0
+                try:
+                    for stored in found:
+                        self._remove(stored)
+                        removed += 1
+                except BaseException:
+                    for stored in found[:removed]:
+                        self._put_back(stored)
+                    raise
+            return found, conflicted
+        undos: list[Callable[[], None]] = []
+        try:
+            for stored in found:
+                undos.append(self._claim(stored, take, txn))
+        except BaseException:
+            for undo in reversed(undos):
+                undo()
+            raise
         return found, conflicted
 
     def park(self, waiter: Waiter) -> None:
         """Park a read or take that found nothing; a matching write will `deliver` to it."""
         if waiter.txn is not None:
             self._check_active(waiter.txn)
+        self._file_waiter(waiter)
+
+    def _file_waiter(self, waiter: Waiter) -> None:
+        self._waiters.add(waiter)  # first: the step that can fail
+        if waiter.txn is not None:
             waiter.txn.waiters.add(waiter.seq)
             self._by_seq[waiter.seq] = waiter
-        self._waiters.add(waiter)
         if waiter.if_exists:
             self._if_exists[waiter.seq] = waiter
 
     def unpark(self, waiter: Waiter) -> None:
         """Forget a waiter (its deadline passed or its call was cancelled)."""
-        self._waiters.remove(waiter)
+        self._waiters.remove(waiter)  # first: the step that can fail
         self._if_exists.pop(waiter.seq, None)
         if waiter.txn is not None:
             waiter.txn.waiters.discard(waiter.seq)
@@ -542,17 +689,29 @@ class SpaceEngine(TransactionsMixin):
     ) -> tuple[Registration, LeaseGrant]:
         """Register for an event per matching write until the lease ends or is cancelled. Under
         `txn` it also hears of that transaction's own writes, and ends when the transaction does."""
+        expires_at, granted = self._grant(lease, self._clock.time())
         if txn is not None:
             self._check_active(txn)
-        expires_at, granted = self._grant(lease, self._clock.time())
         registration = Registration(self._new_id(), templates, on_event, on_end, expires_at)
+        try:
+            self._file_registration(registration)
+        except BaseException:
+            self._next_id = registration.seq
+            raise
         if txn is not None:
             registration.txn = txn
             txn.registrations.add(registration.seq)
-        self._registrations.add(registration)
-        self._registration_by_id[registration.seq] = registration
-        self._move_expiry(registration.seq, None, expires_at)
         return registration, LeaseGrant(registration.seq, expires_at, granted)
+
+    def _file_registration(self, registration: Registration) -> None:
+        """File a registration by its templates and its lease, all or nothing."""
+        self._registrations.add(registration)
+        try:
+            self._move_expiry(registration.seq, None, registration.expires_at)
+        except BaseException:
+            self._registrations.remove(registration)
+            raise
+        self._registration_by_id[registration.seq] = registration
 
     def restore_registration(
         self,
@@ -566,9 +725,7 @@ class SpaceEngine(TransactionsMixin):
         """Put back a registration recovered after a restart, numbering events from `sequence`."""
         registration = Registration(registration_id, templates, on_event, on_end, expires_at)
         registration.sequence = sequence
-        self._registrations.add(registration)
-        self._registration_by_id[registration_id] = registration
-        self._move_expiry(registration_id, None, expires_at)
+        self._file_registration(registration)
         self._next_id = max(self._next_id, registration_id + 1)
         return registration
 
@@ -584,10 +741,16 @@ class SpaceEngine(TransactionsMixin):
         return registration.expires_at is not None and registration.expires_at <= now
 
     def unregister(self, registration: Registration) -> None:
-        """End a registration whose listener went away; no end callback."""
-        if self._registration_by_id.pop(registration.seq, None) is not None:
-            self._registrations.remove(registration)
+        """End a registration whose listener went away; no end callback. All or nothing."""
+        if registration.seq not in self._registration_by_id:
+            return
+        self._registrations.remove(registration)
+        try:
             self._move_expiry(registration.seq, registration.expires_at, None)
+        except BaseException:
+            self._registrations.add(registration)
+            raise
+        del self._registration_by_id[registration.seq]
 
     def _end(self, registration: Registration) -> None:
         self.unregister(registration)
@@ -598,7 +761,7 @@ class SpaceEngine(TransactionsMixin):
     def renew(self, lease_id: int, lease: float | None) -> LeaseGrant:
         """Set a lease to end `lease` seconds from now (cut to the space's max_lease)."""
         now = self._clock.time()
-        expires_at, granted = self._grant(lease, now)
+        expires_at, granted = self._grant(lease, now, "duration")
         stored = self._entries.get(lease_id)
         txn = self._transactions.get(lease_id)
         if stored is not None and not self._expired(stored, now):
@@ -651,41 +814,67 @@ class SpaceEngine(TransactionsMixin):
 
     def set_expiry(self, lease_id: int, expires_at: float | None) -> None:
         """Put a lease's end back where it was (undoing a renewal that could not be stored)."""
-        holder: StoredEntry | Registration | None = self._entries.get(lease_id)
+        holder: StoredEntry | Transaction | Registration | None = self._entries.get(lease_id)
         if holder is None:
-            holder = self._registration_by_id.get(lease_id)
+            holder = self._transactions.get(lease_id) or self._registration_by_id.get(lease_id)
         if holder is not None:
             self._move_expiry(lease_id, holder.expires_at, expires_at)
             holder.expires_at = expires_at
 
     def revoke(self, entries: Iterable[StoredEntry]) -> None:
         """Undo a write that could not be stored: its entries leave the space and count as expired
-        from the start, so a take that held one cannot put it back."""
+        from the start, so a take that held one cannot put it back. Never raises (it is itself
+        an undo): an entry that cannot be unfiled is still expired, so nobody sees it and the next
+        find that meets it unfiles it."""
         for stored in entries:
-            self._remove(stored)
+            try:
+                self._remove(stored)
+            except Exception:
+                log.exception("space %r: revoking entry %d failed; it is expired", self.name, stored.id)
             stored.expires_at = 0.0
 
     def reap(self, limit: int = 1 << 62) -> int:
-        """Drop up to `limit` expired entries and registrations; returns how many were due."""
+        """Drop up to `limit` expired entries and registrations, and abort the transactions whose
+        lease ran out; returns how many were due. If one of them fails, it and the rest are filed
+        again (a later reap, or a lazy expiry, gets them) and the error is raised."""
         due = self._leases.pop_due(self._clock.time(), limit)
-        for lease_id in due:
-            stored = self._entries.get(lease_id)
-            if stored is not None:
-                self._expire(stored)
-                continue
-            txn = self._transactions.get(lease_id)
-            if txn is not None:
-                self.abort(txn)  # a transaction whose lease runs out aborts
-                continue
-            registration = self._registration_by_id.get(lease_id)
-            if registration is not None:
-                self._end(registration)
+        for done, lease_id in enumerate(due):
+            try:
+                self._lapse(lease_id)
+            except BaseException:
+                self._refile(due[done:])
+                raise
         return len(due)
+
+    def _lapse(self, lease_id: int) -> None:
+        """A lease ran out: its entry expires, its transaction aborts, or its registration ends."""
+        stored = self._entries.get(lease_id)
+        if stored is not None:
+            self._expire(stored)
+            return
+        txn = self._transactions.get(lease_id)
+        if txn is not None:
+            self.abort(txn)
+            return
+        registration = self._registration_by_id.get(lease_id)
+        if registration is not None:
+            self._end(registration)
+
+    def _refile(self, lease_ids: Iterable[int]) -> None:
+        for lease_id in lease_ids:
+            holder: StoredEntry | Transaction | Registration | None = self._entries.get(lease_id)
+            if holder is None:
+                holder = self._transactions.get(lease_id) or self._registration_by_id.get(lease_id)
+            if holder is not None and holder.expires_at is not None:
+                self._leases.add(lease_id, holder.expires_at)
 
     def close(self) -> None:
         """End every registration (the server is stopping)."""
         for registration in list(self._registration_by_id.values()):
-            self._end(registration)
+            try:
+                self._end(registration)
+            except Exception:
+                log.exception("space %r: ending registration %d failed", self.name, registration.seq)
 
     @property
     def waiting(self) -> int:

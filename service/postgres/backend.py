@@ -33,6 +33,7 @@ from outrig.service import codec
 from outrig.service.backend import Subscription
 from outrig.service.config import ServerConfig
 from outrig.service.engine.clock import Clock, SystemClock
+from outrig.service.engine.leases import check_lease_duration
 from outrig.service.engine.model import LeaseGrant, NewEntry, StoredEntry, Template
 from outrig.service.engine.values import FULL_KEY_LIMIT
 from outrig.service.exceptions import (
@@ -409,9 +410,13 @@ class PostgresBackend:
         self._offer(space, written, transaction)
         return [LeaseGrant(entry_id, expires_at, granted) for entry_id in ids]
 
-    def _grant(self, space: str, requested: float | None, now: float) -> tuple[float | None, float | None]:
+    def _grant(
+        self, space: str, requested: float | None, now: float, field: str = "lease"
+    ) -> tuple[float | None, float | None]:
         """(expires_at, granted seconds) for a requested lease, as the engine grants one: None asks
-        for the space's default, math.inf for FOREVER (None, None), cut to the space's max_lease."""
+        for the space's default, math.inf for FOREVER (None, None), cut to the space's max_lease.
+        A duration nobody may ask for is refused by the engine's own rule, before anything is done."""
+        check_lease_duration(requested, field)
         settings = self.config.space_settings(space)
         duration = min(settings.default_lease if requested is None else requested, settings.max_lease)
         return (None, None) if math.isinf(duration) else (now + duration, duration)
@@ -757,9 +762,9 @@ class PostgresBackend:
     ) -> list[LeaseGrant | SpaceError]:
         results: list[LeaseGrant | SpaceError] = []
         now = self.clock.time()
+        grants = [self._grant(space, requested, now, "duration") for _, requested in renewals]  # all, first
         async with self._pool.connection() as connection:
-            for lease_id, requested in renewals:
-                expires_at, granted = self._grant(space, requested, now)
+            for (lease_id, _), (expires_at, granted) in zip(renewals, grants, strict=True):
                 cursor = await connection.execute(
                     "UPDATE outrig_entries SET expires_at = %s WHERE space = %s AND id = %s "
                     "AND taken_at IS NULL AND (expires_at IS NULL OR expires_at > %s)",

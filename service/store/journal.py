@@ -10,7 +10,9 @@ loses the last interval's acknowledged changes, as documented).
 
 A batch that cannot be written (full disk, failing fsync) is rolled back by SQLite, and the
 changes of that batch and of every later one are undone in memory, newest first, so memory again
-equals the store; their callers get UNAVAILABLE. Until a probe transaction succeeds again (tried
+equals the store; their callers get UNAVAILABLE. (Under `interval`, a take already answered is
+not undone: its caller holds the entries, and putting them back would hand them out twice. See
+Recorder.commit.) Until a probe transaction succeeds again (tried
 every `probe_interval`), `check()` refuses new changes with UNAVAILABLE while reads go on. The
 connection is reopened before each probe: after a failed fsync the file's state in the page cache
 cannot be trusted (the PostgreSQL "fsyncgate" lesson), so nothing retries on the old handle.
@@ -414,7 +416,10 @@ class Journal:
         failed = [batch] if later is None else [batch, later]
         for each in reversed(failed):
             for undo in reversed(each.undos):
-                undo()
+                try:
+                    undo()
+                except Exception:  # the others must still run, and every caller must hear
+                    log.exception("undoing a change the store could not persist failed")
         for each in failed:
             each.resolve(self._failure)
         self._idle.set()

@@ -15,8 +15,13 @@ import pytest
 
 from outrig.service import codec
 from outrig.service.backend import Event, SpaceBackend, Subscription
-from outrig.service.engine import FakeClock, LeaseGrant, NewEntry, StoredEntry, Template
-from outrig.service.exceptions import LeaseNotFoundError, QuotaExceededError, TypeConflictError
+from outrig.service.engine import MAX_LEASE_SECONDS, FakeClock, LeaseGrant, NewEntry, StoredEntry, Template
+from outrig.service.exceptions import (
+    InvalidArgumentError,
+    LeaseNotFoundError,
+    QuotaExceededError,
+    TypeConflictError,
+)
 from outrig.v1 import space_pb2 as pb
 
 from ..field_values import value
@@ -501,3 +506,66 @@ async def test_type_conflicts_store_nothing(backend: SpaceBackend, space: str) -
     assert await backend.count(space, [template("A")]) == 0
     await write(backend, space, entry("A", "C"))  # the refused batch declared nothing
     assert await backend.count(space, [template("C")]) == 1
+
+
+# ---------------------------------------------------------------- lease limits (issue 17)
+
+HUGE = 1e308  # finite, and once overflowed the lease queue's arithmetic after the entry was filed
+
+
+async def test_a_write_beyond_the_maximum_lease_is_refused_and_stores_nothing(
+    backend: SpaceBackend, space: str
+) -> None:
+    with pytest.raises(
+        InvalidArgumentError, match=r"lease\.seconds: 1e\+308 exceeds the maximum of 3155760000"
+    ):
+        await backend.write(space, [entry(job="huge")], HUGE)
+    with pytest.raises(InvalidArgumentError, match="exceeds the maximum"):
+        await backend.write(space, [entry(job="huge")], MAX_LEASE_SECONDS + 1)
+    assert await backend.count(space, [template()]) == 0
+    assert await take(backend, space, template()) == []
+    assert await contents(backend, space, template()) == []
+    # The space still works, and an ordinary write is taken once.
+    (kept,) = await write(backend, space, entry(job="kept"))
+    assert ids(await take(backend, space, template())) == [kept]
+    assert await take(backend, space, template()) == []
+
+
+async def test_the_maximum_lease_itself_is_granted(
+    backend: SpaceBackend, space: str, clock: FakeClock
+) -> None:
+    (grant,) = await backend.write(space, [entry()], MAX_LEASE_SECONDS)
+    assert (grant.expires_at, grant.granted) == (clock.time() + MAX_LEASE_SECONDS, MAX_LEASE_SECONDS)
+    (renewed,) = await backend.renew(space, [(grant.id, MAX_LEASE_SECONDS)])
+    assert isinstance(renewed, LeaseGrant) and renewed.granted == MAX_LEASE_SECONDS
+    transaction = await backend.begin(space, MAX_LEASE_SECONDS)
+    assert transaction.granted == MAX_LEASE_SECONDS
+    await backend.abort(space, transaction.id)
+    subscription = await backend.subscribe(space, [template()], MAX_LEASE_SECONDS)
+    assert subscription.lease.granted == MAX_LEASE_SECONDS
+    subscription.close()
+    clock.advance(MAX_LEASE_SECONDS - 1)
+    assert ids(await take(backend, space, template())) == [grant.id]
+    assert await take(backend, space, template()) == []
+
+
+async def test_renew_begin_and_notify_beyond_the_maximum_lease_are_refused(
+    backend: SpaceBackend, space: str, clock: FakeClock
+) -> None:
+    first, second = await write(backend, space, entry(n=1), entry(n=2), lease=10)
+    # The whole batch is refused, as the servicer refuses a malformed request: nothing renewed.
+    with pytest.raises(InvalidArgumentError, match=r"duration\.seconds: 1e\+308 exceeds the maximum"):
+        await backend.renew(space, [(first, 100.0), (second, HUGE)])
+    with pytest.raises(InvalidArgumentError, match=r"lease\.seconds: 1e\+308 exceeds the maximum"):
+        await backend.begin(space, HUGE)
+    with pytest.raises(InvalidArgumentError, match=r"lease\.seconds: 1e\+308 exceeds the maximum"):
+        await backend.subscribe(space, [template()], HUGE)
+    transaction = await backend.begin(space, 60.0)
+    with pytest.raises(InvalidArgumentError, match="exceeds the maximum"):
+        await backend.renew(space, [(transaction.id, HUGE)])
+    with pytest.raises(InvalidArgumentError, match="exceeds the maximum"):
+        await backend.write(space, [entry(n=3)], HUGE, transaction=transaction.id)
+    await backend.commit(space, transaction.id)  # still active: the refusals left it alone
+    assert sorted(ids(await read(backend, space, template(), max_entries=5))) == [first, second]
+    clock.advance(10)  # the leases were not renewed
+    assert await backend.count(space, [template()]) == 0
