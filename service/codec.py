@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 
 from outrig.service import wire
 from outrig.service.config import Limits
+from outrig.service.engine.leases import check_lease_duration
 from outrig.service.engine.model import LeaseGrant, NewEntry, Template
 from outrig.service.engine.values import NULL, FieldValue
 from outrig.service.exceptions import InvalidArgumentError, excerpt
@@ -257,6 +258,7 @@ def lease_duration(
     seconds = duration.seconds
     if not math.isfinite(seconds) or seconds <= 0:
         raise InvalidArgumentError(f"{field}.seconds: must be finite and > 0, got {seconds}")
+    check_lease_duration(seconds, field)
     return seconds
 
 
