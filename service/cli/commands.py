@@ -150,8 +150,8 @@ def _stress(argv: Sequence[str]) -> int:
 
 def _store_command(args: argparse.Namespace) -> int:
     """`outrig backup` and `outrig check`: 0 ok, 1 the store has problems, 2 nothing to work on."""
-    from outrig.service.store.backup import backup_store
-    from outrig.service.store.check import check_store
+    from outrig.service.backends.embedded.store.backup import backup_store
+    from outrig.service.backends.embedded.store.check import check_store
 
     try:
         if args.command == "check":

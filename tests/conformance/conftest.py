@@ -19,9 +19,9 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from outrig.service.backend import SpaceBackend
+from outrig.service.backends.base import SpaceBackend
+from outrig.service.backends.embedded.backend import EmbeddedBackend
 from outrig.service.config import Limits, ServerConfig
-from outrig.service.embedded import EmbeddedBackend
 from outrig.service.engine import FakeClock, SpaceSettings
 
 from ..postgres_server import PostgresServer
@@ -92,7 +92,7 @@ async def postgresql(
     `postgres` fixture of tests/conftest.py, which stops it at the session's end)."""
     import psycopg
 
-    from outrig.service.postgres.backend import PostgresBackend
+    from outrig.service.backends.postgres.backend import PostgresBackend
 
     server: PostgresServer = request.getfixturevalue("postgres")
     name = f"c_{uuid.uuid4().hex[:12]}"

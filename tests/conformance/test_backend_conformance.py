@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from outrig.service import codec
-from outrig.service.backend import Event, SpaceBackend, Subscription
+from outrig.service.backends.base import Event, SpaceBackend, Subscription
 from outrig.service.engine import MAX_LEASE_SECONDS, FakeClock, LeaseGrant, NewEntry, StoredEntry, Template
 from outrig.service.exceptions import (
     InvalidArgumentError,

@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 
-from outrig.service.backend import SpaceBackend
+from outrig.service.backends.base import SpaceBackend
 from outrig.service.engine import FakeClock
 from outrig.service.exceptions import TransactionAbortedError, TransactionNotFoundError
 

@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 
 import outrig
-from outrig.service.store.backup import backup_store
-from outrig.service.store.check import check_store
-from outrig.service.store.schema import FORMAT_VERSION
+from outrig.service.backends.embedded.store.backup import backup_store
+from outrig.service.backends.embedded.store.check import check_store
+from outrig.service.backends.embedded.store.schema import FORMAT_VERSION
 
 from ..conftest import ServerProcess, start_server
 from ..polling import wait_until

@@ -17,8 +17,10 @@ from pathlib import Path
 import pytest
 
 from outrig.service import codec
+from outrig.service.backends.embedded.backend import EmbeddedBackend
+from outrig.service.backends.embedded.store.recovery import SEQUENCE_JUMP
+from outrig.service.backends.embedded.store.schema import FORMAT_VERSION, database_path
 from outrig.service.config import ServerConfig
-from outrig.service.embedded import EmbeddedBackend
 from outrig.service.engine import FakeClock, NewEntry, Template
 from outrig.service.exceptions import (
     IncompatibleStoreError,
@@ -29,8 +31,6 @@ from outrig.service.exceptions import (
     StoreLockedError,
     TypeConflictError,
 )
-from outrig.service.store.recovery import SEQUENCE_JUMP
-from outrig.service.store.schema import FORMAT_VERSION, database_path
 from outrig.v1 import space_pb2 as pb
 
 from ..field_values import value

@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 import psycopg
 import pytest
 
+from outrig.service.backends.postgres.backend import PostgresBackend
 from outrig.service.config import ServerConfig
 from outrig.service.engine import FakeClock
 from outrig.service.exceptions import (
@@ -21,7 +22,6 @@ from outrig.service.exceptions import (
     ShuttingDownError,
     TypeConflictError,
 )
-from outrig.service.postgres.backend import PostgresBackend
 
 from ..conformance.test_backend_conformance import entry, ids, template
 from ..polling import wait_for_waiters_async, wait_until_async

@@ -9,9 +9,9 @@ import uuid
 import psycopg
 import pytest
 
+from outrig.service.backends.postgres.schema import SCHEMA_VERSION, field_key, migrate
 from outrig.service.engine.values import FieldValue
 from outrig.service.exceptions import IncompatibleStoreError
-from outrig.service.postgres.schema import SCHEMA_VERSION, field_key, migrate
 
 from ..postgres_server import PostgresServer
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+from outrig.service.backends.embedded.backend import EmbeddedBackend
 from outrig.service.config import Limits, ServerConfig
-from outrig.service.embedded import EmbeddedBackend
 from outrig.service.engine import FakeClock, NewEntry, Template
 
 

@@ -20,7 +20,7 @@ import asyncio
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 
-from outrig.service.backend import Event
+from outrig.service.backends.base import Event
 from outrig.service.engine.model import LeaseGrant, StoredEntry, Template
 from outrig.service.exceptions import ShuttingDownError
 

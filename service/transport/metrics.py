@@ -23,32 +23,20 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-__all__ = ["Metrics", "SpaceFigures"]
+from outrig.service.backends.base import SpaceFigures
+
+__all__ = ["Metrics"]
 
 log = logging.getLogger("outrig.service")
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
-
-
-@dataclass
-class SpaceFigures:
-    """What one space holds, as a backend reports it at scrape time."""
-
-    entries: int = 0
-    bytes: int = 0
-    waiters: int = 0
-    registrations: int = 0
-    transactions: int = 0
-    expired: int = 0  # leases expired since the server started
-    types: Mapping[str, int] = field(default_factory=dict)  # type -> entries of it or a subtype
 
 
 class _SpacesCollector(Collector):

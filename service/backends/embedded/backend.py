@@ -6,7 +6,7 @@ holds no thread. A reaper task expires leases in bounded batches, yielding betwe
 expiry never stalls request handling.
 
 Durability: with a data dir, every change is applied in memory at once and handed, as records
-with an undo, to the `Recorder` (service/recorder.py), whose journal commits the changes that
+with an undo, to the `Recorder` (recorder.py), whose journal commits the changes that
 arrive together in one transaction (group commit). A change whose records cannot be made or
 handed over is undone in memory before the call fails: memory never holds what the store was
 not told of, and no call is acknowledged for what it did not apply.
@@ -24,6 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from outrig.service import codec, software_version
+from outrig.service.backends.base import SpaceFigures
+from outrig.service.backends.embedded.idempotency import Outcome, RequestLog
+from outrig.service.backends.embedded.recorder import Recorder
+from outrig.service.backends.embedded.store.journal import Journal, Record
+from outrig.service.backends.embedded.store.recovery import RecoveryReport, recover
+from outrig.service.backends.embedded.store.schema import DataDirLock, database_path, open_store
+from outrig.service.backends.embedded.subscription import SHUTTING_DOWN, EmbeddedSubscription
 from outrig.service.config import ServerConfig
 from outrig.service.engine.clock import Clock, SystemClock
 from outrig.service.engine.leases import check_lease_duration
@@ -46,13 +53,6 @@ from outrig.service.exceptions import (
     TransactionAbortedError,
     TransactionNotFoundError,
 )
-from outrig.service.metrics import SpaceFigures
-from outrig.service.recorder import Recorder
-from outrig.service.requests import Outcome, RequestLog
-from outrig.service.store.journal import Journal, Record
-from outrig.service.store.recovery import RecoveryReport, recover
-from outrig.service.store.schema import DataDirLock, database_path, open_store
-from outrig.service.subscription import SHUTTING_DOWN, EmbeddedSubscription
 
 log = logging.getLogger("outrig.service")
 

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING
 from google.protobuf.message import DecodeError
 
 from outrig.service import codec
+from outrig.service.backends.embedded.store.schema import transaction
 from outrig.service.exceptions import SpaceError, StoreError
-from outrig.service.store.schema import transaction
 
 if TYPE_CHECKING:
-    from outrig.service.embedded import EmbeddedBackend
+    from outrig.service.backends.embedded.backend import EmbeddedBackend
 
 SEQUENCE_JUMP = 1 << 31
 

@@ -18,9 +18,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from outrig.service.backends.embedded.store.check import (
+    CheckReport,
+    check_store,
+    open_unchanging,
+    store_path,
+    verified_format,
+)
+from outrig.service.backends.embedded.store.schema import DB_NAME, database_path
 from outrig.service.exceptions import StoreError
-from outrig.service.store.check import CheckReport, check_store, open_unchanging, store_path, verified_format
-from outrig.service.store.schema import DB_NAME, database_path
 
 # Pages copied per backup step (4 MiB with SQLite's default 4 KiB pages).
 BACKUP_STEP_PAGES = 1024

@@ -4,7 +4,7 @@ is durable, and answer a retried request from what was stored.
 Under the `always` policy a call replies only once its batch is durable, and a read, notify event
 or contents chunk that shows an entry whose write is not yet durable waits for it too
 (`settled`), so nobody sees what a crash could take back. A batch that cannot be written is
-undone in memory and its callers get UNAVAILABLE (see service/store/journal.py).
+undone in memory and its callers get UNAVAILABLE (see service/backends/embedded/store/journal.py).
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from outrig.service import codec
+from outrig.service.backends.embedded.idempotency import Outcome, RequestLog
+from outrig.service.backends.embedded.store.journal import Journal, Record
 from outrig.service.engine.model import LeaseGrant, StoredEntry
 from outrig.service.engine.space import SpaceEngine
 from outrig.service.exceptions import SpaceError
-from outrig.service.requests import Outcome, RequestLog
-from outrig.service.store.journal import Journal, Record
 
 # Ids reserved in the store at a time (a restart skips at most this many).
 _ID_BLOCK = 1024

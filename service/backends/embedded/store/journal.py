@@ -31,10 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from outrig.service.backends.embedded.store.schema import connect, transaction
 from outrig.service.exceptions import StoreUnavailableError
-from outrig.service.store.schema import connect, transaction
 
-log = logging.getLogger("outrig.service.store")
+log = logging.getLogger("outrig.service.backends.embedded.store")
 
 # Request ids deleted from the store per batch at most (their window has passed).
 PRUNE_LIMIT = 5000

@@ -23,14 +23,16 @@ import json
 import logging
 import math
 import random
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from outrig.service import codec
-from outrig.service.backend import Subscription
+from outrig.service.backends.base import SpaceFigures, Subscription
+from outrig.service.backends.postgres.notify import PgSubscription
+from outrig.service.backends.postgres.schema import field_key, migrate
 from outrig.service.config import ServerConfig
 from outrig.service.engine.clock import Clock, SystemClock
 from outrig.service.engine.leases import check_lease_duration
@@ -47,13 +49,10 @@ from outrig.service.exceptions import (
     TransactionNotFoundError,
     TypeConflictError,
 )
-from outrig.service.metrics import SpaceFigures
-from outrig.service.postgres.notify import PgSubscription
-from outrig.service.postgres.schema import field_key, migrate
 
 __all__ = ["PostgresBackend"]
 
-log = logging.getLogger("outrig.service.postgres")
+log = logging.getLogger("outrig.service.backends.postgres")
 
 _CHANNEL = "outrig_changes"
 _SEPARATOR = "\x1f"  # between the space and the ids a notification carries
@@ -811,6 +810,9 @@ class PostgresBackend:
                     else LeaseNotFoundError(f"lease {lease_id} in space {space!r} is unknown or has ended")
                 )
         return results
+
+    def observe_commits(self, observe: Callable[[float, int], None]) -> None:
+        """Nothing to observe: durability is PostgreSQL's, which has no group commit of ours."""
 
     async def space_figures(self) -> dict[str, SpaceFigures]:
         """What each space holds, for the metrics: the database's counts, and this server's own

@@ -1,15 +1,16 @@
 """The one narrow interface between the gRPC servicer and where a space lives.
 
-The embedded backend (in-memory indexes, recorded in SQLite) implements it, and so will
-the PostgreSQL backend; tests/conformance runs the same suite against every implementation.
-Arguments are already validated engine objects (outrig.service.codec); results carry the entries'
-opaque payloads back.
+The embedded backend (in-memory indexes, recorded in SQLite: backends/embedded) and the
+PostgreSQL backend (backends/postgres) implement it; tests/conformance runs the same suite against
+every implementation. Arguments are already validated engine objects (outrig.service.protocol.codec);
+results carry the entries' opaque payloads back. `SpaceFigures` is what a backend reports of each
+space for the metrics.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from outrig.service.engine.model import LeaseGrant, NewEntry, StoredEntry, Template
@@ -22,6 +23,19 @@ class Event:
 
     sequence: int
     entry: StoredEntry
+
+
+@dataclass
+class SpaceFigures:
+    """What one space holds, as a backend reports it at scrape time."""
+
+    entries: int = 0
+    bytes: int = 0
+    waiters: int = 0
+    registrations: int = 0
+    transactions: int = 0
+    expired: int = 0  # leases expired since the server started
+    types: Mapping[str, int] = field(default_factory=dict)  # type -> entries of it or a subtype
 
 
 class Subscription(Protocol):
@@ -111,3 +125,10 @@ class SpaceBackend(Protocol):
 
     async def abort(self, space: str, transaction: int) -> None:
         """Abort: its writes vanish and what it took is back."""
+
+    async def space_figures(self) -> dict[str, SpaceFigures]:
+        """What each space holds, for the metrics (called on the event loop, at a scrape)."""
+
+    def observe_commits(self, observe: Callable[[float, int], None]) -> None:
+        """Have `observe(seconds, records)` called after each group commit of the backend's own
+        store (a backend whose durability is another server's calls it never)."""

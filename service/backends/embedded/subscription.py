@@ -13,13 +13,13 @@ from collections import deque
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
-from outrig.service.backend import Event
+from outrig.service.backends.base import Event
 from outrig.service.engine.model import LeaseGrant, Registration, StoredEntry
 from outrig.service.engine.space import SpaceEngine
 from outrig.service.exceptions import ShuttingDownError
 
 if TYPE_CHECKING:
-    from outrig.service.embedded import EmbeddedBackend
+    from outrig.service.backends.embedded.backend import EmbeddedBackend
 
 SHUTTING_DOWN = "the server is shutting down"
 # A registration's sequence number is stored again once it has moved this far, so that after a
