@@ -54,13 +54,12 @@ def recover(connection: sqlite3.Connection, backend: EmbeddedBackend, now: float
     StoreError naming the data dir, never a traceback: `outrig check` tells what is wrong."""
     # Loading builds millions of objects that all live on; the cyclic collector would walk the
     # growing heap again and again meanwhile (measured: over 40% of a restart). Loading makes no
-    # garbage cycles to collect, and what it loaded is frozen, so later full collections skip it.
+    # garbage cycles to collect, so the collector pauses while it runs and is put back as it was.
+    # (`outrig serve` then freezes what start-up loaded, in its own process only: transport/server.)
     collecting = gc.isenabled()
     gc.disable()
     try:
-        report = _recover(connection, backend, now)
-        gc.freeze()
-        return report
+        return _recover(connection, backend, now)
     except StoreError:
         raise
     except (sqlite3.DatabaseError, KeyError, ValueError, DecodeError, SpaceError) as err:
