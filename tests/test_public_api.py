@@ -1,0 +1,88 @@
+"""The SDK's public surface, pinned: a name added to or dropped from `outrig` or `outrig.aio` is a
+decision, taken here on purpose (and in the CHANGELOG), never by accident."""
+
+from __future__ import annotations
+
+import inspect
+import tomllib
+from pathlib import Path
+
+import pytest
+
+import outrig
+import outrig.aio
+
+ROOT = Path(__file__).resolve().parent.parent
+
+OUTRIG = {
+    # connecting and the space
+    "connect", "Space", "Lease", "Notification", "Transaction", "Event", "LeaseResult", "TLS",
+    "ANY", "FOREVER", "channel_options",
+    # entries
+    "Entry", "GenericEntry", "entry_to_bytes", "entry_from_bytes",
+    # errors: the root, one class per gRPC status, and the domain classes beneath them
+    "OutrigError", "CallCancelledError", "UnknownStatusError", "InvalidArgumentError",
+    "DeadlineExceededError", "NotFoundError", "AlreadyExistsError", "PermissionDeniedError",
+    "ResourceExhaustedError", "FailedPreconditionError", "AbortedError", "OutOfRangeError",
+    "UnimplementedError", "InternalError", "UnavailableError", "DataLossError",
+    "UnauthenticatedError", "LeaseNotFoundError", "TransactionNotFoundError", "QuotaExceededError",
+    "TypeConflictError", "TransactionAbortedError", "RequestConflictError", "RegistrationBusyError",
+    "ShuttingDownError", "StoreUnavailableError",
+    "__version__",
+}  # fmt: skip
+AIO = {"connect", "AsyncSpace", "AsyncLease", "AsyncNotification", "AsyncTransaction"}
+
+
+def test_outrig_exports_exactly_its_public_names() -> None:
+    assert set(outrig.__all__) == OUTRIG
+    assert len(outrig.__all__) == len(OUTRIG)  # no name twice
+    assert all(hasattr(outrig, name) for name in outrig.__all__)
+
+
+def test_outrig_aio_exports_exactly_its_public_names() -> None:
+    assert set(outrig.aio.__all__) == AIO
+    assert all(hasattr(outrig.aio, name) for name in outrig.aio.__all__)
+
+
+def test_domain_errors_subclass_their_status_class() -> None:
+    parents = {
+        outrig.LeaseNotFoundError: outrig.NotFoundError,
+        outrig.TransactionNotFoundError: outrig.LeaseNotFoundError,
+        outrig.QuotaExceededError: outrig.ResourceExhaustedError,
+        outrig.TypeConflictError: outrig.FailedPreconditionError,
+        outrig.TransactionAbortedError: outrig.FailedPreconditionError,
+        outrig.RequestConflictError: outrig.FailedPreconditionError,
+        outrig.RegistrationBusyError: outrig.FailedPreconditionError,
+        outrig.ShuttingDownError: outrig.UnavailableError,
+        outrig.StoreUnavailableError: outrig.UnavailableError,
+    }
+    for cls, parent in parents.items():
+        assert cls.__bases__ == (parent,), cls
+        assert cls.code == parent.code
+
+
+@pytest.mark.parametrize(
+    "space", [outrig.Space, outrig.aio.AsyncSpace, outrig.Transaction, outrig.aio.AsyncTransaction]
+)
+def test_nowait_never_waits_and_if_exists_names_its_lock_wait(space: type) -> None:
+    for name in ("read_nowait", "take_nowait"):
+        assert list(inspect.signature(getattr(space, name)).parameters) == ["self", "templates"], name
+    for name in ("read_if_exists", "take_if_exists"):
+        parameter = inspect.signature(getattr(space, name)).parameters["lock_timeout"]
+        assert parameter.kind is inspect.Parameter.KEYWORD_ONLY, name
+
+
+def test_the_sdk_contract_covers_every_sdk_module() -> None:
+    """The import-linter contract 'the SDK never imports the server' lists its source modules by
+    name; a new module of the SDK must be listed there too, or it would go unchecked."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    (contract,) = [
+        c for c in config["tool"]["importlinter"]["contracts"] if c["name"].startswith("the SDK never")
+    ]
+    modules = {f"outrig.{p.stem}" for p in (ROOT / "client").glob("*.py")} - {
+        "outrig.__init__",
+        "outrig.__main__",  # runs the server's CLI, on purpose
+        "outrig.testing",  # starts an in-process server, on purpose
+    }
+    modules |= {"outrig.aio", "outrig.v1"}
+    assert set(contract["source_modules"]) == modules
