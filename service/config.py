@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from outrig.service.engine.leases import MAX_LEASE_SECONDS
 from outrig.service.engine.space import SpaceSettings
 from outrig.service.exceptions import ConfigError
 
@@ -147,6 +148,8 @@ _POSITIVE = frozenset(
         "max_lease",
     }
 )
+# Lease durations: finite ones at most the engine's maximum (inf is FOREVER).
+_LEASES = frozenset({"default_lease", "max_lease"})
 _DURABILITY = ("always", "interval")
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
@@ -177,6 +180,11 @@ def _convert(section: str, name: str, value: Any, current: Any) -> Any:
             number = _number(value, whole=isinstance(current, int))
             if math.isnan(number) or number < 0 or (number == 0 and name in _POSITIVE):
                 raise ValueError(value)
+            if name in _LEASES and math.isfinite(number) and number > MAX_LEASE_SECONDS:
+                raise ConfigError(
+                    f"{section}.{name}: {value!r} exceeds the maximum lease of {MAX_LEASE_SECONDS} "
+                    "seconds (100 years); use inf for FOREVER"
+                )
             return number if isinstance(current, int) else float(number)
         if name in _PATHS:
             return None if value in (None, "") else Path(value)

@@ -231,3 +231,14 @@ def test_durability_settings_from_each_source(toml: Path) -> None:
 def test_log_level_must_be_a_level() -> None:
     with pytest.raises(ConfigError, match="log_level"):
         load_config(environ={"OUTRIG_LOG_LEVEL": "LOUD"})
+
+
+def test_a_finite_lease_setting_beyond_the_maximum_is_refused(toml: Path) -> None:
+    toml.write_text("[space_defaults]\nmax_lease = 1e308\n")
+    with pytest.raises(ConfigError, match=r"space_defaults\.max_lease: 1e\+308 exceeds the maximum lease"):
+        load_config(toml, environ={})
+    toml.write_text("[spaces.jobs]\ndefault_lease = 3155760001\n")
+    with pytest.raises(ConfigError, match="default_lease"):
+        load_config(toml, environ={})
+    toml.write_text("[space_defaults]\nmax_lease = 3155760000\ndefault_lease = inf\n")
+    assert load_config(toml, environ={}).space_defaults.max_lease == 3155760000.0
