@@ -12,11 +12,11 @@ from outrig.service.engine.model import (
     Registration,
     StoredEntry,
     Template,
+    Transaction,
     TransactionOutcome,
     Waiter,
 )
 from outrig.service.engine.space import SpaceEngine, SpaceSettings
-from outrig.service.engine.transactions import Transaction
 from outrig.service.engine.values import FieldValue
 
 __all__ = [

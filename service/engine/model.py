@@ -1,12 +1,13 @@
 """The engine's records: entries to write, stored entries, templates, granted leases, parked
-waiters, notify registrations, and what a transaction's end changed."""
+waiters, notify registrations, transactions, and what a transaction's end changed."""
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from outrig.service.engine.transactions import EntryLock, Transaction
+from outrig.service.engine.locks import EntryLock
 from outrig.service.engine.values import FieldValue
 
 
@@ -41,7 +42,7 @@ class StoredEntry:
         self.payload = new.payload
         self.size = new.size
         self.expires_at = expires_at
-        # The transactions' locks on it (engine/transactions.py); None, the common case, is none.
+        # The transactions' locks on it (engine/locks.py); None, the common case, is none.
         self.lock: EntryLock | None = None
 
     @property
@@ -125,6 +126,38 @@ class Waiter:
         self.txn = txn
         self.if_exists = if_exists
         self.wants = wants
+
+
+class TransactionState(enum.Enum):
+    ACTIVE = "active"
+    COMMITTED = "committed"
+    ABORTED = "aborted"
+
+
+class Transaction:
+    """An open transaction of one space and what it holds. Its id is a lease id of the space."""
+
+    __slots__ = ("expires_at", "id", "read_locked", "registrations", "state", "taken", "waiters", "written")
+
+    def __init__(self, transaction_id: int, expires_at: float | None) -> None:
+        self.id = transaction_id
+        self.expires_at = expires_at
+        self.state = TransactionState.ACTIVE
+        self.written: dict[int, StoredEntry] = {}  # write-locked: visible to this transaction only
+        self.taken: dict[int, StoredEntry] = {}  # take-locked: gone for everyone until commit or abort
+        self.read_locked: dict[int, StoredEntry] = {}
+        self.registrations: set[int] = set()  # notify registrations made under it
+        self.waiters: set[int] = set()  # seqs of its reads and takes parked in the space
+
+    @property
+    def active(self) -> bool:
+        return self.state is TransactionState.ACTIVE
+
+    def __repr__(self) -> str:
+        return (
+            f"Transaction({self.id}, {self.state.value}, written={len(self.written)}, "
+            f"taken={len(self.taken)}, read={len(self.read_locked)})"
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ bucket, and a wildcard template walks its type in arrival order: nothing scans t
 
 All methods are synchronous and run on one thread (the server's event loop); each call is
 atomic with respect to the others, which is what makes take exclusive. Transactions (begin, commit,
-abort and the locks) come from `TransactionsMixin` in locking.py.
+abort and the locks) come from `TransactionsMixin` in transacting.py.
 
 Each call also either fails having changed nothing, or happens: an exception midway must never
 leave an entry filed in one index and gone from another (a take would then return it forever).
@@ -29,17 +29,18 @@ from dataclasses import dataclass
 
 from outrig.service.engine.clock import Clock
 from outrig.service.engine.leases import MAX_LEASE_SECONDS, LeaseQueue, check_lease_duration
-from outrig.service.engine.locking import TransactionsMixin
+from outrig.service.engine.locks import CONFLICT, OK, read_access, take_access
 from outrig.service.engine.model import (
     LeaseGrant,
     NewEntry,
     Registration,
     StoredEntry,
     Template,
+    Transaction,
     TransactionOutcome,
     Waiter,
 )
-from outrig.service.engine.transactions import CONFLICT, OK, Transaction, read_access, take_access
+from outrig.service.engine.transacting import TransactionsMixin
 from outrig.service.engine.values import FULL_KEY_LIMIT
 from outrig.service.engine.watchers import WatcherIndex
 from outrig.service.exceptions import (
@@ -575,9 +576,9 @@ class SpaceEngine(TransactionsMixin):
     ) -> list[StoredEntry]:
         """Up to `max_entries` entries matching any template, now; removed from the space if `take`
         (under `txn`: take-locked, or read-locked if not `take`)."""
-        return self.find_locked(templates, take=take, max_entries=max_entries, txn=txn)[0]
+        return self.find_or_conflict(templates, take=take, max_entries=max_entries, txn=txn)[0]
 
-    def find_locked(
+    def find_or_conflict(
         self,
         templates: Sequence[Template],
         *,

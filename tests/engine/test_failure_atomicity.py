@@ -49,7 +49,7 @@ from outrig.service.engine import (
     TransactionOutcome,
     Waiter,
 )
-from outrig.service.engine.transactions import TransactionState
+from outrig.service.engine.model import TransactionState
 from outrig.service.exceptions import (
     InvalidArgumentError,
     LeaseNotFoundError,
@@ -310,7 +310,7 @@ def matches(spec: TemplateSpec, ref: Ref) -> bool:
 
 
 def usable(ref: Ref, take: bool, txn: int | None) -> bool:
-    """Outrigger's lock table (engine/transactions.py), for the reference."""
+    """Outrigger's lock table (engine/locks.py), for the reference."""
     if ref.taker is not None:
         return False
     if ref.writer is not None and ref.writer != txn:
@@ -570,7 +570,7 @@ class FailureMachine(RuleBasedStateMachine):
     ) -> tuple[list[StoredEntry], bool] | None:
         step = self.run(
             fault,
-            lambda: self.space.find_locked(
+            lambda: self.space.find_or_conflict(
                 engine_templates(specs), take=take, max_entries=max_entries, txn=txn
             ),
         )

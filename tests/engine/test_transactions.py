@@ -6,17 +6,9 @@ from __future__ import annotations
 import pytest
 
 from outrig.service.engine import FakeClock, SpaceEngine, StoredEntry, Waiter
+from outrig.service.engine.locks import CONFLICT, HIDDEN, OK, EntryLock, read_access, take_access
+from outrig.service.engine.model import Transaction, TransactionState
 from outrig.service.engine.space import FOREVER
-from outrig.service.engine.transactions import (
-    CONFLICT,
-    HIDDEN,
-    OK,
-    EntryLock,
-    Transaction,
-    TransactionState,
-    read_access,
-    take_access,
-)
 from outrig.service.exceptions import LeaseNotFoundError, TransactionNotFoundError
 
 from .test_space import ids, make, new, tpl
@@ -66,10 +58,10 @@ def test_a_write_is_invisible_outside_its_transaction_until_commit() -> None:
     txn, _ = space.begin(60.0)
     written, _ = space.write_entries([new("T", n=1)], FOREVER, txn)
     assert ids(space.find([tpl("T")], take=False, txn=txn)) == ids(written)  # its own write
-    assert space.find_locked([tpl("T")], take=False) == ([], True)  # others: a conflict
-    assert space.find_locked([tpl("T")], take=True) == ([], True)
+    assert space.find_or_conflict([tpl("T")], take=False) == ([], True)  # others: a conflict
+    assert space.find_or_conflict([tpl("T")], take=True) == ([], True)
     other, _ = space.begin(60.0)
-    assert space.find_locked([tpl("T")], take=False, txn=other) == ([], True)
+    assert space.find_or_conflict([tpl("T")], take=False, txn=other) == ([], True)
     assert space.count([tpl("T")]) == 0
     assert space.count([tpl("T")], txn) == 1
     space.commit(txn)
@@ -98,9 +90,9 @@ def test_a_read_lock_lets_others_read_but_not_take() -> None:
     assert ids(space.find([tpl("T")], take=False, txn=reader)) == [entry_id]
     assert ids(space.find([tpl("T")], take=False)) == [entry_id]  # others may read
     assert ids(space.find([tpl("T")], take=False, txn=other)) == [entry_id]
-    assert space.find_locked([tpl("T")], take=True) == ([], True)  # but not take
+    assert space.find_or_conflict([tpl("T")], take=True) == ([], True)  # but not take
     # Two readers now: neither may take it.
-    assert space.find_locked([tpl("T")], take=True, txn=reader) == ([], True)
+    assert space.find_or_conflict([tpl("T")], take=True, txn=reader) == ([], True)
     space.commit(other)
     assert ids(space.find([tpl("T")], take=True, txn=reader)) == [entry_id]  # the sole reader may
     space.commit(reader)
@@ -112,9 +104,9 @@ def test_a_take_lock_hides_the_entry_and_abort_puts_it_back_in_its_place() -> No
     first, second = (s.id for s in space.write_entries([new("T", n=1), new("T", n=2)], FOREVER)[0])
     txn, _ = space.begin(60.0)
     assert ids(space.find([tpl("T")], take=True, txn=txn)) == [first]
-    assert space.find_locked([tpl("T")], take=False, txn=txn) == ([space._entries[second]], False)
+    assert space.find_or_conflict([tpl("T")], take=False, txn=txn) == ([space._entries[second]], False)
     assert ids(space.find([tpl("T")], take=False)) == [second]  # others skip it...
-    assert space.find_locked([tpl("T", n=1)], take=False) == ([], True)  # ...as a conflict
+    assert space.find_or_conflict([tpl("T", n=1)], take=False) == ([], True)  # ...as a conflict
     assert space.count([tpl("T")]) == 1
     outcome = space.abort(txn)
     assert ids(outcome.taken) == [first]

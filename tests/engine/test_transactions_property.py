@@ -24,8 +24,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from outrig.service.engine import SpaceEngine
+from outrig.service.engine.model import Transaction, TransactionState
 from outrig.service.engine.space import FOREVER
-from outrig.service.engine.transactions import Transaction, TransactionState
 
 from ..serial_orders import PROGRAMS, Op, Seen, some_serial_order_explains
 from .test_space import make, new, tpl
@@ -50,7 +50,7 @@ def _step(space: SpaceEngine, run: Run, values: dict[int, int]) -> None:
         run.seen.append((kind, value, stored.id))
         return
     template = tpl("T") if value is None else tpl("T", v=value)
-    found, conflicted = space.find_locked([template], take=kind == "take", txn=run.txn)
+    found, conflicted = space.find_or_conflict([template], take=kind == "take", txn=run.txn)
     if not found and conflicted:
         space.abort(run.txn)  # it would have to wait: give up
         return
@@ -98,8 +98,8 @@ def test_finding_nothing_locks_nothing() -> None:
     space = make()
     first, _ = space.begin(60.0)
     second, _ = space.begin(60.0)
-    assert space.find_locked([tpl("T")], take=False, txn=first) == ([], False)
-    assert space.find_locked([tpl("T")], take=False, txn=second) == ([], False)
+    assert space.find_or_conflict([tpl("T")], take=False, txn=first) == ([], False)
+    assert space.find_or_conflict([tpl("T")], take=False, txn=second) == ([], False)
     space.write_entries([new("T", v=1)], FOREVER, first)
     space.write_entries([new("T", v=2)], FOREVER, second)
     space.commit(first)

@@ -39,11 +39,12 @@ from outrig.service.engine.model import (
     NewEntry,
     StoredEntry,
     Template,
+    Transaction,
     TransactionOutcome,
+    TransactionState,
     Waiter,
 )
 from outrig.service.engine.space import SpaceEngine
-from outrig.service.engine.transactions import Transaction, TransactionState
 from outrig.service.exceptions import (
     LeaseNotFoundError,
     QuotaExceededError,
@@ -399,7 +400,7 @@ class EmbeddedBackend:
         if_exists: bool,
         txn: Transaction | None = None,
     ) -> list[StoredEntry]:
-        found, conflicted = engine.find_locked(templates, take=take, max_entries=max_entries, txn=txn)
+        found, conflicted = engine.find_or_conflict(templates, take=take, max_entries=max_entries, txn=txn)
         # *_nowait waits only while the entries it could use are locked by other transactions.
         if found or timeout == 0 or (if_exists and not conflicted):
             return found

@@ -1,5 +1,5 @@
 """The transactional half of `SpaceEngine`: begin, commit and abort, and the locks a transaction
-takes on entries (the lock table itself is in transactions.py).
+takes on entries (the lock table itself is in locks.py).
 
 A mixin, so that space.py stays about matching and indexes: `SpaceEngine` inherits it, and these
 methods use the engine's indexes and waiters through the names declared for the type checker below.
@@ -18,15 +18,17 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from outrig.service.engine.clock import Clock
+from outrig.service.engine.locks import EntryLock
 from outrig.service.engine.model import (
     LeaseGrant,
     Registration,
     StoredEntry,
     Template,
+    Transaction,
     TransactionOutcome,
+    TransactionState,
     Waiter,
 )
-from outrig.service.engine.transactions import EntryLock, Transaction, TransactionState
 from outrig.service.exceptions import TransactionNotFoundError
 
 __all__ = ["TransactionsMixin"]

@@ -1,6 +1,6 @@
-"""Transactions in one space: their state, the locks they hold on entries, and the lock table.
+"""The locks transactions hold on entries, and the lock table that says what each lets others do.
 
-A transaction is leased, like an entry; while it is active it holds locks:
+A transaction (model.py) is leased, like an entry; while it is active it holds locks:
 
 - a **write lock** on each entry it wrote: the entry is in the space (it counts against the quota)
   but only the writing transaction sees it, until commit;
@@ -22,24 +22,22 @@ for such entries):
 | take-locked       | HIDDEN              | CONFLICT         | HIDDEN                | CONFLICT         |
 | read-locked       | OK                  | OK               | OK if the sole reader | CONFLICT         |
 
-Plain data and two pure functions: the engine (space.py) applies them.
+Plain data and two pure functions: the engine applies them (matching in space.py; taking and
+releasing locks, begin, commit and abort in transacting.py).
 """
 
 from __future__ import annotations
 
-import enum
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
-    from outrig.service.engine.model import StoredEntry
+    from outrig.service.engine.model import Transaction
 
 __all__ = [
     "CONFLICT",
     "HIDDEN",
     "OK",
     "EntryLock",
-    "Transaction",
-    "TransactionState",
     "read_access",
     "take_access",
 ]
@@ -47,38 +45,6 @@ __all__ = [
 OK: Final = 0
 HIDDEN: Final = 1
 CONFLICT: Final = 2
-
-
-class TransactionState(enum.Enum):
-    ACTIVE = "active"
-    COMMITTED = "committed"
-    ABORTED = "aborted"
-
-
-class Transaction:
-    """An open transaction of one space and what it holds. Its id is a lease id of the space."""
-
-    __slots__ = ("expires_at", "id", "read_locked", "registrations", "state", "taken", "waiters", "written")
-
-    def __init__(self, transaction_id: int, expires_at: float | None) -> None:
-        self.id = transaction_id
-        self.expires_at = expires_at
-        self.state = TransactionState.ACTIVE
-        self.written: dict[int, StoredEntry] = {}  # write-locked: visible to this transaction only
-        self.taken: dict[int, StoredEntry] = {}  # take-locked: gone for everyone until commit or abort
-        self.read_locked: dict[int, StoredEntry] = {}
-        self.registrations: set[int] = set()  # notify registrations made under it
-        self.waiters: set[int] = set()  # seqs of its reads and takes parked in the space
-
-    @property
-    def active(self) -> bool:
-        return self.state is TransactionState.ACTIVE
-
-    def __repr__(self) -> str:
-        return (
-            f"Transaction({self.id}, {self.state.value}, written={len(self.written)}, "
-            f"taken={len(self.taken)}, read={len(self.read_locked)})"
-        )
 
 
 class EntryLock:
