@@ -1,9 +1,8 @@
-"""One named space: stored entries, their indexes, parked waiters, registrations and leases.
+"""One named space: stored entries, parked waiters, notify registrations and leases.
 
-Every entry is filed under each type of its lineage (its type and all supertypes), in arrival
-order, and under (type, field, value key) for each field. So a template of a supertype finds its
-subtypes in one bucket, a template with set fields starts from its smallest (field, value)
-bucket, and a wildcard template walks its type in arrival order: nothing scans the space.
+The engine composes its parts: an `EntryIndex` (index.py) files the entries by type and by
+(type, field, value), so that nothing scans the space; a `LeaseQueue` (leases.py) holds every
+lease; two `WatcherIndex`es (watchers.py) hold the parked reads and takes and the registrations.
 
 All methods are synchronous and run on one thread (the server's event loop); each call is
 atomic with respect to the others, which is what makes take exclusive. Transactions (begin, commit,
@@ -23,11 +22,11 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from outrig.service.engine.clock import Clock
+from outrig.service.engine.index import EntryIndex
 from outrig.service.engine.leases import MAX_LEASE_SECONDS, LeaseQueue, check_lease_duration
 from outrig.service.engine.locks import CONFLICT, OK, read_access, take_access
 from outrig.service.engine.model import (
@@ -41,7 +40,6 @@ from outrig.service.engine.model import (
     Waiter,
 )
 from outrig.service.engine.transacting import TransactionsMixin
-from outrig.service.engine.values import FULL_KEY_LIMIT
 from outrig.service.engine.watchers import WatcherIndex
 from outrig.service.exceptions import (
     LeaseNotFoundError,
@@ -85,31 +83,9 @@ _COUNT_REAP_BATCH = 1000
 # never does a lease storm's work.
 _LAZY_REMOVALS = 256
 
-Bucket = OrderedDict[int, StoredEntry] | StoredEntry
-
-
-def _size(bucket: Bucket) -> int:
-    return 1 if isinstance(bucket, StoredEntry) else len(bucket)
-
-
-def _arrival(stored: StoredEntry) -> int:
-    return stored.arrival
-
 
 def _nothing() -> None:
     """The undo of a claim that changed nothing (a plain read)."""
-
-
-def _reorder(bucket: OrderedDict[int, StoredEntry], arrival: int) -> None:
-    """Move the entries of `bucket` that arrived after `arrival` behind everything else."""
-    for later in [entry_id for entry_id, stored in bucket.items() if stored.arrival > arrival]:
-        bucket.move_to_end(later)
-
-
-def _bucket_is_exact(template: Template) -> bool:
-    """Whether every entry in the template's bucket matches it (no other field, exact key)."""
-    fields = template.fields
-    return not fields or (len(fields) == 1 and fields[0][1].size <= FULL_KEY_LIMIT)
 
 
 class SpaceEngine(TransactionsMixin):
@@ -121,15 +97,8 @@ class SpaceEngine(TransactionsMixin):
         self._clock = clock
         self._next_id = 1
         self._types: dict[str, tuple[str, ...]] = {}
-        self._entries: dict[int, StoredEntry] = {}
-        # Buckets are OrderedDicts, not dicts: a dict iterates over the slots its deletions left
-        # behind until it is next resized, so taking the oldest entry of a plain dict that once
-        # held n entries can cost O(n) (measured: 74 us vs 0.4 us per take at 1,000,000).
-        # A (type, field, value) slot holds its one entry itself, or an OrderedDict once it has
-        # more: most slots of unique values (ids, counters) hold one entry, and a container each
-        # would cost ~400 bytes (measured: 1,879 bytes per two-field entry with containers).
-        self._by_type: dict[str, OrderedDict[int, StoredEntry]] = {}
-        self._index: dict[Hashable, Bucket] = {}
+        self._entries: dict[int, StoredEntry] = {}  # what is in the space, by id
+        self._index = EntryIndex(settings.fifo)  # the same entries, by type and field
         self._bytes = 0
         self._waiters: WatcherIndex[Waiter] = WatcherIndex()
         self._registrations: WatcherIndex[Registration] = WatcherIndex()
@@ -306,68 +275,44 @@ class SpaceEngine(TransactionsMixin):
             )
 
     def _insert(self, stored: StoredEntry) -> None:
-        """File an entry in the space: its lease first, the one step that can refuse, so that a
-        failure leaves nothing filed; then the indexes, plain dict operations."""
-        entry_id = stored.id
-        if stored.expires_at is not None:
-            self._leases.add(entry_id, stored.expires_at)
+        """File an entry in the space, all or nothing: its lease, then the index, the steps that
+        can fail (if the index does, the lease is unfiled again); then by id."""
+        entry_id, expires_at = stored.id, stored.expires_at
+        if expires_at is not None:
+            self._leases.add(entry_id, expires_at)
+        try:
+            self._index.insert(stored)
+        except BaseException:
+            if expires_at is not None:
+                self._leases.discard(entry_id, expires_at)
+            raise
         self._entries[entry_id] = stored
         self._bytes += stored.size
-        by_type, index = self._by_type, self._index
-        for type_name in stored.lineage:
-            bucket = by_type.get(type_name)
-            if bucket is None:
-                bucket = by_type[type_name] = OrderedDict()
-            bucket[entry_id] = stored
-            for name, value in stored.fields.items():
-                slot = (type_name, name, value.key)
-                current = index.get(slot)
-                if current is None:
-                    index[slot] = stored
-                elif isinstance(current, StoredEntry):
-                    index[slot] = OrderedDict(((current.id, current), (entry_id, stored)))
-                else:
-                    current[entry_id] = stored
 
     def _remove(self, stored: StoredEntry) -> None:
-        """Unfile an entry (doing nothing if it is not in the space): its lease first, so that a
-        failure leaves it filed everywhere; then the indexes."""
-        entry_id = stored.id
+        """Unfile an entry (doing nothing if it is not in the space), all or nothing: its lease,
+        then the index (if it fails, the lease is filed again); then by id, and its locks go."""
+        entry_id, expires_at = stored.id, stored.expires_at
         if entry_id not in self._entries:
             return
-        if stored.expires_at is not None:
-            self._leases.discard(entry_id, stored.expires_at)
+        if expires_at is not None:
+            self._leases.discard(entry_id, expires_at)
+        try:
+            self._index.remove(stored)
+        except BaseException:
+            if expires_at is not None:
+                self._leases.add(entry_id, expires_at)
+            raise
         del self._entries[entry_id]
+        self._bytes -= stored.size
         if stored.lock is not None:
             self._detach(stored)
-        self._bytes -= stored.size
-        by_type, index = self._by_type, self._index
-        for type_name in stored.lineage:
-            bucket = by_type[type_name]
-            del bucket[entry_id]
-            if not bucket:
-                del by_type[type_name]
-            for name, value in stored.fields.items():
-                slot = (type_name, name, value.key)
-                current = index[slot]
-                if isinstance(current, StoredEntry):
-                    del index[slot]
-                else:
-                    del current[entry_id]
-                    if len(current) == 1:
-                        index[slot] = next(iter(current.values()))
 
     def _put_back(self, stored: StoredEntry) -> None:
         """File again an entry just unfiled (undoing a step that failed), at its place in arrival
-        order: `_insert` appends it to its buckets, so what arrived after it moves behind it."""
+        order."""
         self._insert(stored)
-        arrival = stored.arrival
-        for type_name in stored.lineage:
-            _reorder(self._by_type[type_name], arrival)
-            for name, value in stored.fields.items():
-                bucket = self._index[(type_name, name, value.key)]
-                if not isinstance(bucket, StoredEntry):
-                    _reorder(bucket, arrival)
+        self._index.reorder(stored)
 
     def _claim(self, stored: StoredEntry, take: bool, txn: Transaction | None) -> Callable[[], None]:
         """Claim an entry of the space found for a take or a read, and return what undoes it: a
@@ -492,32 +437,20 @@ class SpaceEngine(TransactionsMixin):
     def _expired(stored: StoredEntry, now: float) -> bool:
         return stored.expires_at is not None and stored.expires_at <= now
 
-    def _bucket(self, template: Template) -> Bucket | None:
-        """The smallest bucket holding every entry that can match `template`."""
-        if not template.fields:
-            return self._by_type.get(template.type_name)
-        smallest: Bucket | None = None
-        for name, value in template.fields:
-            bucket = self._index.get((template.type_name, name, value.key))
-            if bucket is None:
-                return None
-            if smallest is None or _size(bucket) < _size(smallest):
-                smallest = bucket
-        return smallest
-
     def _matches(
         self, template: Template, limit: int, now: float, txn: Transaction | None, take: bool
     ) -> tuple[list[StoredEntry], bool]:
         """Up to `limit` entries `txn` may use that match `template`, and whether some other match
         was skipped for another transaction's lock (a CONFLICT: it may yet become usable)."""
-        bucket = self._bucket(template)
+        index = self._index
+        bucket = index.bucket(template)
         if bucket is None:
             return [], False
         found: list[StoredEntry] = []
         expired: list[StoredEntry] = []
         conflicted = False
         access = take_access if take else read_access
-        for stored in self._members(bucket):
+        for stored in index.members(bucket):
             if self._expired(stored, now):
                 if len(expired) < _LAZY_REMOVALS:
                     expired.append(stored)
@@ -553,18 +486,7 @@ class SpaceEngine(TransactionsMixin):
             found, skipped = self._matches(template, limit, now, txn, take)
             matches.extend(found)
             conflicted = conflicted or skipped
-        return self._in_space_order(matches)[:limit], conflicted
-
-    def _members(self, bucket: Bucket) -> Iterable[StoredEntry]:
-        """A bucket's entries in the space's order (oldest first when FIFO)."""
-        if isinstance(bucket, StoredEntry):
-            return (bucket,)
-        return bucket.values() if self.settings.fifo else reversed(bucket.values())
-
-    def _in_space_order(self, entries: Iterable[StoredEntry]) -> list[StoredEntry]:
-        """Entries gathered from several buckets, each once, in the space's order."""
-        merged = {stored.id: stored for stored in entries}
-        return sorted(merged.values(), key=_arrival, reverse=not self.settings.fifo)
+        return self._index.in_order(matches)[:limit], conflicted
 
     def find(
         self,
@@ -646,10 +568,7 @@ class SpaceEngine(TransactionsMixin):
         """Every entry that may match one of `templates`, in the space's order, without checking
         them: a copy of the buckets made at C speed, for callers that filter in slices with
         `visible` and yield between them (contents of a large space must not hold the loop)."""
-        buckets = [bucket for bucket in map(self._bucket, templates) if bucket is not None]
-        if len(buckets) == 1:
-            return list(self._members(buckets[0]))
-        return self._in_space_order(stored for bucket in buckets for stored in self._members(bucket))
+        return self._index.candidates(templates)
 
     def visible(
         self, templates: Sequence[Template], stored: StoredEntry, txn: Transaction | None = None
@@ -673,9 +592,10 @@ class SpaceEngine(TransactionsMixin):
         # (never all of a mass expiry in one request); if leases are still due, count by walking
         # the candidates, which skips and drops the expired ones it meets.
         settled = self.reap(_COUNT_REAP_BATCH) < _COUNT_REAP_BATCH  # fewer than asked: none left due
-        if settled and not self._locked and len(templates) == 1 and _bucket_is_exact(templates[0]):
-            bucket = self._bucket(templates[0])
-            return 0 if bucket is None else _size(bucket)
+        if settled and not self._locked and len(templates) == 1:
+            exact = self._index.exact_count(templates[0])
+            if exact is not None:
+                return exact
         return len(self._select(templates, len(self._entries) or 1, txn)[0])
 
     # ------------------------------------------------------------------ notify
@@ -889,7 +809,7 @@ class SpaceEngine(TransactionsMixin):
 
     def type_counts(self) -> dict[str, int]:
         """Entries of each type or a subtype (the size of its bucket)."""
-        return {type_name: len(bucket) for type_name, bucket in self._by_type.items()}
+        return self._index.type_counts()
 
     def statistics(self) -> SpaceStatistics:
         return SpaceStatistics(

@@ -106,7 +106,7 @@ class Faults:
         "_leases": ("add", "discard"),
         "_waiters": ("add", "remove", "candidates"),
         "_registrations": ("add", "remove", "candidates"),
-        "": ("_insert", "_remove"),
+        "_index": ("insert", "remove"),
     }
 
     def __init__(self, space: SpaceEngine) -> None:
@@ -114,7 +114,7 @@ class Faults:
         self.calls = 0
         self.fired: str | None = None
         for owner_name, methods in self.STEPS.items():
-            owner = getattr(space, owner_name) if owner_name else space
+            owner = getattr(space, owner_name)
             for method in methods:
                 setattr(owner, method, self._wrap(f"{owner_name}.{method}", getattr(owner, method)))
 
@@ -180,9 +180,8 @@ def view(space: SpaceEngine, now: float, wanting: Callable[[Waiter], bool]) -> V
             None if taker is None else taker.id,
             readers,
         )
-    order = {
-        type_name: tuple(i for i in bucket if i in entries) for type_name, bucket in space._by_type.items()
-    }
+    by_type = space._index._by_type
+    order = {type_name: tuple(i for i in bucket if i in entries) for type_name, bucket in by_type.items()}
     transactions = {
         txn.id: txn.expires_at for txn in space._transactions.values() if live_txn(space, txn, now)
     }
@@ -211,10 +210,10 @@ def check_indexes(space: SpaceEngine) -> None:
             expected_types.setdefault(type_name, []).append(entry_id)
             for name, field_value in stored.fields.items():
                 expected_slots.setdefault((type_name, name, field_value.key), []).append(entry_id)
-    assert {t: list(b) for t, b in space._by_type.items()} == expected_types
+    assert {t: list(b) for t, b in space._index._by_type.items()} == expected_types
     slots = {
         slot: [bucket.id] if isinstance(bucket, StoredEntry) else list(bucket)
-        for slot, bucket in space._index.items()
+        for slot, bucket in space._index._by_field.items()
     }
     assert slots == expected_slots
     assert space._bytes == sum(stored.size for stored in entries.values())
@@ -935,7 +934,7 @@ def test_a_take_that_fails_unfiling_keeps_the_entry_and_the_next_take_gets_it_on
     space = SpaceEngine("issue-17", SpaceSettings(), FakeClock())
     faults = Faults(space)
     (grant,) = space.write([NewEntry("A", (), {"k": value(1)}, None, 1)], 60.0)
-    faults.arm(2)  # _remove, then its lease's discard
+    faults.arm(2)  # unfiling it: its lease's discard, then the index's remove
     try:
         space.find(engine_templates([("A", None)]), take=True)
     except InjectedFaultError:

@@ -1,0 +1,85 @@
+"""EntryIndex on its own: how entries are filed by type and by (type, field, value), the bucket a
+template starts from, the space's order, and putting an entry back at its place."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from outrig.service.engine import StoredEntry
+from outrig.service.engine.index import EntryIndex
+from outrig.service.engine.values import FULL_KEY_LIMIT
+
+from .test_space import DOG, MAMMAL, Scalar, ids, new, tpl
+
+
+def filed(index: EntryIndex, entry_id: int, *lineage: str, **fields: Scalar) -> StoredEntry:
+    stored = StoredEntry(entry_id, new(*lineage, **fields), None)
+    index.insert(stored)
+    return stored
+
+
+def test_an_entry_is_filed_under_every_type_of_its_lineage_and_every_field() -> None:
+    index = EntryIndex()
+    dog = filed(index, 1, *DOG, name="rex", legs=4)
+    assert index.type_counts() == {"Dog": 1, "Mammal": 1, "Animal": 1}
+    for type_name in DOG:
+        assert ids(index.candidates([tpl(type_name)])) == [dog.id]
+        assert ids(index.candidates([tpl(type_name, legs=4)])) == [dog.id]
+    index.remove(dog)
+    assert index.type_counts() == {}
+    assert index._by_field == {}
+
+
+def test_a_slot_of_one_entry_holds_it_bare_and_a_container_only_for_more() -> None:
+    index = EntryIndex()
+    first, second = filed(index, 1, "A", k=1), filed(index, 2, "A", k=1)
+    slot = ("A", "k", first.fields["k"].key)
+    assert index._by_field[slot] == OrderedDict(((1, first), (2, second)))
+    index.remove(first)
+    assert index._by_field[slot] is second
+    index.remove(second)
+    assert slot not in index._by_field
+
+
+def test_a_template_starts_from_its_smallest_bucket_or_none() -> None:
+    index = EntryIndex()
+    for i in range(5):
+        filed(index, i + 1, "A", job="j", k=i)
+    bucket = index.bucket(tpl("A", job="j", k=3))
+    assert isinstance(bucket, StoredEntry) and bucket.id == 4
+    assert index.bucket(tpl("A", job="j", k=99)) is None  # a field nobody has: nothing can match
+    assert index.bucket(tpl("B")) is None
+
+
+def test_members_and_merges_follow_the_space_order() -> None:
+    for fifo in (True, False):
+        index = EntryIndex(fifo)
+        entries = [filed(index, i + 1, *MAMMAL, k=i % 2) for i in range(4)]
+        oldest_first = [e.id for e in entries]
+        expected = oldest_first if fifo else oldest_first[::-1]
+        assert ids(index.candidates([tpl("Animal")])) == expected
+        # Two buckets that overlap: each entry once, in the space's order.
+        assert ids(index.candidates([tpl("Mammal", k=0), tpl("Animal")])) == expected
+
+
+def test_reorder_puts_an_entry_filed_again_back_at_its_place() -> None:
+    index = EntryIndex()
+    entries = [filed(index, i + 1, "A", k=1) for i in range(3)]
+    index.remove(entries[0])
+    index.insert(entries[0])
+    assert ids(index.candidates([tpl("A")])) == [2, 3, 1]
+    index.reorder(entries[0])
+    assert ids(index.candidates([tpl("A")])) == [1, 2, 3]
+    assert ids(index.candidates([tpl("A", k=1)])) == [1, 2, 3]
+
+
+def test_exact_count_only_where_the_bucket_is_the_answer() -> None:
+    index = EntryIndex()
+    long = b"x" * (FULL_KEY_LIMIT + 1)
+    for i in range(3):
+        filed(index, i + 1, "A", k=i % 2, blob=long)
+    assert index.exact_count(tpl("A")) == 3
+    assert index.exact_count(tpl("A", k=0)) == 2
+    assert index.exact_count(tpl("A", k=5)) == 0
+    assert index.exact_count(tpl("A", k=0, blob=long)) is None  # two fields: the bucket is a bound
+    assert index.exact_count(tpl("A", blob=long)) is None  # a long value is keyed by its ends only
