@@ -7,8 +7,9 @@ lease can be renewed or cancelled through any server. Events reach a stream two 
 - the server that made a write offers it at once to its own streams (so an event is there when
   the write returns, as on the embedded backend);
 - every other server hears of it through `outrig_changes` (the notification carries the ids, in
-  commit order), fetches those rows and offers them to its streams. A row already taken by then is
-  skipped: its event is lost (see docs/postgres.md for the retention that will fix this).
+  commit order), fetches those rows and offers them to its streams (listener.py). A taken row
+  stays fetchable for 60 s (`_TAKEN_KEPT`, reaper.py); a row gone by the time of the fetch is
+  skipped, and its event is lost (docs/postgres.md).
 
 Events are buffered up to `notify_queue` per stream; beyond it they are dropped, which shows as a
 gap in sequence numbers.
