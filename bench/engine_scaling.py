@@ -3,7 +3,7 @@
     python bench/engine_scaling.py [--quick]
 
 Measures, in-process with no gRPC (the engine alone, so the ratios isolate its data structures):
-  - read (find) of a template with a set field, with 1,000 vs 1,000,000 entries in the space;
+  - read (find_or_conflict) of a template with a set field, with 1,000 vs 1,000,000 entries in the space;
   - take of the oldest entry by wildcard template, same sizes;
   - write of an entry with 0 vs 10,000 parked non-matching waiters;
   - resident memory per stored entry (two fields, a two-level type);
@@ -70,7 +70,8 @@ def _median(samples: list[float]) -> float:
 
 def _reader(space: SpaceEngine, size: int) -> Callable[[int], object]:
     def read(i: int) -> object:
-        return space.find([Template("bench.Base", {"k": FieldValue("int", (i * 7919) % size)})], take=False)
+        template = Template("bench.Base", {"k": FieldValue("int", (i * 7919) % size)})
+        return space.find_or_conflict([template], take=False)[0]
 
     return read
 
@@ -80,7 +81,7 @@ def _taker(space: SpaceEngine) -> Callable[[int], object]:
     template = Template("bench.Task", {})
 
     def take(i: int) -> object:
-        (entry,) = space.find([template], take=True)
+        (entry,), _ = space.find_or_conflict([template], take=True)
         space.restore([entry])
         return entry
 

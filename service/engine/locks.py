@@ -12,8 +12,8 @@ A transaction (model.py) is leased, like an entry; while it is active it holds l
 The table (Outrigger's, from ../shared/reference/javaspaces-semantics.md) says, for an entry's
 `EntryLock` and the transaction asking (None for an operation under no transaction), whether the
 entry is `OK` to use, `HIDDEN` (as if it were not there), or in `CONFLICT` (it may become usable
-when the locking transaction ends, so a blocked call waits, and an `*_nowait` call waits only
-for such entries):
+when the locking transaction ends, so a blocked call waits, and an if_exists call
+(`read_if_exists`, `take_if_exists`) waits only for such entries):
 
 | lock on the entry | read, by the holder | read, by another | take, by the holder   | take, by another |
 |-------------------|---------------------|------------------|-----------------------|------------------|

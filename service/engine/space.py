@@ -488,18 +488,6 @@ class SpaceEngine(TransactionsMixin):
             conflicted = conflicted or skipped
         return self._index.in_order(matches)[:limit], conflicted
 
-    def find(
-        self,
-        templates: Sequence[Template],
-        *,
-        take: bool,
-        max_entries: int = 1,
-        txn: Transaction | None = None,
-    ) -> list[StoredEntry]:
-        """Up to `max_entries` entries matching any template, now; removed from the space if `take`
-        (under `txn`: take-locked, or read-locked if not `take`)."""
-        return self.find_or_conflict(templates, take=take, max_entries=max_entries, txn=txn)[0]
-
     def find_or_conflict(
         self,
         templates: Sequence[Template],
@@ -508,8 +496,10 @@ class SpaceEngine(TransactionsMixin):
         max_entries: int = 1,
         txn: Transaction | None = None,
     ) -> tuple[list[StoredEntry], bool]:
-        """`find`, and whether some match was skipped for another transaction's lock: a blocked
-        call parks then, and an `*_nowait` call waits for that transaction (see `Waiter`)."""
+        """Up to `max_entries` entries matching any template, now, removed from the space if `take`
+        (under `txn`: take-locked, or read-locked if not `take`); and whether some match was
+        skipped for another transaction's lock: a blocked call parks then, and an if_exists call
+        waits for that transaction (see `Waiter`)."""
         if txn is not None:
             self._check_active(txn)
         found, conflicted = self._select(templates, max_entries, txn, take)
@@ -557,13 +547,6 @@ class SpaceEngine(TransactionsMixin):
             waiter.txn.waiters.discard(waiter.seq)
             self._by_seq.pop(waiter.seq, None)
 
-    def snapshot(
-        self, templates: Sequence[Template], max_entries: int = 0, txn: Transaction | None = None
-    ) -> list[StoredEntry]:
-        """The entries matching any template now, in the space's order: what contents streams."""
-        visible = [stored for stored in self.candidates(templates) if self.visible(templates, stored, txn)]
-        return visible[: max_entries or None]
-
     def candidates(self, templates: Sequence[Template]) -> list[StoredEntry]:
         """Every entry that may match one of `templates`, in the space's order, without checking
         them: a copy of the buckets made at C speed, for callers that filter in slices with
@@ -583,7 +566,8 @@ class SpaceEngine(TransactionsMixin):
         )
 
     def is_live(self, stored: StoredEntry) -> bool:
-        """Whether a snapshot's entry is still in the space (not taken, cancelled or expired)."""
+        """Whether an entry (one of `candidates`, say) is still in the space (not taken, cancelled
+        or expired)."""
         return stored.id in self._entries and not self._expired(stored, self._clock.time())
 
     def count(self, templates: Sequence[Template], txn: Transaction | None = None) -> int:

@@ -58,6 +58,7 @@ from outrig.service.exceptions import (
 )
 
 from ..field_values import value
+from .test_space import contents, find
 
 DEFAULT_LEASE = 4.0
 HUGE = 1e308
@@ -876,7 +877,7 @@ class FailureMachine(RuleBasedStateMachine):
         }
         assert seen.waiters == set(self.calls)
         readable = [ref.stored.id for ref in self.eligible([("A", None)], False, None)]
-        assert [s.id for s in self.space.snapshot(engine_templates([("A", None)]))] == readable
+        assert [s.id for s in contents(self.space, engine_templates([("A", None)]))] == readable
         assert self.space.count(engine_templates([("A", None)])) == len(readable)
 
     @invariant()
@@ -926,7 +927,7 @@ def test_a_lease_the_queue_cannot_file_leaves_nothing_behind() -> None:
         raise AssertionError("the fault did not fire")
     faults.disarm()
     check_indexes(space)
-    assert space.find(engine_templates([("A", None)]), take=True) == []
+    assert find(space, engine_templates([("A", None)]), take=True) == []
     assert space.statistics().entries == 0
 
 
@@ -936,14 +937,14 @@ def test_a_take_that_fails_unfiling_keeps_the_entry_and_the_next_take_gets_it_on
     (grant,) = space.write([NewEntry("A", (), {"k": value(1)}, None, 1)], 60.0)
     faults.arm(2)  # unfiling it: its lease's discard, then the index's remove
     try:
-        space.find(engine_templates([("A", None)]), take=True)
+        find(space, engine_templates([("A", None)]), take=True)
     except InjectedFaultError:
         pass
     else:
         raise AssertionError("the fault did not fire")
     check_indexes(space)
-    assert [s.id for s in space.find(engine_templates([("A", None)]), take=True)] == [grant.id]
-    assert space.find(engine_templates([("A", None)]), take=True) == []
+    assert [s.id for s in find(space, engine_templates([("A", None)]), take=True)] == [grant.id]
+    assert find(space, engine_templates([("A", None)]), take=True) == []
     check_indexes(space)
 
 

@@ -13,6 +13,8 @@ from outrig.service.engine import FakeClock, NewEntry, SpaceEngine, SpaceSetting
 from outrig.service.engine.leases import MAX_LEASE_SECONDS, LeaseQueue, check_lease_duration
 from outrig.service.exceptions import InvalidArgumentError
 
+from .test_space import find
+
 
 def test_empty_queue() -> None:
     queue = LeaseQueue()
@@ -224,7 +226,7 @@ def test_the_engine_refuses_it_everywhere_and_changes_nothing() -> None:
     with pytest.raises(InvalidArgumentError, match="exceeds the maximum"):
         space.write([entry], 1e308)
     assert space.statistics().entries == 0 and space.next_id == 1
-    assert space.find([Template("Task", {})], take=True) == []
+    assert find(space, [Template("Task", {})], take=True) == []
     (grant,) = space.write([entry], 60.0)
     txn, _ = space.begin(60.0)
     registration, _ = space.register(
@@ -243,8 +245,8 @@ def test_the_engine_refuses_it_everywhere_and_changes_nothing() -> None:
     assert space.statistics().transactions == 1 and space.statistics().registrations == 1
     (longest,) = space.write([entry], MAX_LEASE_SECONDS)
     assert longest.granted == MAX_LEASE_SECONDS
-    assert [s.id for s in space.find([Template("Task", {})], take=True, max_entries=5)] == [
+    assert [s.id for s in find(space, [Template("Task", {})], take=True, max_entries=5)] == [
         grant.id,
         longest.id,
     ]
-    assert space.find([Template("Task", {})], take=True) == []
+    assert find(space, [Template("Task", {})], take=True) == []

@@ -19,6 +19,8 @@ from outrig.service.engine import FakeClock, NewEntry, SpaceEngine, SpaceSetting
 from outrig.service.engine.values import FieldValue
 from outrig.service.exceptions import LeaseNotFoundError
 
+from .test_space import contents, find
+
 # ---------------------------------------------------------------- the value pool
 
 _HEAD, _TAIL = b"H" * 40, b"T" * 40
@@ -186,14 +188,14 @@ class MatchingMachine(RuleBasedStateMachine):
 
     @rule(templates=templates_st, max_entries=st.integers(1, 4))
     def read(self, templates: list[tuple[int, dict[str, int]]], max_entries: int) -> None:
-        found = self.space.find(self.engine_templates(templates), take=False, max_entries=max_entries)
+        found = find(self.space, self.engine_templates(templates), take=False, max_entries=max_entries)
         self.check_found([e.id for e in found], self.ref_select(templates), max_entries)
 
     @rule(templates=templates_st, max_entries=st.sampled_from([1, 1, 2, 4]))
     def take(self, templates: list[tuple[int, dict[str, int]]], max_entries: int) -> None:
         found = [
             e.id
-            for e in self.space.find(self.engine_templates(templates), take=True, max_entries=max_entries)
+            for e in find(self.space, self.engine_templates(templates), take=True, max_entries=max_entries)
         ]
         self.check_found(found, self.ref_select(templates), max_entries)
         self.forget(found)
@@ -204,7 +206,7 @@ class MatchingMachine(RuleBasedStateMachine):
 
     @rule(templates=templates_st, max_entries=st.integers(0, 4))
     def contents(self, templates: list[tuple[int, dict[str, int]]], max_entries: int) -> None:
-        found = [e.id for e in self.space.snapshot(self.engine_templates(templates), max_entries)]
+        found = [e.id for e in contents(self.space, self.engine_templates(templates), max_entries)]
         self.check_found(found, self.ref_select(templates), max_entries or len(self.entries) + 1)
 
     @precondition(lambda self: self.granted)
@@ -257,7 +259,7 @@ class MatchingMachine(RuleBasedStateMachine):
             return
         for type_index in range(N_TYPES):
             templates = [(type_index, {})]
-            found = [e.id for e in self.space.snapshot(self.engine_templates(templates))]
+            found = [e.id for e in contents(self.space, self.engine_templates(templates))]
             expected = self.ref_select(templates)
             if self.fifo:
                 assert found == expected

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import pytest
 
@@ -13,6 +14,7 @@ from outrig.service.engine import (
     SpaceSettings,
     StoredEntry,
     Template,
+    Transaction,
     Waiter,
 )
 from outrig.service.engine.space import FOREVER
@@ -42,6 +44,34 @@ def make(clock: FakeClock | None = None, **settings: object) -> SpaceEngine:
     return SpaceEngine("test", SpaceSettings(**settings), clock or FakeClock())  # type: ignore[arg-type]
 
 
+def find(
+    space: SpaceEngine,
+    templates: Sequence[Template],
+    *,
+    take: bool,
+    max_entries: int = 1,
+    txn: Transaction | None = None,
+) -> list[StoredEntry]:
+    """What a read or take finds now, as the backends ask the engine (without the conflict flag)."""
+    return space.find_or_conflict(templates, take=take, max_entries=max_entries, txn=txn)[0]
+
+
+def contents(
+    space: SpaceEngine, templates: Sequence[Template], max_entries: int = 0, txn: Transaction | None = None
+) -> list[StoredEntry]:
+    """What contents lists now, made as the embedded backend makes it: the candidates still
+    visible, read-locked under `txn`, up to `max_entries` (0: all)."""
+    listed: list[StoredEntry] = []
+    for stored in space.candidates(templates):
+        if space.visible(templates, stored, txn):
+            if txn is not None:
+                space.read_lock(txn, stored)
+            listed.append(stored)
+            if len(listed) == max_entries:
+                break
+    return listed
+
+
 def write1(space: SpaceEngine, entry: NewEntry, lease: float | None = FOREVER) -> int:
     (grant,) = space.write([entry], lease)
     return grant.id
@@ -67,7 +97,7 @@ def test_read_returns_the_entry_and_leaves_it() -> None:
     space = make()
     entry_id = write1(space, new("A", payload={"p": 1}, k=1))
     for _ in range(2):
-        (found,) = space.find([tpl("A", k=1)], take=False)
+        (found,) = find(space, [tpl("A", k=1)], take=False)
         assert found.id == entry_id
         assert found.payload == {"p": 1}
         assert found.type_name == "A"
@@ -77,9 +107,9 @@ def test_read_returns_the_entry_and_leaves_it() -> None:
 def test_take_removes_the_entry() -> None:
     space = make()
     entry_id = write1(space, new("A", k=1))
-    assert ids(space.find([tpl("A", k=1)], take=True)) == [entry_id]
-    assert space.find([tpl("A")], take=False) == []
-    assert space.find([tpl("A")], take=True) == []
+    assert ids(find(space, [tpl("A", k=1)], take=True)) == [entry_id]
+    assert find(space, [tpl("A")], take=False) == []
+    assert find(space, [tpl("A")], take=True) == []
     assert space.count([tpl("A")]) == 0
     assert space.statistics().entries == 0
     assert space.statistics().bytes == 0
@@ -91,15 +121,15 @@ def test_writing_the_same_entry_twice_stores_two_copies() -> None:
     space.write([entry], None)
     space.write([entry], None)
     assert space.count([tpl("A", k=1)]) == 2
-    assert len(space.find([tpl("A", k=1)], take=True, max_entries=5)) == 2
+    assert len(find(space, [tpl("A", k=1)], take=True, max_entries=5)) == 2
 
 
 def test_find_on_an_unknown_type_or_value_finds_nothing() -> None:
     space = make()
     write1(space, new("A", k=1))
-    assert space.find([tpl("Nope")], take=False) == []
-    assert space.find([tpl("A", k=2)], take=False) == []
-    assert space.find([tpl("A", other=1)], take=False) == []
+    assert find(space, [tpl("Nope")], take=False) == []
+    assert find(space, [tpl("A", k=2)], take=False) == []
+    assert find(space, [tpl("A", other=1)], take=False) == []
 
 
 def test_two_takes_never_return_the_same_entry() -> None:
@@ -108,11 +138,11 @@ def test_two_takes_never_return_the_same_entry() -> None:
     taken: list[int] = []
     templates = [[tpl("A")], [tpl("A", k=0)], [tpl("A", k=1), tpl("A")]]
     for i in range(30):
-        taken += ids(space.find(templates[i % 3], take=True))
-    taken += ids(space.find([tpl("A")], take=True, max_entries=30))
+        taken += ids(find(space, templates[i % 3], take=True))
+    taken += ids(find(space, [tpl("A")], take=True, max_entries=30))
     assert len(taken) == len(set(taken)) == 30
     assert set(taken) == written
-    assert space.find([tpl("A")], take=True) == []
+    assert find(space, [tpl("A")], take=True) == []
 
 
 # ---------------------------------------------------------------- matching
@@ -132,16 +162,16 @@ def zoo() -> tuple[SpaceEngine, dict[str, int]]:
 
 def test_supertype_templates_find_subtypes(zoo: tuple[SpaceEngine, dict[str, int]]) -> None:
     space, w = zoo
-    assert ids(space.snapshot([tpl("Animal")])) == [w["animal"], w["mammal"], w["dog"]]
-    assert ids(space.snapshot([tpl("Mammal")])) == [w["mammal"], w["dog"]]
-    assert ids(space.snapshot([tpl("Dog")])) == [w["dog"]]
+    assert ids(contents(space, [tpl("Animal")])) == [w["animal"], w["mammal"], w["dog"]]
+    assert ids(contents(space, [tpl("Mammal")])) == [w["mammal"], w["dog"]]
+    assert ids(contents(space, [tpl("Dog")])) == [w["dog"]]
     assert space.count([tpl("Animal")]) == 3
     assert space.count([tpl("Mammal")]) == 2
 
 
 def test_a_subtype_is_returned_with_its_real_type(zoo: tuple[SpaceEngine, dict[str, int]]) -> None:
     space, w = zoo
-    (found,) = space.find([tpl("Animal", name="rex")], take=False)
+    (found,) = find(space, [tpl("Animal", name="rex")], take=False)
     assert found.id == w["dog"]
     assert found.type_name == "Dog"
     assert found.lineage == DOG
@@ -149,42 +179,42 @@ def test_a_subtype_is_returned_with_its_real_type(zoo: tuple[SpaceEngine, dict[s
 
 def test_supertype_template_with_fields(zoo: tuple[SpaceEngine, dict[str, int]]) -> None:
     space, w = zoo
-    assert ids(space.snapshot([tpl("Animal", legs=4)])) == [w["animal"], w["dog"]]
-    assert ids(space.snapshot([tpl("Mammal", legs=4)])) == [w["dog"]]
-    assert ids(space.snapshot([tpl("Animal", milk=True)])) == [w["mammal"], w["dog"]]
-    assert ids(space.snapshot([tpl("Animal", name="rex", legs=4)])) == [w["dog"]]
+    assert ids(contents(space, [tpl("Animal", legs=4)])) == [w["animal"], w["dog"]]
+    assert ids(contents(space, [tpl("Mammal", legs=4)])) == [w["dog"]]
+    assert ids(contents(space, [tpl("Animal", milk=True)])) == [w["mammal"], w["dog"]]
+    assert ids(contents(space, [tpl("Animal", name="rex", legs=4)])) == [w["dog"]]
 
 
 def test_fields_only_the_subtype_has_are_wildcards(zoo: tuple[SpaceEngine, dict[str, int]]) -> None:
     space, w = zoo
     # A Mammal template knows nothing of `breed`: the dog's breed does not stop it matching.
-    assert ids(space.snapshot([tpl("Mammal", name="rex")])) == [w["dog"]]
+    assert ids(contents(space, [tpl("Mammal", name="rex")])) == [w["dog"]]
     # ...but a template that sets a field an entry lacks does not match that entry.
-    assert ids(space.snapshot([tpl("Animal", breed="collie")])) == [w["dog"]]
+    assert ids(contents(space, [tpl("Animal", breed="collie")])) == [w["dog"]]
 
 
 def test_mismatches(zoo: tuple[SpaceEngine, dict[str, int]]) -> None:
     space, w = zoo
-    assert space.snapshot([tpl("Dog", name="whale")]) == []  # value
-    assert space.snapshot([tpl("Dog", legs=4.0)]) == []  # kind: double 4.0 is not int 4
-    assert space.snapshot([tpl("Mammal", milk=1)]) == []  # kind: int 1 is not bool true
-    assert space.snapshot([tpl("Dog", name="rex", legs=3)]) == []  # second field
-    assert ids(space.snapshot([tpl("Rock", name="rex")])) == [w["rock"]]  # unrelated type, same fields
-    assert space.snapshot([tpl("Animal", name="rex", breed="pug")]) == []
+    assert contents(space, [tpl("Dog", name="whale")]) == []  # value
+    assert contents(space, [tpl("Dog", legs=4.0)]) == []  # kind: double 4.0 is not int 4
+    assert contents(space, [tpl("Mammal", milk=1)]) == []  # kind: int 1 is not bool true
+    assert contents(space, [tpl("Dog", name="rex", legs=3)]) == []  # second field
+    assert ids(contents(space, [tpl("Rock", name="rex")])) == [w["rock"]]  # unrelated type, same fields
+    assert contents(space, [tpl("Animal", name="rex", breed="pug")]) == []
 
 
 def test_null_template_fields_are_wildcards(zoo: tuple[SpaceEngine, dict[str, int]]) -> None:
     space, w = zoo
-    assert ids(space.snapshot([tpl("Dog", name=None)])) == [w["dog"]]
-    assert ids(space.snapshot([tpl("Animal", breed=None, legs=0)])) == [w["mammal"]]
+    assert ids(contents(space, [tpl("Dog", name=None)])) == [w["dog"]]
+    assert ids(contents(space, [tpl("Animal", breed=None, legs=0)])) == [w["mammal"]]
 
 
 def test_an_entry_field_set_to_null_matches_only_wildcards() -> None:
     space = make()
     entry_id = write1(space, new("A", k=None))
-    assert ids(space.snapshot([tpl("A")])) == [entry_id]
-    assert space.snapshot([tpl("A", k=0)]) == []
-    assert space.snapshot([tpl("A", k="")]) == []
+    assert ids(contents(space, [tpl("A")])) == [entry_id]
+    assert contents(space, [tpl("A", k=0)]) == []
+    assert contents(space, [tpl("A", k="")]) == []
 
 
 def test_int_double_bool_are_distinct_when_matching() -> None:
@@ -192,9 +222,9 @@ def test_int_double_bool_are_distinct_when_matching() -> None:
     as_int = write1(space, new("A", k=1))
     as_double = write1(space, new("A", k=1.0))
     as_bool = write1(space, new("A", k=True))
-    assert ids(space.snapshot([tpl("A", k=1)])) == [as_int]
-    assert ids(space.snapshot([tpl("A", k=1.0)])) == [as_double]
-    assert ids(space.snapshot([tpl("A", k=True)])) == [as_bool]
+    assert ids(contents(space, [tpl("A", k=1)])) == [as_int]
+    assert ids(contents(space, [tpl("A", k=1.0)])) == [as_double]
+    assert ids(contents(space, [tpl("A", k=True)])) == [as_bool]
     assert space.count([tpl("A", k=1)]) == 1
 
 
@@ -204,10 +234,10 @@ def test_large_values_with_the_same_coarse_key_match_exactly() -> None:
     big = [head + bytes([i]) * 400 + tail for i in range(3)]
     written = [write1(space, new("A", blob=b)) for b in big]
     for data, entry_id in zip(big, written, strict=True):
-        assert ids(space.snapshot([tpl("A", blob=data)])) == [entry_id]
+        assert ids(contents(space, [tpl("A", blob=data)])) == [entry_id]
         assert space.count([tpl("A", blob=data)]) == 1
-        assert ids(space.find([tpl("A", blob=data)], take=False)) == [entry_id]
-    assert space.snapshot([tpl("A", blob=head + b"\xff" * 400 + tail)]) == []
+        assert ids(find(space, [tpl("A", blob=data)], take=False)) == [entry_id]
+    assert contents(space, [tpl("A", blob=head + b"\xff" * 400 + tail)]) == []
     assert space.count([tpl("A", blob=head + b"\xff" * 400 + tail)]) == 0
 
 
@@ -227,19 +257,19 @@ def test_count_with_two_fields_and_several_templates() -> None:
 def test_fifo_returns_the_oldest_match_first() -> None:
     space = make(fifo=True)
     written = [write1(space, new("A", k=i % 2)) for i in range(6)]
-    assert ids(space.find([tpl("A")], take=False)) == [written[0]]
-    assert ids(space.find([tpl("A", k=1)], take=False)) == [written[1]]
-    assert ids(space.find([tpl("A")], take=False, max_entries=4)) == written[:4]
-    assert ids(space.snapshot([tpl("A", k=0)])) == written[0::2]
-    taken = [space.find([tpl("A")], take=True)[0].id for _ in range(6)]
+    assert ids(find(space, [tpl("A")], take=False)) == [written[0]]
+    assert ids(find(space, [tpl("A", k=1)], take=False)) == [written[1]]
+    assert ids(find(space, [tpl("A")], take=False, max_entries=4)) == written[:4]
+    assert ids(contents(space, [tpl("A", k=0)])) == written[0::2]
+    taken = [find(space, [tpl("A")], take=True)[0].id for _ in range(6)]
     assert taken == written
 
 
 def test_fifo_across_subtypes_follows_arrival() -> None:
     space = make(fifo=True)
     order = [write1(space, new(*lineage, n=1)) for lineage in (DOG, ANIMAL, MAMMAL, DOG, ANIMAL)]
-    assert ids(space.snapshot([tpl("Animal")])) == order
-    assert ids(space.find([tpl("Animal", n=1)], take=True, max_entries=10)) == order
+    assert ids(contents(space, [tpl("Animal")])) == order
+    assert ids(find(space, [tpl("Animal", n=1)], take=True, max_entries=10)) == order
 
 
 @pytest.mark.parametrize("fifo", [True, False])
@@ -248,11 +278,11 @@ def test_take_all_is_correct_in_either_order(fifo: bool) -> None:
     ones = {write1(space, new("A", k=1)) for _ in range(5)}
     others = {write1(space, new("A", k=2)) for _ in range(5)}
     taken: list[int] = []
-    while found := space.find([tpl("A", k=1)], take=True):
+    while found := find(space, [tpl("A", k=1)], take=True):
         taken += ids(found)
     assert sorted(taken) == sorted(ones)
-    assert {entry.id for entry in space.snapshot([tpl("A")])} == others
-    batch = space.find([tpl("A")], take=True, max_entries=3)
+    assert {entry.id for entry in contents(space, [tpl("A")])} == others
+    batch = find(space, [tpl("A")], take=True, max_entries=3)
     assert len(batch) == 3
     assert set(ids(batch)) <= others
 
@@ -264,30 +294,30 @@ def test_multi_template_find_is_a_union_without_duplicates_in_order() -> None:
         for lineage, k in [(("A",), 1), (("B",), 1), (("A",), 2), (("A",), 3)]
     ]
     templates = [tpl("A", k=2), tpl("A"), tpl("B", k=1), tpl("A", k=1)]
-    assert ids(space.snapshot(templates)) == w
-    assert ids(space.find(templates, take=False, max_entries=2)) == w[:2]
-    assert ids(space.find([tpl("A", k=3), tpl("A", k=2)], take=False)) == [w[2]]
+    assert ids(contents(space, templates)) == w
+    assert ids(find(space, templates, take=False, max_entries=2)) == w[:2]
+    assert ids(find(space, [tpl("A", k=3), tpl("A", k=2)], take=False)) == [w[2]]
     assert space.count(templates) == 4
-    assert ids(space.find(templates, take=True, max_entries=10)) == w
+    assert ids(find(space, templates, take=True, max_entries=10)) == w
     assert space.count(templates) == 0
 
 
-def test_snapshot_max_entries() -> None:
+def test_contents_max_entries() -> None:
     space = make()
     w = [write1(space, new("A")) for _ in range(5)]
-    assert ids(space.snapshot([tpl("A")], max_entries=2)) == w[:2]
-    assert ids(space.snapshot([tpl("A")], max_entries=0)) == w
-    assert space.count([tpl("A")]) == 5  # a snapshot removes nothing
+    assert ids(contents(space, [tpl("A")], max_entries=2)) == w[:2]
+    assert ids(contents(space, [tpl("A")], max_entries=0)) == w
+    assert space.count([tpl("A")]) == 5  # listing removes nothing
 
 
 def test_is_live_follows_takes_and_cancels() -> None:
     space = make()
     a, b, _ = (write1(space, new("A")) for _ in range(3))
-    snapshot = space.snapshot([tpl("A")])
-    space.find([tpl("A")], take=True)
+    listed = contents(space, [tpl("A")])
+    find(space, [tpl("A")], take=True)
     space.cancel(b)
-    assert [space.is_live(entry) for entry in snapshot] == [False, False, True]
-    assert snapshot[0].id == a
+    assert [space.is_live(entry) for entry in listed] == [False, False, True]
+    assert listed[0].id == a
 
 
 # ---------------------------------------------------------------- leases
@@ -298,17 +328,17 @@ def test_expired_entries_are_invisible_before_any_reap() -> None:
     space = make(clock)
     short = write1(space, new("A", k=1), lease=10)
     long = write1(space, new("A", k=1), lease=100)
-    snapshot = space.snapshot([tpl("A")])
+    listed = contents(space, [tpl("A")])
     clock.advance(9.999)
-    assert ids(space.snapshot([tpl("A", k=1)])) == [short, long]
+    assert ids(contents(space, [tpl("A", k=1)])) == [short, long]
     clock.advance(0.001)  # exactly at expiry: gone
-    assert ids(space.find([tpl("A", k=1)], take=False, max_entries=5)) == [long]
-    assert ids(space.find([tpl("A")], take=False, max_entries=5)) == [long]
-    assert ids(space.snapshot([tpl("A")])) == [long]
-    assert [space.is_live(entry) for entry in snapshot] == [False, True]
+    assert ids(find(space, [tpl("A", k=1)], take=False, max_entries=5)) == [long]
+    assert ids(find(space, [tpl("A")], take=False, max_entries=5)) == [long]
+    assert ids(contents(space, [tpl("A")])) == [long]
+    assert [space.is_live(entry) for entry in listed] == [False, True]
     assert space.count([tpl("A", k=1)]) == 1
     assert space.count([tpl("A")]) == 1
-    assert ids(space.find([tpl("A")], take=True, max_entries=5)) == [long]
+    assert ids(find(space, [tpl("A")], take=True, max_entries=5)) == [long]
 
 
 def test_expired_entries_are_invisible_to_take_and_multi_template_find() -> None:
@@ -317,8 +347,8 @@ def test_expired_entries_are_invisible_to_take_and_multi_template_find() -> None
     write1(space, new("A", k=1), lease=1)
     live = write1(space, new("B", k=1), lease=100)
     clock.advance(1)
-    assert space.find([tpl("A")], take=True) == []
-    assert ids(space.find([tpl("A"), tpl("B")], take=False, max_entries=5)) == [live]
+    assert find(space, [tpl("A")], take=True) == []
+    assert ids(find(space, [tpl("A"), tpl("B")], take=False, max_entries=5)) == [live]
 
 
 def test_reap_removes_expired_entries() -> None:
@@ -362,9 +392,9 @@ def test_renew_extends_an_entry_lease() -> None:
     assert grant.granted == 10
     clock.advance(9)  # past the original expiry
     assert space.reap() == 0  # the original expiry is stale, not due
-    assert ids(space.find([tpl("A")], take=False)) == [entry_id]
+    assert ids(find(space, [tpl("A")], take=False)) == [entry_id]
     clock.advance(1)
-    assert space.find([tpl("A")], take=False) == []
+    assert find(space, [tpl("A")], take=False) == []
     assert space.reap() == 0  # already dropped lazily by the find
     assert space.statistics().entries == 0
 
@@ -387,7 +417,7 @@ def test_renew_to_forever() -> None:
     assert (grant.expires_at, grant.granted) == (None, None)
     clock.advance(1e9)
     assert space.reap() == 0
-    assert ids(space.find([tpl("A")], take=False)) == [entry_id]
+    assert ids(find(space, [tpl("A")], take=False)) == [entry_id]
 
 
 def test_renew_or_cancel_of_an_unknown_lease_fails() -> None:
@@ -410,13 +440,13 @@ def test_renew_or_cancel_of_an_expired_lease_fails(reaped: bool) -> None:
         space.renew(entry_id, 10)
     with pytest.raises(LeaseNotFoundError):
         space.cancel(entry_id)
-    assert space.find([tpl("A")], take=False) == []
+    assert find(space, [tpl("A")], take=False) == []
 
 
 def test_renew_or_cancel_of_a_taken_entry_fails() -> None:
     space = make()
     entry_id = write1(space, new("A"), lease=10)
-    space.find([tpl("A")], take=True)
+    find(space, [tpl("A")], take=True)
     with pytest.raises(LeaseNotFoundError):
         space.renew(entry_id, 10)
     with pytest.raises(LeaseNotFoundError):
@@ -428,7 +458,7 @@ def test_cancel_removes_the_entry() -> None:
     gone = write1(space, new("A", k=1, size=5))
     kept = write1(space, new("A", k=1, size=5))
     space.cancel(gone)
-    assert ids(space.find([tpl("A", k=1)], take=False, max_entries=5)) == [kept]
+    assert ids(find(space, [tpl("A", k=1)], take=False, max_entries=5)) == [kept]
     assert space.count([tpl("A", k=1)]) == 1
     assert space.statistics().bytes == 5
     with pytest.raises(LeaseNotFoundError):
@@ -492,7 +522,7 @@ def test_max_entries_quota() -> None:
     space.write([new("A")], None)
     with pytest.raises(QuotaExceededError):
         space.write([new("A")], None)
-    space.find([tpl("A")], take=True)
+    find(space, [tpl("A")], take=True)
     space.write([new("A")], None)  # a take frees room
     assert space.statistics().entries == 3
 
@@ -637,7 +667,7 @@ def test_a_read_waiter_gets_a_matching_write_which_is_stored() -> None:
     _, reader = park(space, tpl("A", k=1), take=False)
     entry_id = write1(space, new("A", k=1))
     assert reader.ids == [entry_id]
-    assert ids(space.find([tpl("A")], take=False)) == [entry_id]
+    assert ids(find(space, [tpl("A")], take=False)) == [entry_id]
     assert space.statistics().waiters == 0
 
 
@@ -685,7 +715,7 @@ def test_non_matching_waiters_are_untouched() -> None:
     for recorder in (other_value, other_kind, other_type, second_field):
         assert recorder.got == []
     assert space.statistics().waiters == 4
-    assert ids(space.find([tpl("A")], take=False)) == [entry_id]
+    assert ids(find(space, [tpl("A")], take=False)) == [entry_id]
 
 
 def test_a_waiter_that_no_longer_wants_the_entry_does_not_consume_it() -> None:
@@ -700,7 +730,7 @@ def test_a_waiter_that_no_longer_wants_the_entry_does_not_consume_it() -> None:
     _, gone_again = park(space, tpl("A"), wants=False)
     kept = write1(space, new("A"))
     assert gone_again.ids == [kept]
-    assert ids(space.find([tpl("A")], take=False)) == [kept]
+    assert ids(find(space, [tpl("A")], take=False)) == [kept]
     assert space.statistics().waiters == 0  # it was unparked
 
 
@@ -711,7 +741,7 @@ def test_a_waiter_with_several_templates_is_delivered_once() -> None:
     assert taker.ids == [entry_id]
     other = write1(space, new("B"))
     assert taker.ids == [entry_id]
-    assert ids(space.find([tpl("B")], take=False)) == [other]
+    assert ids(find(space, [tpl("B")], take=False)) == [other]
 
 
 def test_unpark_forgets_a_waiter() -> None:
@@ -722,33 +752,33 @@ def test_unpark_forgets_a_waiter() -> None:
     assert space.statistics().waiters == 0
     entry_id = write1(space, new("A"))
     assert taker.got == []
-    assert ids(space.find([tpl("A")], take=False)) == [entry_id]
+    assert ids(find(space, [tpl("A")], take=False)) == [entry_id]
 
 
 def test_restore_puts_taken_entries_back() -> None:
     clock = FakeClock()
     space = make(clock)
     written = [write1(space, new("A", k=1), lease=10) for _ in range(3)]
-    taken = space.find([tpl("A")], take=True, max_entries=2)
+    taken = find(space, [tpl("A")], take=True, max_entries=2)
     space.restore(taken)
-    assert sorted(ids(space.snapshot([tpl("A", k=1)]))) == written
+    assert sorted(ids(contents(space, [tpl("A", k=1)]))) == written
     assert space.count([tpl("A", k=1)]) == 3
     space.restore(taken)  # already back: not duplicated
     assert space.count([tpl("A")]) == 3
     # The restored entries keep their leases.
     space.renew(written[0], 20)
     clock.advance(10)
-    assert ids(space.snapshot([tpl("A")])) == [written[0]]
+    assert ids(contents(space, [tpl("A")])) == [written[0]]
 
 
 def test_a_restored_entry_joins_the_back_of_the_queue_for_every_kind_of_find() -> None:
     space = make()
     first, second, third = (write1(space, new("A", k=i)) for i in range(3))
-    space.restore(space.find([tpl("A")], take=True))
-    assert ids(space.find([tpl("A")], take=False, max_entries=3)) == [second, third, first]
+    space.restore(find(space, [tpl("A")], take=True))
+    assert ids(find(space, [tpl("A")], take=False, max_entries=3)) == [second, third, first]
     both = [tpl("A", k=0), tpl("A", k=1)]
-    assert ids(space.find(both, take=False, max_entries=2)) == [second, first]
-    assert ids(space.snapshot([tpl("A")])) == [second, third, first]
+    assert ids(find(space, both, take=False, max_entries=2)) == [second, first]
+    assert ids(contents(space, [tpl("A")])) == [second, third, first]
 
 
 def test_count_after_a_mass_expiry_is_exact_and_reaps_in_bounded_batches() -> None:
@@ -767,7 +797,7 @@ def test_count_after_a_mass_expiry_is_exact_and_reaps_in_bounded_batches() -> No
 def test_restore_offers_entries_to_parked_waiters() -> None:
     space = make()
     entry_id = write1(space, new("A", k=1))
-    taken = space.find([tpl("A")], take=True)
+    taken = find(space, [tpl("A")], take=True)
     _, reader = park(space, tpl("A"), take=False)
     _, taker = park(space, tpl("A", k=1))
     space.restore(taken)
@@ -780,7 +810,7 @@ def test_restore_drops_entries_that_expired_meanwhile() -> None:
     clock = FakeClock()
     space = make(clock)
     write1(space, new("A"), lease=5)
-    taken = space.find([tpl("A")], take=True)
+    taken = find(space, [tpl("A")], take=True)
     _, taker = park(space, tpl("A"))
     clock.advance(5)
     space.restore(taken)
@@ -793,7 +823,7 @@ def test_restore_does_not_publish_events() -> None:
     events: list[int] = []
     space.register((tpl("A"),), None, lambda seq, _: events.append(seq), lambda: None)
     write1(space, new("A"))
-    space.restore(space.find([tpl("A")], take=True))
+    space.restore(find(space, [tpl("A")], take=True))
     assert events == [1]
 
 
@@ -988,18 +1018,18 @@ def test_find_by_field_inspects_one_bucket_not_the_space(matches_calls: list[int
     space = make()
     space.write([new("A", k=i, other=i % 7) for i in range(10_000)], None)
     matches_calls[0] = 0
-    (found,) = space.find([tpl("A", k=5000)], take=False)
+    (found,) = find(space, [tpl("A", k=5000)], take=False)
     assert found.fields["k"] == value(5000)
     assert matches_calls[0] <= 2
     matches_calls[0] = 0
-    assert ids(space.find([tpl("A", k=7777)], take=True)) == [found.id + 2777]
+    assert ids(find(space, [tpl("A", k=7777)], take=True)) == [found.id + 2777]
     assert matches_calls[0] <= 2
     matches_calls[0] = 0
-    assert space.find([tpl("A", k=10_001)], take=False) == []
+    assert find(space, [tpl("A", k=10_001)], take=False) == []
     assert matches_calls[0] == 0
     matches_calls[0] = 0
     # Two fields: starts from the smaller bucket (k=..., one entry), not other=... (~1,400).
-    assert len(space.find([tpl("A", other=3, k=3)], take=False)) == 1
+    assert len(find(space, [tpl("A", other=3, k=3)], take=False)) == 1
     assert matches_calls[0] <= 2
     matches_calls[0] = 0
     assert space.count([tpl("A", k=42)]) == 1
@@ -1032,7 +1062,7 @@ def test_candidates_cover_every_match_in_order_and_visible_filters_them() -> Non
     assert ids(candidates) == [b1, a1]  # union, no duplicates, arrival order
     clock.advance(5)
     assert [stored.id for stored in candidates if space.visible(templates, stored)] == [a1]
-    space.find([tpl("A", k=1)], take=True)
+    find(space, [tpl("A", k=1)], take=True)
     assert [stored for stored in candidates if space.visible(templates, stored)] == []
     assert ids(space.candidates([tpl("A")])) == [a0]
     assert ids(make(fifo=False).candidates([tpl("A")])) == []

@@ -11,7 +11,7 @@ from outrig.service.engine.model import Transaction, TransactionState
 from outrig.service.engine.space import FOREVER
 from outrig.service.exceptions import LeaseNotFoundError, TransactionNotFoundError
 
-from .test_space import ids, make, new, tpl
+from .test_space import contents, find, ids, make, new, tpl
 
 # ---------------------------------------------------------------- the lock table, case by case
 
@@ -57,7 +57,7 @@ def test_a_write_is_invisible_outside_its_transaction_until_commit() -> None:
     space = make()
     txn, _ = space.begin(60.0)
     written, _ = space.write_entries([new("T", n=1)], FOREVER, txn)
-    assert ids(space.find([tpl("T")], take=False, txn=txn)) == ids(written)  # its own write
+    assert ids(find(space, [tpl("T")], take=False, txn=txn)) == ids(written)  # its own write
     assert space.find_or_conflict([tpl("T")], take=False) == ([], True)  # others: a conflict
     assert space.find_or_conflict([tpl("T")], take=True) == ([], True)
     other, _ = space.begin(60.0)
@@ -65,7 +65,7 @@ def test_a_write_is_invisible_outside_its_transaction_until_commit() -> None:
     assert space.count([tpl("T")]) == 0
     assert space.count([tpl("T")], txn) == 1
     space.commit(txn)
-    assert ids(space.find([tpl("T")], take=True)) == ids(written)
+    assert ids(find(space, [tpl("T")], take=True)) == ids(written)
 
 
 def test_a_write_taken_back_in_its_transaction_never_shows() -> None:
@@ -74,7 +74,7 @@ def test_a_write_taken_back_in_its_transaction_never_shows() -> None:
     space.register((tpl("T"),), FOREVER, lambda seq, stored: events.append(stored.id), lambda: None)
     txn, _ = space.begin(60.0)
     space.write_entries([new("T", n=1)], FOREVER, txn)
-    assert len(space.find([tpl("T")], take=True, txn=txn)) == 1
+    assert len(find(space, [tpl("T")], take=True, txn=txn)) == 1
     outcome = space.commit(txn)
     assert outcome.written == [] and outcome.taken == []
     assert space.count([tpl("T")]) == 0 and space.statistics().entries == 0
@@ -87,14 +87,14 @@ def test_a_read_lock_lets_others_read_but_not_take() -> None:
     (entry_id,) = ids(space.write_entries([new("T", n=1)], FOREVER)[0])
     reader, _ = space.begin(60.0)
     other, _ = space.begin(60.0)
-    assert ids(space.find([tpl("T")], take=False, txn=reader)) == [entry_id]
-    assert ids(space.find([tpl("T")], take=False)) == [entry_id]  # others may read
-    assert ids(space.find([tpl("T")], take=False, txn=other)) == [entry_id]
+    assert ids(find(space, [tpl("T")], take=False, txn=reader)) == [entry_id]
+    assert ids(find(space, [tpl("T")], take=False)) == [entry_id]  # others may read
+    assert ids(find(space, [tpl("T")], take=False, txn=other)) == [entry_id]
     assert space.find_or_conflict([tpl("T")], take=True) == ([], True)  # but not take
     # Two readers now: neither may take it.
     assert space.find_or_conflict([tpl("T")], take=True, txn=reader) == ([], True)
     space.commit(other)
-    assert ids(space.find([tpl("T")], take=True, txn=reader)) == [entry_id]  # the sole reader may
+    assert ids(find(space, [tpl("T")], take=True, txn=reader)) == [entry_id]  # the sole reader may
     space.commit(reader)
     assert space.statistics().entries == 0
 
@@ -103,21 +103,21 @@ def test_a_take_lock_hides_the_entry_and_abort_puts_it_back_in_its_place() -> No
     space = make()
     first, second = (s.id for s in space.write_entries([new("T", n=1), new("T", n=2)], FOREVER)[0])
     txn, _ = space.begin(60.0)
-    assert ids(space.find([tpl("T")], take=True, txn=txn)) == [first]
+    assert ids(find(space, [tpl("T")], take=True, txn=txn)) == [first]
     assert space.find_or_conflict([tpl("T")], take=False, txn=txn) == ([space._entries[second]], False)
-    assert ids(space.find([tpl("T")], take=False)) == [second]  # others skip it...
+    assert ids(find(space, [tpl("T")], take=False)) == [second]  # others skip it...
     assert space.find_or_conflict([tpl("T", n=1)], take=False) == ([], True)  # ...as a conflict
     assert space.count([tpl("T")]) == 1
     outcome = space.abort(txn)
     assert ids(outcome.taken) == [first]
-    assert ids(space.find([tpl("T")], take=False)) == [first]  # back, still the oldest
+    assert ids(find(space, [tpl("T")], take=False)) == [first]  # back, still the oldest
 
 
 def test_commit_makes_takes_final() -> None:
     space = make()
     written, _ = space.write_entries([new("T", n=1)], FOREVER)
     txn, _ = space.begin(60.0)
-    space.find([tpl("T")], take=True, txn=txn)
+    find(space, [tpl("T")], take=True, txn=txn)
     outcome = space.commit(txn)
     assert ids(outcome.taken) == ids(written)
     assert space.statistics().entries == 0 and space.statistics().locked == 0
@@ -136,10 +136,11 @@ def test_contents_under_a_transaction_sees_its_writes_and_not_its_takes() -> Non
     space = make()
     kept, gone = space.write_entries([new("T", n=1), new("T", n=2)], FOREVER)[0]
     txn, _ = space.begin(60.0)
-    space.find([tpl("T", n=2)], take=True, txn=txn)
+    find(space, [tpl("T", n=2)], take=True, txn=txn)
     (mine,) = space.write_entries([new("T", n=3)], FOREVER, txn)[0]
-    assert ids(space.snapshot([tpl("T")], txn=txn)) == [kept.id, mine.id]
-    assert ids(space.snapshot([tpl("T")])) == [kept.id]
+    assert ids(contents(space, [tpl("T")], txn=txn)) == [kept.id, mine.id]
+    assert kept.lock is not None and kept.lock.readers == {txn}  # what a transaction lists, it has read
+    assert ids(contents(space, [tpl("T")])) == [kept.id]
     assert gone.lock is not None and gone.lock.taker is txn
 
 
@@ -173,7 +174,7 @@ def test_a_blocked_take_gets_an_entry_back_when_its_taker_aborts() -> None:
     space = make()
     space.write_entries([new("T", n=1)], FOREVER)
     txn, _ = space.begin(60.0)
-    space.find([tpl("T")], take=True, txn=txn)
+    find(space, [tpl("T")], take=True, txn=txn)
     got = _park(space, take=True)
     space.abort(txn)
     assert len(got) == 1
@@ -184,7 +185,7 @@ def test_a_blocked_take_waits_for_a_read_lock_to_go() -> None:
     space = make()
     space.write_entries([new("T", n=1)], FOREVER)
     txn, _ = space.begin(60.0)
-    space.find([tpl("T")], take=False, txn=txn)
+    find(space, [tpl("T")], take=False, txn=txn)
     got = _park(space, take=True)
     assert got == []
     space.commit(txn)
@@ -250,7 +251,7 @@ def test_a_transaction_aborts_when_its_lease_runs_out() -> None:
     space.write_entries([new("T", n=1)], FOREVER)
     txn, grant = space.begin(5.0)
     assert grant.id == txn.id and grant.granted == 5.0
-    space.find([tpl("T")], take=True, txn=txn)
+    find(space, [tpl("T")], take=True, txn=txn)
     outcomes = []
     space.on_transaction_end = outcomes.append
     clock.advance(6.0)
@@ -282,7 +283,7 @@ def test_an_ended_transaction_refuses_everything() -> None:
     space.commit(txn)
     for call in (
         lambda: space.write_entries([new("T", n=1)], FOREVER, txn),
-        lambda: space.find([tpl("T")], take=False, txn=txn),
+        lambda: find(space, [tpl("T")], take=False, txn=txn),
         lambda: space.commit(txn),
         lambda: space.abort(txn),
     ):
@@ -295,7 +296,7 @@ def test_an_entry_whose_lease_ends_while_take_locked_is_not_put_back() -> None:
     space = make(clock)
     space.write_entries([new("T", n=1)], 5.0)
     txn, _ = space.begin(60.0)
-    space.find([tpl("T")], take=True, txn=txn)
+    find(space, [tpl("T")], take=True, txn=txn)
     clock.advance(6.0)
     space.reap()
     assert space.abort(txn).taken == []

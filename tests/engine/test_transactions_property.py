@@ -28,7 +28,7 @@ from outrig.service.engine.model import Transaction, TransactionState
 from outrig.service.engine.space import FOREVER
 
 from ..serial_orders import PROGRAMS, Op, Seen, some_serial_order_explains
-from .test_space import make, new, tpl
+from .test_space import contents, make, new, tpl
 
 
 @dataclass
@@ -85,7 +85,7 @@ def test_committed_transactions_equal_some_serial_order(
             else:
                 space.abort(run.txn)
     committed = [r.seen for r in runs if r.txn is not None and r.txn.state is TransactionState.COMMITTED]
-    final = {stored.id: values[stored.id] for stored in space.snapshot([tpl("T")])}
+    final = {stored.id: values[stored.id] for stored in contents(space, [tpl("T")])}
     assert space.statistics().locked == 0 and space.statistics().transactions == 0
     assert some_serial_order_explains(dict(start), committed, dict(final)), (
         f"no serial order explains {committed} ending with {final}"
