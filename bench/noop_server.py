@@ -48,20 +48,22 @@ from typing import Any
 import grpc
 from entries import canned_batch, canned_frame, canned_small
 
-from outrig.service.transport.mux import LIMIT_KEY, Result, batch_size, error_result, reply_message
+from outrig._protocol import DEFAULT_LIMIT, LIMIT_KEY, OPS_BY_FIELD
+from outrig.service.transport.mux import Result, batch_size, error_result, reply_message
 from outrig.v1 import space_pb2 as pb
 from outrig.v1 import space_pb2_grpc
 
 NOTIFY_QUEUE = 10_000  # outrig's default limits.notify_queue
-MAX_STREAM_OPS = 1024  # outrig's default limits.max_stream_ops
+MAX_STREAM_OPS = DEFAULT_LIMIT  # outrig's default limits.max_stream_ops
 PENDING_REQUESTS = 100_000  # gRPC's queue of calls not yet picked up: outrig's, for its default max_waiters
 _LEASE_SECONDS = 60.0
 
-# The MuxResult field that carries the reply of each kind of MuxOp.
-_REPLY_TAGS = {
-    "write": 2, "write_many": 3, "read": 4, "take": 4, "read_many": 4, "take_many": 4,
-    "renew_leases": 5, "cancel_leases": 6, "count": 7, "begin": 8, "commit": 9, "abort": 9,
-}  # fmt: skip
+# The MuxResult field that carries the reply of each kind of MuxOp (by the MuxOp field's name).
+_REPLY_FIELDS: dict[str, int] = {
+    pb.MuxOp.DESCRIPTOR.fields_by_number[field].name: method.result_field
+    for field, method in OPS_BY_FIELD.items()
+    if method.result_field is not None
+}
 
 Reply = tuple[int, bytes]  # a MuxResult's reply: its field, and its bytes
 
@@ -72,7 +74,7 @@ def _lease(lease_id: int) -> pb.Lease:
 
 
 def _reply(kind: str, body: bytes) -> Reply:
-    return _REPLY_TAGS[kind], body
+    return _REPLY_FIELDS[kind], body
 
 
 class _Stream:

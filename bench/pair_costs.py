@@ -47,11 +47,12 @@ from workloads import OWN_CONNECTION
 
 import outrig
 from outrig._codec import encode_entry_into, encode_template_into
-from outrig.service import codec, wire
+from outrig.service import codec
+from outrig.service.backends.embedded.backend import EmbeddedBackend
 from outrig.service.config import ServerConfig
-from outrig.service.embedded import EmbeddedBackend
 from outrig.service.engine.model import LeaseGrant
 from outrig.service.transport import servicer
+from outrig.service.transport.handlers import Received
 from outrig.v1 import space_pb2 as pb
 
 SPACE = "bench"
@@ -174,7 +175,7 @@ async def _in_process(count: int) -> float:
     try:
         began = time.perf_counter()
         for number, raw in enumerate(writes):
-            await space.Write(wire.Received(pb.WriteRequest.FromString(raw), raw), None)
+            await space.Write(Received(pb.WriteRequest.FromString(raw), raw), None)
             take_request = pb.MatchRequest.FromString(take_bytes)
             take_request.request_id = f"take-{number}"
             if not await space.Take(take_request, None):

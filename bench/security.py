@@ -45,12 +45,12 @@ from measure import Sample, Window
 from servers import start_outrig_with
 
 import outrig
-from outrig.service import wire
 from outrig.service.config import ServerConfig
 from outrig.service.security import certs, tokens
 from outrig.service.security.policy import parse_policy
 from outrig.service.security.principal import Principal
 from outrig.service.security.settings import build_guard
+from outrig.service.transport import handlers
 from outrig.v1 import space_pb2 as pb
 
 _OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
@@ -201,9 +201,9 @@ class _Context:
         return {}
 
 
-def _write_request(entry: pb.Entry) -> wire.Received[pb.WriteRequest]:
+def _write_request(entry: pb.Entry) -> handlers.Received[pb.WriteRequest]:
     raw = pb.WriteRequest(space="bench", entry=entry).SerializeToString()
-    return wire.Received(pb.WriteRequest.FromString(raw), raw)
+    return handlers.Received(pb.WriteRequest.FromString(raw), raw)
 
 
 def _per_call(call: Callable[[], object], n: int) -> float:

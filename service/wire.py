@@ -1,4 +1,5 @@
-"""Replies that carry entries, encoded straight from the stored payloads.
+"""Entries on the wire, framed by hand: replies encoded straight from the stored payloads, and the
+entries of a write found in its bytes. Pure byte work: no gRPC, no protobuf decoding.
 
 The server keeps each entry as its payload: the bytes of its `outrig.v1.Entry` encoding, framed
 as field 1 of a MatchReply (a tag and a length in front, see `frame`). A small entry costs about
@@ -7,56 +8,53 @@ as field 1 of a MatchReply (a tag and a length in front, see `frame`). A small e
 matters for a 3.6 MB entry) and a reply carrying several is their concatenation. An event
 (NotifyReply `sequence = 2, entry = 3`) takes one copy. None of it does protobuf work.
 
-The other way, a write keeps each entry as the bytes it arrived as: Write and WriteMany are
-decoded into a `Received` (the message and its bytes), and `entry_encodings` finds each entry's
-bytes in the request by reading its top-level tags, without decoding or re-encoding an entry
-(re-encoding a 3.6 MB entry measured 5 ms inside the server); framing it is the one copy.
+The other way, a write keeps each entry as the bytes it arrived as: `entry_encodings` finds each
+entry's bytes in the request by reading its top-level tags, without decoding or re-encoding an
+entry (re-encoding a 3.6 MB entry measured 5 ms inside the server); framing it is the one copy.
+How requests are decoded, and replies passed through, on their way in and out of gRPC is
+service/transport/handlers.py.
 
-`add_to_server` registers the servicer like the generated `add_SpaceServicer_to_server`, except
-that the methods answering with such bytes get a serializer that passes them through, the
-writes get a `Received`, and bytes that are no valid request are not an exception: gRPC answers
-a deserializer that raises with UNKNOWN (and logs its traceback, for every such call), so each
-method's deserializer (`decoding`, `receiving`, the Mux stream's too) returns an `Undecodable`
-instead, which the servicer refuses INVALID_ARGUMENT before anything looks at the request.
+The field numbers and tags are read from the generated descriptors (through outrig._protocol, the
+protocol's vocabulary), not written here: the proto is their one source.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Sequence
-from typing import Any, Generic, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
-import grpc
-from google.protobuf.message import DecodeError
-
+from outrig._protocol import tag, varint
 from outrig.v1 import space_pb2 as pb
 
-SERVICE = "outrig.v1.Space"
 
-_ENTRIES = b"\x0a"  # field 1, length-delimited: MatchReply.entries, ContentsReply.entries
-_SEQUENCE = b"\x10"  # field 2, varint: NotifyReply.sequence
-_EVENT_ENTRY = b"\x1a"  # field 3, length-delimited: NotifyReply.entry
+def _field(message: Any, name: str) -> Any:
+    """The descriptor of the field `name` of a generated message class."""
+    return message.DESCRIPTOR.fields_by_name[name]
 
 
-def varint(value: int) -> bytes:
-    if value < 0x80:
-        return bytes((value,))
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+_ENTRIES = tag(_field(pb.MatchReply, "entries"))  # ContentsReply.entries too: checked below
+_SEQUENCE = tag(_field(pb.NotifyReply, "sequence"))
+_EVENT_ENTRY = tag(_field(pb.NotifyReply, "entry"))
+#: The field of a write's entries: WriteRequest.entry, WriteManyRequest.entries (checked below).
+ENTRY_FIELD: int = _field(pb.WriteRequest, "entry").number
+
+# A payload is a reply of one entry, of either kind, and a reply of several the payloads end to
+# end, only while both replies carry entries in the same field; and a write's entries are found by
+# one field number only while both writes carry them in the same one.
+if tag(_field(pb.ContentsReply, "entries")) != _ENTRIES:
+    raise AssertionError("MatchReply.entries and ContentsReply.entries: not the same field")
+if _field(pb.WriteManyRequest, "entries").number != ENTRY_FIELD:
+    raise AssertionError("WriteRequest.entry and WriteManyRequest.entries: not the same field")
 
 
 def frame(entry: bytes | memoryview) -> bytes:
-    """An entry's payload: its encoding framed as a MatchReply's field 1 (one copy)."""
+    """An entry's payload: its encoding framed as a MatchReply's entries field (one copy)."""
     return b"".join((_ENTRIES, varint(len(entry)), entry))
 
 
 def unframed(payload: bytes) -> memoryview:
     """The entry's encoding inside a payload (no copy)."""
-    start = 1
+    start = len(_ENTRIES)
     while payload[start] & 0x80:
         start += 1
     return memoryview(payload)[start + 1 :]
@@ -73,56 +71,6 @@ def event_reply(sequence: int, payload: bytes) -> bytes:
     """A NotifyReply carrying one event."""
     entry = unframed(payload)
     return b"".join((_SEQUENCE, varint(sequence), _EVENT_ENTRY, varint(len(entry)), entry))
-
-
-M = TypeVar("M")
-
-_ENTRY_FIELD = 2  # WriteRequest.entry, WriteManyRequest.entries
-
-
-class Received(Generic[M]):
-    """A request message and the bytes it was decoded from (and, found once, its entries' bytes:
-    `entry_encodings`)."""
-
-    __slots__ = ("_entries", "message", "raw")
-
-    def __init__(self, message: M, raw: bytes, entries: list[memoryview] | None = None) -> None:
-        self.message = message
-        self.raw = raw
-        self._entries = entries
-
-    @property
-    def entries(self) -> list[memoryview]:
-        if self._entries is None:
-            self._entries = entry_encodings(self.raw)
-        return self._entries
-
-
-class Undecodable:
-    """What a deserializer returns for bytes that are no valid request of its type, in place of the
-    message: the type's full name, and why (protobuf's words, or the server's own reading of a
-    write's tags). `too_deep` when it is nesting past protobuf's parse limit."""
-
-    __slots__ = ("message_type", "reason", "too_deep")
-
-    def __init__(self, message_type: str, reason: str, *, too_deep: bool = False) -> None:
-        self.message_type = message_type
-        self.reason = reason
-        self.too_deep = too_deep
-
-
-# "Error parsing message with type 'outrig.v1.WriteRequest': Wire format was corrupt": the
-# type is said by the refusal already.
-_PARSE_ERROR = re.compile(r"Error parsing message(?: with type '[^']*')?:?\s*")
-# How protobuf's parsers say a message nests past their limit: upb's "Exceeded
-# upb_DecodeOptions_MaxDepth", the pure-Python one's "too many levels of nesting".
-_TOO_DEEP = re.compile(r"MaxDepth|nesting|recursion", re.IGNORECASE)
-
-
-def undecodable(message_type: Any, err: Exception) -> Undecodable:
-    """The `Undecodable` for a decode failure of `message_type` (a generated message class)."""
-    reason = _PARSE_ERROR.sub("", str(err), count=1).strip() or type(err).__name__
-    return Undecodable(message_type.DESCRIPTOR.full_name, reason, too_deep=bool(_TOO_DEEP.search(reason)))
 
 
 #: The longest varint protobuf writes (a 64-bit value in 7-bit groups).
@@ -177,16 +125,21 @@ def fields(message: memoryview) -> list[tuple[int, int | memoryview]]:
 
 def entry_encodings(raw: bytes) -> list[memoryview]:
     """The encoded entries of a Write or WriteMany request, in order: views of each top-level
-    field 2 (no copy)."""
+    ENTRY_FIELD (no copy)."""
     return [
         value
         for number, value in fields(memoryview(raw))
-        if number == _ENTRY_FIELD and isinstance(value, memoryview)
+        if number == ENTRY_FIELD and isinstance(value, memoryview)
     ]
 
 
-# Entry.fields = 3 (map entries: key = 1, value = 2); Value.array_value = 7; TypedArray.data = 2.
-_ENTRY_FIELDS, _MAP_KEY, _MAP_VALUE, _ARRAY_VALUE, _ARRAY_DATA = 3, 1, 2, 7, 2
+# Entry.fields (a map: each item a message of key and value), Value.array_value, TypedArray.data.
+_FIELDS = _field(pb.Entry, "fields")
+_ENTRY_FIELDS = _FIELDS.number
+_MAP_KEY = _FIELDS.message_type.fields_by_name["key"].number
+_MAP_VALUE = _FIELDS.message_type.fields_by_name["value"].number
+_ARRAY_VALUE = _field(pb.Value, "array_value").number
+_ARRAY_DATA = _field(pb.TypedArray, "data").number
 _ARRAY_DATA_PATH = (_ENTRY_FIELDS, _MAP_VALUE, _ARRAY_VALUE, _ARRAY_DATA)
 
 #: An entry whose encoding is larger than this has its typed arrays read through views of its
@@ -254,7 +207,7 @@ def without_array_data(raw: bytes, *, one_entry: bool, entries: Sequence[memoryv
     `entry_encodings`, if already found. ValueError if `raw` is not protobuf's."""
     if one_entry and len(entry_encodings(raw) if entries is None else entries) != 1:
         return raw
-    decoded = _without(memoryview(raw), (_ENTRY_FIELD, *_ARRAY_DATA_PATH), above=VIEW_ARRAYS_ABOVE)
+    decoded = _without(memoryview(raw), (ENTRY_FIELD, *_ARRAY_DATA_PATH), above=VIEW_ARRAYS_ABOVE)
     return raw if decoded is None else decoded
 
 
@@ -278,92 +231,3 @@ def array_views(entry: memoryview) -> dict[str, memoryview]:
                 data = [d for n, d in fields(content) if n == _ARRAY_DATA and isinstance(d, memoryview)]
                 views[name] = data[-1] if data else memoryview(b"")
     return views
-
-
-def _passthrough(reply: bytes) -> bytes:
-    return reply
-
-
-def _serialize(message: Any) -> bytes:
-    return message.SerializeToString()  # type: ignore[no-any-return]
-
-
-# method: (kind, request type, answers with encoded bytes)
-_METHODS: dict[str, tuple[str, Any, bool]] = {
-    "Write": ("unary", pb.WriteRequest, False),  # requests arrive as Received (see _RECEIVED)
-    "WriteMany": ("unary", pb.WriteManyRequest, False),
-    "Read": ("unary", pb.MatchRequest, True),
-    "Take": ("unary", pb.MatchRequest, True),
-    "ReadMany": ("unary", pb.MatchRequest, True),
-    "TakeMany": ("unary", pb.MatchRequest, True),
-    "Contents": ("stream", pb.ContentsRequest, True),
-    "Count": ("unary", pb.CountRequest, False),
-    "Notify": ("stream", pb.NotifyRequest, True),
-    "RenewLeases": ("unary", pb.RenewLeasesRequest, False),
-    "CancelLeases": ("unary", pb.CancelLeasesRequest, False),
-    "Begin": ("unary", pb.BeginRequest, False),
-    "Commit": ("unary", pb.EndRequest, False),
-    "Abort": ("unary", pb.EndRequest, False),
-}
-
-
-_RECEIVED = frozenset({"Write", "WriteMany"})
-
-
-def decoding(message_type: Any) -> Callable[[bytes], Any]:
-    """The deserializer of a request type: the message, or an `Undecodable`."""
-    parse = message_type.FromString
-
-    def deserialize(raw: bytes) -> Any:
-        try:
-            return parse(raw)
-        except DecodeError as err:
-            return undecodable(message_type, err)
-
-    return deserialize
-
-
-def receiving(message_type: Any) -> Callable[[bytes], Received[Any] | Undecodable]:
-    """The deserializer of a write (WriteRequest, WriteManyRequest): a `Received`, or an
-    `Undecodable`. The request's tags are read first (`entry_encodings`), which also checks them
-    as the server will read them again: protobuf accepts, as unknown fields, groups that outrig's
-    protocol has none of."""
-    one_entry = message_type is pb.WriteRequest
-    parse = message_type.FromString
-
-    def deserialize(raw: bytes) -> Received[Any] | Undecodable:
-        try:
-            entries = entry_encodings(raw)
-            decoded = (
-                raw
-                if len(raw) <= VIEW_ARRAYS_ABOVE
-                else without_array_data(raw, one_entry=one_entry, entries=entries)
-            )
-            return Received(parse(decoded), raw, entries)
-        except (DecodeError, ValueError) as err:
-            return undecodable(message_type, err)
-
-    return deserialize
-
-
-def add_to_server(
-    servicer: object, server: grpc.aio.Server, mux: Callable[[Any, grpc.aio.ServicerContext], Any]
-) -> None:
-    """Register `servicer`'s methods for outrig.v1.Space on `server`, and `mux` as its Mux method
-    (service/transport/mux.py), whose messages it reads and writes as bytes."""
-    handlers = {
-        "Mux": grpc.stream_stream_rpc_method_handler(
-            mux, request_deserializer=_passthrough, response_serializer=_passthrough
-        )
-    }
-    for name, (kind, request, encoded) in _METHODS.items():
-        make: Callable[..., grpc.RpcMethodHandler] = (
-            grpc.unary_unary_rpc_method_handler if kind == "unary" else grpc.unary_stream_rpc_method_handler
-        )
-        handlers[name] = make(
-            getattr(servicer, name),
-            request_deserializer=receiving(request) if name in _RECEIVED else decoding(request),
-            response_serializer=_passthrough if encoded else _serialize,
-        )
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
-    server.add_registered_method_handlers(SERVICE, handlers)

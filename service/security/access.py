@@ -1,16 +1,19 @@
 """What each RPC asks to do: an `Access` (action, space, types), read from names only.
 
-The table `ACCESS` has one function per method of outrig.v1.Space; a test checks that every
-method has one, so a new RPC cannot skip the check. A function reads the request's space name and
+`ACCESS` has one function per method of outrig.v1.Space, made from the method's
+`(outrig.v1.access)` option in the proto (outrig._protocol.METHODS): the action it names, and
+one rule per kind of resource (`Access.Resource`). The servicer refuses to define a method the
+table lacks, so a new RPC cannot skip the check. A function reads the request's space name and
 its entries' or templates' type names, which protobuf has already decoded; it never looks at field
 values, so the cost of working out the resource does not depend on the payload.
 
-Types: a write names the entry's type and each of its supertypes (an entry is visible as each of
-them, so writing it needs `write` on all); a read, take, count, contents or notify names each
-template's type (a grant on a type covers the subtypes a template of it matches: see
-docs/security.md). Renew and cancel name leases, not types, and resuming a notify registration
-names the registration: those are checked against the space itself (type None), as are Begin,
-Commit (both `renew`: a transaction is a lease of the space) and Abort (`cancel`).
+The rules: ENTRIES, a write, names the entry's type and each of its supertypes (an entry is
+visible as each of them, so writing it needs `write` on all); TEMPLATES, a read, take, count,
+contents or notify, names each template's type (a grant on a type covers the subtypes a template
+of it matches: see docs/security.md); SPACE names the space itself (type None): renew and cancel
+name leases, not types, as do Begin, Commit (both `renew`: a transaction is a lease of the space)
+and Abort (`cancel`). Resuming a notify registration names the registration, so it too is checked
+against the space itself.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
+from outrig._protocol import METHODS, Method
 from outrig.service import codec
 from outrig.service.config import Limits
 from outrig.service.exceptions import InvalidArgumentError
@@ -49,79 +53,110 @@ def _lineage(entry: pb.Entry, where: str, limits: Limits) -> list[str]:
     return names
 
 
-def _entry_types(entries: Iterable[pb.Entry], limits: Limits) -> tuple[str | None, ...]:
+def _entry_types(entries: Iterable[pb.Entry], where: str, limits: Limits) -> tuple[str | None, ...]:
     names: list[str] = []
     for i, entry in enumerate(entries):
-        names.extend(_lineage(entry, f"entries[{i}]", limits))
+        names.extend(_lineage(entry, f"{where}[{i}]", limits))
     return _distinct(names)
 
 
-def _template_types(templates: Iterable[pb.Template], limits: Limits) -> tuple[str | None, ...]:
+def _template_types(templates: Iterable[pb.Template], where: str, limits: Limits) -> tuple[str | None, ...]:
     names = [template.type_name for template in templates]
     for i, name in enumerate(names):
         if not name or len(name) > limits.max_name_length:
-            codec.name(name, f"templates[{i}].type_name", limits)
+            codec.name(name, f"{where}[{i}].type_name", limits)
     return _distinct(names)
 
 
-def _write(received: Any, limits: Limits) -> Access:
-    request: pb.WriteRequest = received.message
-    space = codec.space_name(request.space, limits)
-    if not request.HasField("entry"):
-        return Access("write", space, _SPACE_ITSELF)
-    return Access("write", space, _distinct(_lineage(request.entry, "entry", limits)))
+AccessOf = Callable[[Any, Limits], Access]
 
 
-def _write_many(received: Any, limits: Limits) -> Access:
-    request: pb.WriteManyRequest = received.message
-    if len(request.entries) > limits.max_batch:
-        raise InvalidArgumentError(
-            f"entries: {len(request.entries)} entries exceeds the limit max_batch={limits.max_batch}"
-        )
-    return Access("write", codec.space_name(request.space, limits), _entry_types(request.entries, limits))
+def _field_of(method: Method, message: Any) -> Any:
+    """The field of `method`'s request whose type is `message` (a generated message class)."""
+    for field in method.request.DESCRIPTOR.fields:
+        if field.message_type is message.DESCRIPTOR:
+            return field
+    raise AssertionError(
+        f"{method.name}: its request has no field of type {message.DESCRIPTOR.full_name}, which "
+        "its (outrig.v1.access) resource names"
+    )
 
 
-def _templates(action: str) -> Callable[[Any, Limits], Access]:
-    def access(request: Any, limits: Limits) -> Access:
-        if len(request.templates) > limits.max_templates:
+def _entries(method: Method) -> AccessOf:
+    """ENTRIES: the types of the entry (or each of the entries) the request carries. Such a
+    request arrives as a `handlers.Received` (service/transport/handlers.py)."""
+    action, field = method.action, _field_of(method, pb.Entry)
+    name = field.name
+
+    if not field.is_repeated:
+
+        def one(received: Any, limits: Limits) -> Access:
+            request = received.message
+            space = codec.space_name(request.space, limits)
+            if not request.HasField(name):
+                return Access(action, space, _SPACE_ITSELF)
+            return Access(action, space, _distinct(_lineage(getattr(request, name), name, limits)))
+
+        return one
+
+    def many(received: Any, limits: Limits) -> Access:
+        request = received.message
+        entries = getattr(request, name)
+        if len(entries) > limits.max_batch:
             raise InvalidArgumentError(
-                f"templates: {len(request.templates)} templates exceeds the limit "
-                f"max_templates={limits.max_templates}"
+                f"{name}: {len(entries)} entries exceeds the limit max_batch={limits.max_batch}"
+            )
+        return Access(action, codec.space_name(request.space, limits), _entry_types(entries, name, limits))
+
+    return many
+
+
+def _templates(method: Method) -> AccessOf:
+    """TEMPLATES: the type of each of the request's templates; the space itself for a request
+    that resumes a registration by its id (NotifyRequest.resume)."""
+    action, name = method.action, _field_of(method, pb.Template).name
+    resumes = "resume" in method.request.DESCRIPTOR.fields_by_name
+
+    def access(request: Any, limits: Limits) -> Access:
+        if resumes and request.HasField("resume"):
+            return Access(action, codec.space_name(request.space, limits), _SPACE_ITSELF)
+        templates = getattr(request, name)
+        if len(templates) > limits.max_templates:
+            raise InvalidArgumentError(
+                f"{name}: {len(templates)} templates exceeds the limit max_templates={limits.max_templates}"
             )
         space = codec.space_name(request.space, limits)
-        return Access(action, space, _template_types(request.templates, limits))
+        return Access(action, space, _template_types(templates, name, limits))
 
     return access
 
 
-def _notify(request: pb.NotifyRequest, limits: Limits) -> Access:
-    if request.HasField("resume"):
-        return Access("notify", codec.space_name(request.space, limits), _SPACE_ITSELF)
-    return _templates("notify")(request, limits)
+def _space(method: Method) -> AccessOf:
+    """SPACE: the space itself."""
+    action = method.action
 
-
-def _space_itself(action: str) -> Callable[[Any, Limits], Access]:
     def access(request: Any, limits: Limits) -> Access:
         return Access(action, codec.space_name(request.space, limits), _SPACE_ITSELF)
 
     return access
 
 
-ACCESS: dict[str, Callable[[Any, Limits], Access]] = {
-    "Write": _write,
-    "WriteMany": _write_many,
-    "Read": _templates("read"),
-    "ReadMany": _templates("read"),
-    "Take": _templates("take"),
-    "TakeMany": _templates("take"),
-    "Contents": _templates("read"),
-    "Count": _templates("read"),
-    "Notify": _notify,
-    "RenewLeases": _space_itself("renew"),
-    "CancelLeases": _space_itself("cancel"),
-    # A transaction is a lease of the space: beginning and committing one is renewing, aborting
-    # it is cancelling. Every operation under it is checked on its own.
-    "Begin": _space_itself("renew"),
-    "Commit": _space_itself("renew"),
-    "Abort": _space_itself("cancel"),
+_RULES: dict[int, Callable[[Method], AccessOf]] = {
+    pb.Access.ENTRIES: _entries,
+    pb.Access.TEMPLATES: _templates,
+    pb.Access.SPACE: _space,
 }
+
+
+def _access(method: Method) -> AccessOf:
+    rule = _RULES.get(method.resource)
+    if rule is None:
+        raise AssertionError(
+            f"{method.name}: its (outrig.v1.access) resource is "
+            f"{pb.Access.Resource.Name(method.resource)}, which no rule here reads"
+        )
+    return rule(method)
+
+
+#: How each method's `Access` is worked out from its request, by method name.
+ACCESS: dict[str, AccessOf] = {method.name: _access(method) for method in METHODS.values()}

@@ -16,9 +16,14 @@ metadata (`outrig-max-stream-ops`); operations of one message beyond it fail RES
 
 Requests are parsed without decoding them twice: `wire.fields` finds each operation's bytes in the
 message, and only the operation's own request is decoded, by the deserializer its unary method has
-(writes as a `wire.Received`): bytes that are no valid request get the very answer of a unary call
-(`servicer.refusal`, through `perform`). Results are framed around the replies' bytes, which for
-entries are the stored payloads (service/wire.py): no protobuf work on the way out either.
+(service/transport/handlers.py; writes as a `handlers.Received`): bytes that are no valid request
+get the very answer of a unary call (`servicer.refusal`, through `perform`). Results are framed
+around the replies' bytes, which for entries are the stored payloads (service/wire.py): no
+protobuf work on the way out either.
+
+Which operations there are, and the Mux messages' field numbers, tags, metadata key and batch
+size, are outrig._protocol's, read from the proto's descriptors: the SDK frames the other side with
+the same vocabulary.
 """
 
 from __future__ import annotations
@@ -27,47 +32,65 @@ import asyncio
 import functools
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 
+from outrig._protocol import BATCH_BYTES, LIMIT_KEY, OPS_BY_FIELD, tag, varint
 from outrig.service import wire
 from outrig.service.exceptions import InvalidArgumentError
+from outrig.service.transport import handlers
 from outrig.service.transport.servicer import Failure, SpaceServicer, bounded
 from outrig.v1 import space_pb2 as pb
 
 log = logging.getLogger("outrig.service")
 
-#: The initial metadata key that carries the stream's limit of operations in flight.
-LIMIT_KEY = "outrig-max-stream-ops"
-
-_OP_ID, _OPS = 1, 1  # MuxOp.id, MuxRequest.ops
-_CANCEL = 15  # MuxOp.cancel
-_ERROR = 15  # MuxResult.error
-#: A MuxReply carries several results only up to this size, below gRPC's default limit of 4 MiB
-#: on what a client receives: a client whose limit is lower than the server's then gets each
-#: large result in a message of its own, as it would get a unary call's reply.
-BATCH_BYTES = 3 * 1024 * 1024
 _CLOSING_WAIT = 1.0  # seconds a stream of a stopping server waits for its operations in flight
 
+# The field numbers and tags of the Mux messages, from the descriptors (outrig._protocol frames
+# the client's side with the same).
+_MUX_OP = pb.MuxOp.DESCRIPTOR.fields_by_name
+_MUX_RESULT = pb.MuxResult.DESCRIPTOR
+_MUX_ERROR = pb.MuxError.DESCRIPTOR.fields_by_name
+_OP_ID = _MUX_OP["id"].number
+_CANCEL = _MUX_OP["cancel"].number
+_OPS = pb.MuxRequest.DESCRIPTOR.fields_by_name["ops"].number
+_RESULT_ID = tag(_MUX_RESULT.fields_by_name["id"])
+#: The tag of each MuxResult field that carries a reply or an error, by its number.
+_RESULT_TAGS = {field.number: tag(field) for field in _MUX_RESULT.oneofs_by_name["result"].fields}
+_ERROR = _MUX_RESULT.fields_by_name["error"].number
+_CODE = tag(_MUX_ERROR["code"])
+_MESSAGE = tag(_MUX_ERROR["message"])
+_REASON = tag(_MUX_ERROR["reason"])
+_RESULTS = tag(pb.MuxReply.DESCRIPTOR.fields_by_name["results"])
 
-# MuxOp field: (unary method, its request type, how its request is decoded from a view of its
-# bytes, the MuxResult field of its reply). Requests are decoded as on the unary path: the
-# message (writes: a `wire.Received`) or a `wire.Undecodable`.
-OPERATIONS: dict[int, tuple[str, Any, Callable[[Any], Any], int]] = {
-    2: ("Write", pb.WriteRequest, wire.receiving(pb.WriteRequest), 2),
-    3: ("WriteMany", pb.WriteManyRequest, wire.receiving(pb.WriteManyRequest), 3),
-    4: ("Read", pb.MatchRequest, wire.decoding(pb.MatchRequest), 4),
-    5: ("Take", pb.MatchRequest, wire.decoding(pb.MatchRequest), 4),
-    6: ("ReadMany", pb.MatchRequest, wire.decoding(pb.MatchRequest), 4),
-    7: ("TakeMany", pb.MatchRequest, wire.decoding(pb.MatchRequest), 4),
-    8: ("RenewLeases", pb.RenewLeasesRequest, wire.decoding(pb.RenewLeasesRequest), 5),
-    9: ("CancelLeases", pb.CancelLeasesRequest, wire.decoding(pb.CancelLeasesRequest), 6),
-    10: ("Count", pb.CountRequest, wire.decoding(pb.CountRequest), 7),
-    11: ("Begin", pb.BeginRequest, wire.decoding(pb.BeginRequest), 8),
-    12: ("Commit", pb.EndRequest, wire.decoding(pb.EndRequest), 9),
-    13: ("Abort", pb.EndRequest, wire.decoding(pb.EndRequest), 9),
-}
+
+class Operation(NamedTuple):
+    """What a MuxOp field stands for: its unary method, the method's request type, how its request
+    is decoded from a view of its bytes (as on the unary path: the message, a
+    `handlers.Received` for a write, or a `handlers.Undecodable`), and the MuxResult field of its
+    reply."""
+
+    name: str
+    request: Any
+    decode: Callable[[Any], Any]
+    result_field: int
+
+
+def _operations() -> dict[int, Operation]:
+    operations: dict[int, Operation] = {}
+    for field, method in OPS_BY_FIELD.items():
+        # OPS_BY_FIELD lists the methods a MuxOp field carries, each with its MuxResult field.
+        assert field is not None
+        assert method.result_field is not None
+        operations[field] = Operation(
+            method.name, method.request, handlers.request_deserializer(method), method.result_field
+        )
+    return operations
+
+
+#: The operation of each MuxOp field (outrig._protocol.OPS_BY_FIELD).
+OPERATIONS = _operations()
 
 
 class Result:
@@ -79,9 +102,7 @@ class Result:
 
     def __init__(self, op_id: int, field: int, body: bytes) -> None:
         self.op_id = op_id
-        self.head = b"".join(
-            (b"\x08", wire.varint(op_id), bytes(((field << 3) | 2,)), wire.varint(len(body)))
-        )
+        self.head = b"".join((_RESULT_ID, varint(op_id), _RESULT_TAGS[field], varint(len(body))))
         self.body = body
 
     @property
@@ -94,9 +115,9 @@ def error_result(op_id: int, status: grpc.StatusCode, message: str, reason: int 
     `ErrorReason`, as the unary call would have ended."""
     text = bounded(message).encode()
     code: int = status.value[0]
-    parts = [b"\x08", wire.varint(code), b"\x12", wire.varint(len(text)), text]
+    parts = [_CODE, varint(code), _MESSAGE, varint(len(text)), text]
     if reason:
-        parts += (b"\x18", wire.varint(reason))
+        parts += (_REASON, varint(reason))
     return Result(op_id, _ERROR, b"".join(parts))
 
 
@@ -115,7 +136,7 @@ def reply_message(results: list[Result]) -> bytes:
     """A MuxReply carrying `results`: one copy of each reply's bytes."""
     parts: list[bytes] = []
     for result in results:
-        parts += (b"\x0a", wire.varint(result.size), result.head, result.body)
+        parts += (_RESULTS, varint(result.size), result.head, result.body)
     return b"".join(parts)
 
 
@@ -289,12 +310,14 @@ class MuxStream:
             self._finish(error_result(op_id, status, what))
             return
         name, message_type, decode, reply_field = operation
-        # Bytes that are no valid request decode as a `wire.Undecodable`, which `perform` refuses
-        # as it does a unary call's.
+        # Bytes that are no valid request decode as a `handlers.Undecodable`, which `perform`
+        # refuses as it does a unary call's.
         if isinstance(value, memoryview):
             request = decode(value)
         else:
-            request = wire.Undecodable(message_type.DESCRIPTOR.full_name, "a number where a message belongs")
+            request = handlers.Undecodable(
+                message_type.DESCRIPTOR.full_name, "a number where a message belongs"
+            )
         self._running[op_id] = asyncio.ensure_future(self._perform(op_id, name, request, reply_field))
 
     async def _perform(self, op_id: int, name: str, request: Any, reply_field: int) -> None:

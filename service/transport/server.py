@@ -12,14 +12,15 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from outrig.service import process, wire
-from outrig.service.backend import SpaceBackend
+from outrig.service import process
+from outrig.service.backends import backend_for
+from outrig.service.backends.base import SpaceBackend
 from outrig.service.config import ServerConfig
-from outrig.service.embedded import EmbeddedBackend
 from outrig.service.engine.clock import Clock
 from outrig.service.exceptions import ConfigError
-from outrig.service.metrics import Metrics
 from outrig.service.security.settings import build_guard, check_listen, server_credentials
+from outrig.service.transport import handlers
+from outrig.service.transport.metrics import Metrics
 from outrig.service.transport.mux import MuxService
 from outrig.service.transport.servicer import SpaceServicer
 from outrig.v1 import space_pb2
@@ -27,18 +28,6 @@ from outrig.v1 import space_pb2
 log = logging.getLogger("outrig.service")
 
 SERVICE_NAME = space_pb2.DESCRIPTOR.services_by_name["Space"].full_name
-
-
-def _backend_for(config: ServerConfig, clock: Clock | None) -> SpaceBackend:
-    if config.backend == "postgres":
-        try:
-            from outrig.service.postgres.backend import PostgresBackend
-        except ImportError as err:  # pragma: no cover - depends on the install
-            raise ConfigError(
-                f"backend: postgres needs its extra: pip install 'outrig[postgres]' ({err})"
-            ) from err
-        return PostgresBackend(config, config.dsn, clock)
-    return EmbeddedBackend(config, clock)
 
 
 def split_listen(listen: str) -> tuple[str, int]:
@@ -58,7 +47,7 @@ class OutrigServer:
         # Security files first: a bad policy or certificate stops the start before a store is opened.
         self.guard = build_guard(config)
         self._credentials = server_credentials(config)
-        self.backend = backend or _backend_for(config, clock)
+        self.backend = backend or backend_for(config, clock)
         self.port = 0
         self._watch: asyncio.Task[None] | None = None
         self._health = HealthServicer()
@@ -81,7 +70,7 @@ class OutrigServer:
             self.guard.on_denied = self.metrics.denied
         servicer = SpaceServicer(self.backend, config.limits, self.guard, self.metrics)
         self._mux = MuxService(servicer, config.limits.max_stream_ops, limit)
-        wire.add_to_server(servicer, self._server, self._mux.handle)
+        handlers.add_to_server(servicer, self._server, self._mux.handle)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         reflection.enable_server_reflection(
             (
@@ -121,14 +110,13 @@ class OutrigServer:
 
     def _serve_metrics(self, metrics: Metrics) -> None:
         loop = asyncio.get_running_loop()
-        figures = getattr(self.backend, "space_figures", None)
-        if figures is not None:
-            # Scrapes run on prometheus_client's thread; the figures are read on the event loop.
-            metrics.watch_spaces(lambda: asyncio.run_coroutine_threadsafe(figures(), loop).result(10))
+        backend = self.backend
+        # Scrapes run on prometheus_client's thread; the figures are read on the event loop.
+        metrics.watch_spaces(
+            lambda: asyncio.run_coroutine_threadsafe(backend.space_figures(), loop).result(10)
+        )
         metrics.watch_streams(self._mux.figures)
-        observe = getattr(self.backend, "observe_commits", None)
-        if observe is not None:
-            observe(metrics.committed)
+        backend.observe_commits(metrics.committed)
         try:
             metrics.serve(self.config.metrics_listen)
         except (OSError, ValueError) as err:

@@ -22,7 +22,7 @@ import grpc
 
 from outrig._protocol import DETAILS_KEY, status_details
 from outrig.service import codec, wire
-from outrig.service.backend import SpaceBackend
+from outrig.service.backends.base import SpaceBackend
 from outrig.service.config import Limits
 from outrig.service.engine.model import StoredEntry
 from outrig.service.exceptions import (
@@ -43,9 +43,10 @@ from outrig.service.exceptions import (
     UnsupportedError,
 )
 from outrig.service.logs import Throttle
-from outrig.service.metrics import Metrics
 from outrig.service.security.access import ACCESS
 from outrig.service.security.guard import Authenticator, Guard
+from outrig.service.transport import handlers
+from outrig.service.transport.metrics import Metrics
 from outrig.v1 import space_pb2 as pb
 from outrig.v1 import space_pb2_grpc
 
@@ -94,7 +95,7 @@ def bounded(message: str) -> str:
     return head + note
 
 
-def refusal(request: wire.Undecodable, method: str, limits: Limits) -> InvalidArgumentError:
+def refusal(request: handlers.Undecodable, method: str, limits: Limits) -> InvalidArgumentError:
     """The refusal of a request whose bytes could not be decoded, the same for a unary call and a
     Mux stream's operation; logged, a line per method every LOG_INTERVAL seconds at most. Nesting
     past protobuf's parse limit is told apart, and named by outrig's own limit on it."""
@@ -121,7 +122,8 @@ def status_for(err: SpaceError) -> tuple[grpc.StatusCode, pb.ErrorReason]:
 
 
 def _checked(method: str) -> str:
-    """Every method goes through the guard: one without an entry in the access table is a bug."""
+    """Every method goes through the guard: one without an entry in the access table, which has
+    one for each method the proto declares (with its `(outrig.v1.access)` option), is a bug."""
     if method not in ACCESS:
         raise AssertionError(f"{method}: no entry in outrig.service.security.access.ACCESS")
     return method
@@ -193,7 +195,7 @@ def streaming(method: Streaming[R]) -> Streaming[R]:
         started = time.perf_counter() if metrics is not None else 0.0
         code = "OK"
         try:
-            if isinstance(request, wire.Undecodable):
+            if isinstance(request, handlers.Undecodable):
                 raise refusal(request, name, self._limits)
             self._guard.check(context, name, request)
             async for reply in method(self, request, context):
@@ -219,7 +221,7 @@ def _entries_reply(entries: list[StoredEntry]) -> bytes:
 class SpaceServicer(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
     """outrig.v1.Space over a `SpaceBackend`. Methods that answer with entries return the reply
     already encoded (service/wire.py), and the writes receive their request's bytes too
-    (`wire.Received`); register with `wire.add_to_server`."""
+    (`handlers.Received`); register with `handlers.add_to_server`."""
 
     def __init__(
         self,
@@ -242,7 +244,7 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
         started = time.perf_counter() if metrics is not None else 0.0
         code = "OK"
         try:
-            if isinstance(request, wire.Undecodable):
+            if isinstance(request, handlers.Undecodable):
                 raise refusal(request, name, self._limits)
             self._guard.check(context, name, request)
             return await method(self, request, context)
@@ -262,7 +264,7 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
 
     @unary
     async def Write(
-        self, received: wire.Received[pb.WriteRequest], context: grpc.aio.ServicerContext
+        self, received: handlers.Received[pb.WriteRequest], context: grpc.aio.ServicerContext
     ) -> pb.WriteReply:
         request = received.message
         space = self._space(request)
@@ -283,7 +285,7 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
 
     @unary
     async def WriteMany(
-        self, received: wire.Received[pb.WriteManyRequest], context: grpc.aio.ServicerContext
+        self, received: handlers.Received[pb.WriteManyRequest], context: grpc.aio.ServicerContext
     ) -> pb.WriteManyReply:
         request = received.message
         space = self._space(request)

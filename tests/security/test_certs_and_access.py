@@ -6,11 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from outrig.service import wire
+from outrig._protocol import METHODS
 from outrig.service.config import Limits
 from outrig.service.exceptions import InvalidArgumentError
 from outrig.service.security import certs
 from outrig.service.security.access import ACCESS, Access
+from outrig.service.transport.handlers import Received
 from outrig.v1 import space_pb2 as pb
 
 
@@ -32,14 +33,14 @@ def test_a_san_uri_names_the_principal_before_the_cn() -> None:
 
 
 def test_every_rpc_has_an_access_entry() -> None:
-    assert set(ACCESS) == set(wire._METHODS)
+    assert set(ACCESS) == set(METHODS)
 
 
 LIMITS = Limits()
 
 
-def _received(message: object) -> wire.Received[object]:
-    return wire.Received(message, b"")
+def _received(message: object) -> Received[object]:
+    return Received(message, b"")
 
 
 def test_a_write_asks_for_the_entry_type_and_its_supertypes() -> None:

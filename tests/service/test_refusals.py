@@ -9,11 +9,12 @@ import logging
 import grpc
 import pytest
 
+from outrig._protocol import varint
 from outrig.service import wire
 from outrig.service.config import Limits
 from outrig.service.exceptions import InvalidArgumentError, excerpt
 from outrig.service.logs import Throttle
-from outrig.service.transport import servicer
+from outrig.service.transport import handlers, servicer
 from outrig.service.transport.servicer import MAX_STATUS_MESSAGE, Failure, bounded, refusal
 from outrig.v1 import space_pb2 as pb
 
@@ -75,26 +76,26 @@ def test_an_unexpected_error_logs_its_traceback_once_per_interval(
 
 
 def test_undecodable_bytes_decode_as_a_marker_not_an_exception() -> None:
-    for decode in (wire.decoding(pb.MatchRequest), wire.receiving(pb.WriteRequest)):
+    for decode in (handlers.decoding(pb.MatchRequest), handlers.receiving(pb.WriteRequest)):
         marker = decode(b"\xff\xff\xff")
-        assert isinstance(marker, wire.Undecodable)
+        assert isinstance(marker, handlers.Undecodable)
         assert not marker.too_deep
-    marker = wire.decoding(pb.CountRequest)(b"\x0a\x02\xff\xfe")
-    assert isinstance(marker, wire.Undecodable)
+    marker = handlers.decoding(pb.CountRequest)(b"\x0a\x02\xff\xfe")
+    assert isinstance(marker, handlers.Undecodable)
     assert (marker.message_type, marker.reason) == ("outrig.v1.CountRequest", "String field had bad UTF-8")
-    assert isinstance(wire.decoding(pb.CountRequest)(b"\x0a\x01s"), pb.CountRequest)
-    received = wire.receiving(pb.WriteRequest)(
+    assert isinstance(handlers.decoding(pb.CountRequest)(b"\x0a\x01s"), pb.CountRequest)
+    received = handlers.receiving(pb.WriteRequest)(
         pb.WriteRequest(space="s", entry=pb.Entry()).SerializeToString()
     )
-    assert isinstance(received, wire.Received)
+    assert isinstance(received, handlers.Received)
     assert [bytes(e) for e in received.entries] == [b""]
 
 
 def _deep(levels: int) -> bytes:
     value = pb.Value(int_value=1).SerializeToString()
     for _ in range(levels):
-        items = b"\x0a" + wire.varint(len(value)) + value  # ListValue.items
-        value = b"\x42" + wire.varint(len(items)) + items  # Value.list_value
+        items = b"\x0a" + varint(len(value)) + value  # ListValue.items
+        value = b"\x42" + varint(len(items)) + items  # Value.list_value
     return value
 
 
@@ -102,8 +103,8 @@ def test_nesting_past_protobufs_limit_is_told_apart_and_named_by_max_depth(
     clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     value = _deep(100)
-    marker = wire.decoding(pb.Value)(value)
-    assert isinstance(marker, wire.Undecodable) and marker.too_deep
+    marker = handlers.decoding(pb.Value)(value)
+    assert isinstance(marker, handlers.Undecodable) and marker.too_deep
     with caplog.at_level(logging.WARNING, logger="outrig.service"):
         message = str(refusal(marker, "Write", Limits(max_depth=7)))
         refusal(marker, "Write", Limits(max_depth=7))
@@ -115,14 +116,14 @@ def test_nesting_past_protobufs_limit_is_told_apart_and_named_by_max_depth(
 
 
 def test_a_refusal_names_the_type_and_why() -> None:
-    marker = wire.Undecodable("outrig.v1.EndRequest", "Wire format was corrupt")
+    marker = handlers.Undecodable("outrig.v1.EndRequest", "Wire format was corrupt")
     assert str(refusal(marker, "Commit", Limits())) == (
         "request: cannot decode Commit's request: not a valid outrig.v1.EndRequest (Wire format was corrupt)"
     )
 
 
 def test_a_varint_is_at_most_ten_bytes() -> None:
-    longest = wire.varint(2**64 - 1)
+    longest = varint(2**64 - 1)
     assert len(longest) == 10
     assert wire.fields(memoryview(b"\x08" + longest)) == [(1, 2**64 - 1)]
     with pytest.raises(ValueError, match="longer than 10 bytes"):
@@ -134,6 +135,6 @@ def test_a_varint_is_at_most_ten_bytes() -> None:
 def test_a_group_is_no_outrig_field() -> None:
     request = pb.WriteRequest(space="s").SerializeToString() + b"\x4b\x4c"  # field 9: start, end group
     pb.WriteRequest.FromString(request)  # protobuf skips it
-    marker = wire.receiving(pb.WriteRequest)(request)
-    assert isinstance(marker, wire.Undecodable)
+    marker = handlers.receiving(pb.WriteRequest)(request)
+    assert isinstance(marker, handlers.Undecodable)
     assert marker.reason == "wire type 3, which no outrig message has"

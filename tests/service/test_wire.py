@@ -1,6 +1,10 @@
-"""Replies encoded from stored payloads decode as the protobuf messages they stand for."""
+"""Replies encoded from stored payloads decode as the protobuf messages they stand for; wire.py is
+byte work only."""
 
 from __future__ import annotations
+
+import ast
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -152,3 +156,12 @@ def test_write_many_decodes_to_the_same_entries_either_way(sizes: list[int], ext
     raw = pb.WriteManyRequest(space="s", entries=entries, request_id="r").SerializeToString()
     mine, full = _new_entries_both_ways(raw, pb.WriteManyRequest)
     assert mine == full
+
+
+def test_wire_is_pure_byte_work_without_grpc() -> None:
+    # codec.py, and through it the stores, frame entries with wire: it must not bring gRPC along
+    # (decoding requests for gRPC is service/transport/handlers.py).
+    tree = ast.parse(Path(wire.__file__).read_text())
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert not {name for name in imported if name.split(".")[0] == "grpc"}
