@@ -47,10 +47,10 @@ from workloads import OWN_CONNECTION
 
 import outrig
 from outrig._codec import encode_entry_into, encode_template_into
-from outrig.service import codec
 from outrig.service.backends.embedded.backend import EmbeddedBackend
 from outrig.service.config import ServerConfig
 from outrig.service.engine.model import LeaseGrant
+from outrig.service.protocol import codec
 from outrig.service.transport import servicer
 from outrig.service.transport.handlers import Received
 from outrig.v1 import space_pb2 as pb

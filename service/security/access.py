@@ -22,9 +22,9 @@ from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 from outrig._protocol import METHODS, Method
-from outrig.service import codec
 from outrig.service.config import Limits
 from outrig.service.exceptions import InvalidArgumentError
+from outrig.service.protocol import codec
 from outrig.v1 import space_pb2 as pb
 
 

@@ -5,7 +5,7 @@ The table is outrig._protocol.METHODS, read from the generated descriptors; noth
 the methods. What a method's messages carry decides how they cross:
 - a request that carries entries (a field of type outrig.v1.Entry: Write, WriteMany) arrives as a
   `Received`, the message and the bytes it was decoded from, so that the server keeps each entry
-  as the bytes it arrived as (service/wire.py: `entry_encodings`);
+  as the bytes it arrived as (service/protocol/wire.py: `entry_encodings`);
 - a reply that carries entries (Read, Take, ReadMany, TakeMany, Contents, Notify) leaves as the
   bytes the servicer built around the stored payloads, passed through; other replies are messages,
   serialized.
@@ -30,7 +30,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from outrig._protocol import METHODS, MUX_METHOD, SERVICE, Method
-from outrig.service import wire
+from outrig.service.protocol import wire
 from outrig.v1 import space_pb2 as pb
 
 M = TypeVar("M")

@@ -18,7 +18,7 @@ Requests are parsed without decoding them twice: `wire.fields` finds each operat
 message, and only the operation's own request is decoded, by the deserializer its unary method has
 (service/transport/handlers.py; writes as a `handlers.Received`): bytes that are no valid request
 get the very answer of a unary call (`servicer.refusal`, through `perform`). Results are framed
-around the replies' bytes, which for entries are the stored payloads (service/wire.py): no
+around the replies' bytes, which for entries are the stored payloads (service/protocol/wire.py): no
 protobuf work on the way out either.
 
 Which operations there are, and the Mux messages' field numbers, tags, metadata key and batch
@@ -37,8 +37,8 @@ from typing import Any, NamedTuple
 import grpc
 
 from outrig._protocol import BATCH_BYTES, LIMIT_KEY, OPS_BY_FIELD, tag, varint
-from outrig.service import wire
 from outrig.service.exceptions import InvalidArgumentError
+from outrig.service.protocol import wire
 from outrig.service.transport import handlers
 from outrig.service.transport.servicer import Failure, SpaceServicer, bounded
 from outrig.v1 import space_pb2 as pb

@@ -21,7 +21,6 @@ from typing import Any, NoReturn, TypeVar
 import grpc
 
 from outrig._protocol import DETAILS_KEY, status_details
-from outrig.service import codec, wire
 from outrig.service.backends.base import SpaceBackend
 from outrig.service.config import Limits
 from outrig.service.engine.model import StoredEntry
@@ -43,6 +42,7 @@ from outrig.service.exceptions import (
     UnsupportedError,
 )
 from outrig.service.logs import Throttle
+from outrig.service.protocol import codec, wire
 from outrig.service.security.access import ACCESS
 from outrig.service.security.guard import Authenticator, Guard
 from outrig.service.transport import handlers
@@ -220,7 +220,7 @@ def _entries_reply(entries: list[StoredEntry]) -> bytes:
 
 class SpaceServicer(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
     """outrig.v1.Space over a `SpaceBackend`. Methods that answer with entries return the reply
-    already encoded (service/wire.py), and the writes receive their request's bytes too
+    already encoded (service/protocol/wire.py), and the writes receive their request's bytes too
     (`handlers.Received`); register with `handlers.add_to_server`."""
 
     def __init__(

@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from outrig.service import codec
 from outrig.service.backends.base import Event, SpaceBackend, Subscription
 from outrig.service.engine import MAX_LEASE_SECONDS, FakeClock, LeaseGrant, NewEntry, StoredEntry, Template
 from outrig.service.exceptions import (
@@ -22,6 +21,7 @@ from outrig.service.exceptions import (
     QuotaExceededError,
     TypeConflictError,
 )
+from outrig.service.protocol import codec
 from outrig.v1 import space_pb2 as pb
 
 from ..field_values import value

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from outrig.service import codec
 from outrig.service.backends.embedded.backend import EmbeddedBackend
 from outrig.service.backends.embedded.store.recovery import SEQUENCE_JUMP
 from outrig.service.backends.embedded.store.schema import FORMAT_VERSION, database_path
@@ -31,6 +30,7 @@ from outrig.service.exceptions import (
     StoreLockedError,
     TypeConflictError,
 )
+from outrig.service.protocol import codec
 from outrig.v1 import space_pb2 as pb
 
 from ..field_values import value

@@ -8,11 +8,11 @@ import struct
 
 import pytest
 
-from outrig.service import codec
 from outrig.service.config import Limits
 from outrig.service.engine import LeaseGrant
 from outrig.service.engine.values import NULL
 from outrig.service.exceptions import InvalidArgumentError
+from outrig.service.protocol import codec
 from outrig.v1 import space_pb2 as pb
 
 LIMITS = Limits()

@@ -10,10 +10,10 @@ import grpc
 import pytest
 
 from outrig._protocol import varint
-from outrig.service import wire
 from outrig.service.config import Limits
 from outrig.service.exceptions import InvalidArgumentError, excerpt
 from outrig.service.logs import Throttle
+from outrig.service.protocol import wire
 from outrig.service.transport import handlers, servicer
 from outrig.service.transport.servicer import MAX_STATUS_MESSAGE, Failure, bounded, refusal
 from outrig.v1 import space_pb2 as pb

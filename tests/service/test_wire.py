@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from outrig.service import wire
+from outrig.service.protocol import wire
 from outrig.v1 import space_pb2 as pb
 
 
@@ -73,8 +73,8 @@ def test_an_entry_sent_twice_is_merged_and_re_encoded() -> None:
 def test_a_large_entrys_arrays_are_views_into_its_payload() -> None:
     """An HD array is held once: its FieldValue views the stored payload, and still equals (and
     hashes like) the same array sent in a template."""
-    from outrig.service import codec
     from outrig.service.config import Limits
+    from outrig.service.protocol import codec
 
     pixels = bytes(range(256)) * 14_400  # 3.6 MB
     message = pb.Entry(
@@ -103,8 +103,8 @@ def _frame_entry(pixels: bytes, **more: pb.Value) -> pb.Entry:
 def _new_entries_both_ways(raw: bytes, message_type: type) -> tuple[list[object], list[object]]:
     """new_entry's view of each entry of a Write or WriteMany request, decoded as the server
     decodes it (without large arrays' data) and decoded in full."""
-    from outrig.service import codec
     from outrig.service.config import Limits
+    from outrig.service.protocol import codec
 
     decoded = message_type.FromString(wire.without_array_data(raw, one_entry=message_type is pb.WriteRequest))
     full = message_type.FromString(raw)

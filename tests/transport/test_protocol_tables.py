@@ -20,8 +20,8 @@ from outrig._protocol import (
     encode_op,
     request_message,
 )
-from outrig.service import wire
 from outrig.service.config import Limits
+from outrig.service.protocol import wire
 from outrig.service.security.access import ACCESS, Access
 from outrig.service.transport import handlers, mux
 from outrig.service.transport.servicer import SpaceServicer, unary

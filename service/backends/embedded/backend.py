@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequenc
 from pathlib import Path
 from typing import Any
 
-from outrig.service import codec, software_version
+from outrig.service import software_version
 from outrig.service.backends.base import SpaceFigures
 from outrig.service.backends.embedded.idempotency import Outcome, RequestLog
 from outrig.service.backends.embedded.recorder import Recorder
@@ -54,6 +54,7 @@ from outrig.service.exceptions import (
     TransactionAbortedError,
     TransactionNotFoundError,
 )
+from outrig.service.protocol import codec
 
 log = logging.getLogger("outrig.service")
 

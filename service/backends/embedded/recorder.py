@@ -14,12 +14,12 @@ import contextlib
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from outrig.service import codec
 from outrig.service.backends.embedded.idempotency import Outcome, RequestLog
 from outrig.service.backends.embedded.store.journal import Journal, Record
 from outrig.service.engine.model import LeaseGrant, StoredEntry
 from outrig.service.engine.space import SpaceEngine
 from outrig.service.exceptions import SpaceError
+from outrig.service.protocol import codec
 
 # Ids reserved in the store at a time (a restart skips at most this many).
 _ID_BLOCK = 1024

@@ -28,7 +28,6 @@ from typing import Any
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from outrig.service import codec
 from outrig.service.backends.base import SpaceFigures, Subscription
 from outrig.service.backends.postgres.idempotency import PgRequestLog, _Replay
 from outrig.service.backends.postgres.listener import Listener, _notify
@@ -60,6 +59,7 @@ from outrig.service.exceptions import (
     TransactionNotFoundError,
     TypeConflictError,
 )
+from outrig.service.protocol import codec
 
 __all__ = ["PostgresBackend"]
 

@@ -21,11 +21,11 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
-from outrig.service import codec
 from outrig.service.backends.postgres.schema import field_key
 from outrig.service.engine.model import StoredEntry, Template
 from outrig.service.engine.space import SpaceSettings
 from outrig.service.exceptions import QuotaExceededError
+from outrig.service.protocol import codec
 
 _SHARDS = 16  # quota count rows per space
 

@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from outrig.service import codec
 from outrig.service.backends.embedded.store.schema import DB_NAME, check_format, database_path
 from outrig.service.exceptions import IncompatibleStoreError, StoreError
+from outrig.service.protocol import codec
 
 # How many problems of each kind the check lists by name; it counts all of them.
 _LISTED_PER_KIND = 5

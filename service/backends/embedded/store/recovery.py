@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING
 
 from google.protobuf.message import DecodeError
 
-from outrig.service import codec
 from outrig.service.backends.embedded.store.schema import transaction
 from outrig.service.exceptions import SpaceError, StoreError
+from outrig.service.protocol import codec
 
 if TYPE_CHECKING:
     from outrig.service.backends.embedded.backend import EmbeddedBackend

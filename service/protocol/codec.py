@@ -14,12 +14,12 @@ import re
 import struct
 from collections.abc import Mapping, Sequence
 
-from outrig.service import wire
 from outrig.service.config import Limits
 from outrig.service.engine.leases import check_lease_duration
 from outrig.service.engine.model import LeaseGrant, NewEntry, Template
 from outrig.service.engine.values import NULL, FieldValue
 from outrig.service.exceptions import InvalidArgumentError, excerpt
+from outrig.service.protocol import wire
 from outrig.v1 import space_pb2 as pb
 
 _SPACE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
