@@ -402,7 +402,8 @@ class EmbeddedBackend:
         txn: Transaction | None = None,
     ) -> list[StoredEntry]:
         found, conflicted = engine.find_or_conflict(templates, take=take, max_entries=max_entries, txn=txn)
-        # *_nowait waits only while the entries it could use are locked by other transactions.
+        # if_exists (read_if_exists, take_if_exists) waits only while the entries it could use are
+        # locked by other transactions.
         if found or timeout == 0 or (if_exists and not conflicted):
             return found
         if self.closing:
