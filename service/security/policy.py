@@ -44,14 +44,13 @@ from typing import Any
 
 from cachetools import LRUCache
 
-from outrig.service.exceptions import PolicyError
+from outrig.service.exceptions import PolicyError, excerpt
 from outrig.service.security.principal import (
     GROUP_PREFIX,
     NAME_RULE,
     Principal,
     control_fault,
     name_fault,
-    quoted,
 )
 
 ACTIONS = ("write", "read", "take", "notify", "renew", "cancel", "admin")
@@ -140,7 +139,7 @@ def _principal_names(names: list[str], where: str) -> list[str]:
         if fault is not None:
             nesting = " (groups do not nest)" if name.startswith(GROUP_PREFIX) else ""
             raise PolicyError(
-                f"{where}: {quoted(name)} is not a principal name: it {fault}{nesting}; {NAME_RULE}"
+                f"{where}: {excerpt(name)} is not a principal name: it {fault}{nesting}; {NAME_RULE}"
             )
     return names
 
@@ -224,7 +223,7 @@ def parse_policy(data: Mapping[str, Any], source: str = "<policy>") -> Policy:
         where = f"{source}: groups.{group}"
         fault = _group_name_fault(group)
         if fault is not None:
-            raise PolicyError(f"{where}: the group name {quoted(group)} {fault}")
+            raise PolicyError(f"{where}: the group name {excerpt(group)} {fault}")
         checked_groups[group] = _principal_names(_strings(names, where, empty=True), where)
     grants_data = data.get("grant", [])
     if not isinstance(grants_data, list):
@@ -244,7 +243,7 @@ def parse_policy(data: Mapping[str, Any], source: str = "<policy>") -> Policy:
             if name.startswith(GROUP_PREFIX):
                 fault = _group_name_fault(name[len(GROUP_PREFIX) :])
                 if fault is not None:
-                    raise PolicyError(f"{where}.principals: {quoted(name)}: the group name {fault}")
+                    raise PolicyError(f"{where}.principals: {excerpt(name)}: the group name {fault}")
             else:
                 _principal_names([name], f"{where}.principals")
         resources = _strings(item.get("resources"), f"{where}.resources")

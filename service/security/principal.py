@@ -24,13 +24,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from outrig.service.exceptions import excerpt
+
 GROUP_PREFIX = "group:"
 ANYONE = "*"
 NAME_RULE = (
     f"a principal name must be non-empty, not {ANYONE!r}, not start with {GROUP_PREFIX!r} "
     "and contain no control characters"
 )
-_SHOWN = 64  # a refusal quotes at most this much of a name a client chose
 # Unicode category Cc, all of it: C0 controls, DEL and C1 controls. A regex: the certificate path
 # checks the name on every call.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -70,21 +71,13 @@ def control_fault(name: str) -> str | None:
     return None if control is None else f"contains the control character {control.group()!r}"
 
 
-def quoted(name: str) -> str:
-    """`name` as a refusal quotes it: repr'd (control characters escaped), at most `_SHOWN`
-    characters of it, with its length when cut."""
-    if len(name) <= _SHOWN:
-        return repr(name)
-    return f"{name[:_SHOWN]!r}... ({len(name)} characters)"
-
-
 def refusal(name: str) -> str | None:
     """The message refusing `name` as a principal's name ("principal name 'x' starts with ...:
     the rule"), or None if the name follows the rule."""
     fault = name_fault(name)
     if fault is None:
         return None
-    return f"principal name {quoted(name)} {fault} ({NAME_RULE})"
+    return f"principal name {excerpt(name)} {fault} ({NAME_RULE})"
 
 
 def check_name(name: str) -> str:
