@@ -120,6 +120,7 @@ class Metrics:
         )
         self._children: dict[tuple[str, str], Any] = {}
         self._timers: dict[str, Any] = {}
+        self._http: Any = None  # the HTTP server `serve` started, until `close`
 
     def watch_spaces(self, figures: Callable[[], Mapping[str, SpaceFigures]]) -> None:
         """Read the spaces' figures from `figures` at each scrape."""
@@ -148,6 +149,15 @@ class Metrics:
         self._batch.observe(changes)
 
     def serve(self, listen: str) -> None:
-        """Serve /metrics on HOST:PORT, from a thread of prometheus_client's."""
+        """Serve /metrics on HOST:PORT, from a thread of prometheus_client's, until `close`."""
         host, _, port = listen.rpartition(":")
-        start_http_server(int(port), addr=host.strip("[]") or "0.0.0.0", registry=self.registry)
+        address = host.strip("[]") or "0.0.0.0"
+        self._http, _ = start_http_server(int(port), addr=address, registry=self.registry)
+
+    def close(self) -> None:
+        """Stop serving /metrics and free its port (a server embedded in an application, or a
+        LocalServer, must not leave its thread and port behind when it stops)."""
+        http, self._http = self._http, None
+        if http is not None:
+            http.shutdown()
+            http.server_close()

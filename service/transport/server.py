@@ -141,6 +141,8 @@ class OutrigServer:
         self._mux.close()
         await self._server.stop(self.config.grace_seconds if grace is None else grace)
         await self.backend.shutdown()
+        if self.metrics is not None:
+            self.metrics.close()
 
     async def wait(self) -> None:
         await self._server.wait_for_termination()

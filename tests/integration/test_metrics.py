@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
@@ -11,6 +13,8 @@ from pathlib import Path
 import pytest
 
 import outrig
+from outrig.service.config import ServerConfig
+from outrig.testing import LocalServer
 
 from ..conftest import free_port, start_server
 from ..polling import scrape, wait_until
@@ -24,6 +28,11 @@ class Gauge(outrig.Entry, type_name="metrics.Gauge"):
 @dataclass
 class SubGauge(Gauge, type_name="metrics.SubGauge"):
     pass
+
+
+def scrape_text(address: str) -> str:
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as reply:
+        return reply.read().decode()
 
 
 def _scrape_until(address: str, done: Callable[[dict[str, float]], bool], what: str) -> dict[str, float]:
@@ -97,3 +106,17 @@ def test_no_metrics_unless_asked_and_json_logs(tmp_path: Path) -> None:
     assert lines, server.log.read_text()
     assert all({"time", "level", "logger", "message"} <= set(line) for line in lines)
     assert not any("metrics on" in line["message"] for line in lines)
+
+
+def test_a_stopped_local_server_frees_its_metrics_port() -> None:
+    """An embedded server's /metrics thread and port end with it: the same port serves again."""
+    metrics = f"127.0.0.1:{free_port()}"
+    for _ in range(2):
+        with (
+            LocalServer(ServerConfig(metrics_listen=metrics)) as server,
+            outrig.connect(server.address) as space,
+        ):
+            space.write(Gauge(n=1))
+            assert "outrig_requests_total" in scrape_text(metrics)
+    with pytest.raises(urllib.error.URLError, match="refused"):
+        scrape_text(metrics)
