@@ -21,7 +21,7 @@ from google.protobuf.message import Message
 
 from outrig._codec import AnyEntry, decode_entry, encode_entry_into, encode_template_into, iter_templates
 from outrig._exceptions import InternalError, OutrigError, error_from_code, error_from_rpc
-from outrig._mux_wire import OP_FIELDS
+from outrig._mux_wire import OP_FIELDS, closed
 from outrig._protocol import METHODS
 from outrig._retry import DEFAULT_RETRY_DEADLINE, Attempts, RetryCounter, RetryPolicy, new_request_id
 from outrig.v1 import space_pb2 as pb
@@ -256,6 +256,15 @@ class _StubWithMetadata:
             setattr(self, name, functools.partial(getattr(stub, name), metadata=bound))
 
 
+class _Connection:
+    """What the spaces on one connection share: whether it has been closed."""
+
+    __slots__ = ("closed",)
+
+    def __init__(self) -> None:
+        self.closed = False
+
+
 class BaseSpace:
     """The request-building half of a space client; see `Space` and `AsyncSpace`."""
 
@@ -282,7 +291,16 @@ class BaseSpace:
         self._owns_channel = owns_channel
         self._retry_policy = RetryPolicy.with_deadline(retry_deadline)
         self._retry_counter = RetryCounter()
+        # Shared by every space made from this one (`with_space`, transactions): once the
+        # connection is closed, their calls fail alike, over the Mux stream or unary.
+        self._connection = _Connection()
         self._transaction = 0  # the transaction a view made by `_under` acts under; 0: none
+
+    def _check_open(self) -> None:
+        """CallCancelledError if the connection has been closed (rather than gRPC's own
+        ValueError or UsageError for a closed channel)."""
+        if self._connection.closed:
+            raise closed()
 
     def _new_mux(self, channel: Any, metadata: Sequence[tuple[str, str]]) -> Any:
         """The connection's Mux stream (`outrig._mux.Mux` or its asyncio twin)."""

@@ -135,6 +135,7 @@ class Space(BaseSpace):
     def close(self) -> None:
         """Close the connection, if this space owns it. Calls in flight fail."""
         if self._owns_channel:
+            self._connection.closed = True
             if self._mux is not None:
                 self._mux.close()
             self._channel.close()
@@ -322,6 +323,7 @@ class Space(BaseSpace):
         """Make a unary call, retrying it on UNAVAILABLE as long as the retry policy allows."""
         attempts = self._attempts(request)
         while True:
+            self._check_open()
             try:
                 with rpc_errors:
                     return method(attempts.request)

@@ -105,6 +105,7 @@ class AsyncSpace(BaseSpace):
     async def close(self) -> None:
         """Close the connection, if this space owns it. Calls in flight are cancelled."""
         if self._owns_channel:
+            self._connection.closed = True
             if self._mux is not None:
                 self._mux.close()
             await self._channel.close()
@@ -259,6 +260,7 @@ class AsyncSpace(BaseSpace):
         """Make a unary call, retrying it on UNAVAILABLE as long as the retry policy allows."""
         attempts = self._attempts(request)
         while True:
+            self._check_open()
             try:
                 with rpc_errors:
                     return await method(attempts.request)

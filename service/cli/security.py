@@ -1,5 +1,5 @@
 """`outrig certs dev`, `outrig keys ed25519` and `outrig token issue`: what a user needs to try TLS,
-mutual TLS and tokens in minutes. cli.py adds these parsers and calls `run`."""
+mutual TLS and tokens in minutes. cli/commands.py adds these parsers and calls `run`."""
 
 from __future__ import annotations
 

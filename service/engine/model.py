@@ -16,8 +16,8 @@ class NewEntry:
     """An entry to write, already validated by the adapter.
 
     `payload` is whatever the adapter wants back when the entry is returned (the servicer keeps
-    the protobuf message, so replies need no re-encoding); `size` is its encoded size in bytes,
-    charged against the space's byte quota.
+    the entry's encoded bytes, framed as a reply's field, so replies need no re-encoding); `size`
+    is its encoded size in bytes, charged against the space's byte quota.
     """
 
     type_name: str

@@ -8,5 +8,5 @@
 - `policy_file`: a policy file and its reloads (SIGHUP, file change).
 - `access`: what each RPC asks for, as (action, space, types).
 - `guard`: the one check every call passes.
-- `transport`: server credentials and the listening rules.
+- `settings`: server credentials, the guard built from the configuration, and the listening rules.
 """
