@@ -92,9 +92,7 @@ def _py_spy() -> str:
 def category(frame: re.Match[str]) -> str:
     """Whose code a frame is: outrig, grpc, protobuf, asyncio; "cpython" for the interpreter's and
     libc's own C code (charged to whoever called it), "other" for the rest."""
-    file = (
-        "/" + frame["file"]
-    )  # py-spy shortens paths: service/protocol/codec.py, asyncio/events.py
+    file = "/" + frame["file"]  # py-spy shortens paths: service/protocol/codec.py, asyncio/events.py
     if "/service/" in file or "/outrig/" in file or "/client/" in file:
         return "outrig"
     if "grpc" in file:

@@ -116,7 +116,7 @@ class _Stream:
             self._progress.set()
 
 
-class NoopSpace(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
+class NoopSpace(space_pb2_grpc.SpaceServicer):
     """outrig.v1.Space answering every call with a canned reply."""
 
     def __init__(self) -> None:
@@ -232,7 +232,8 @@ class NoopSpace(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
         finally:
             self._listeners.discard(queue)
 
-    async def Mux(self, requests: AsyncIterator[pb.MuxRequest], context: Any) -> None:
+    # Registered by add_to_server, not as generated: it writes the framed bytes of each MuxReply.
+    async def Mux(self, requests: AsyncIterator[pb.MuxRequest], context: Any) -> None:  # type: ignore[override]
         await context.send_initial_metadata(((LIMIT_KEY, str(MAX_STREAM_OPS)),))
         stream = _Stream(context)
         writer = asyncio.ensure_future(stream.write())
@@ -298,7 +299,7 @@ def add_to_server(servicer: NoopSpace, server: grpc.aio.Server) -> None:
     """Register `servicer` through the generated `add_SpaceServicer_to_server`, but for Mux, whose
     replies go out as the bytes the servicer frames (as outrig's do)."""
     generated = _Handlers()
-    space_pb2_grpc.add_SpaceServicer_to_server(servicer, generated)
+    space_pb2_grpc.add_SpaceServicer_to_server(servicer, generated)  # type: ignore[arg-type]  # a stand-in
     handlers = dict(generated.handlers)
     handlers["Mux"] = grpc.stream_stream_rpc_method_handler(
         servicer.Mux, request_deserializer=pb.MuxRequest.FromString, response_serializer=None
@@ -312,13 +313,13 @@ class _Handlers:
 
     def __init__(self) -> None:
         self.service = ""
-        self.handlers: dict[str, grpc.RpcMethodHandler] = {}
+        self.handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
 
     def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
         pass  # the same handlers as the registered ones
 
     def add_registered_method_handlers(
-        self, service: str, handlers: dict[str, grpc.RpcMethodHandler]
+        self, service: str, handlers: dict[str, grpc.RpcMethodHandler[Any, Any]]
     ) -> None:
         self.service = service
         self.handlers = handlers

@@ -161,10 +161,12 @@ def wait_until_serving(address: str, timeout: float) -> None:
 
     deadline = time.monotonic() + timeout
     with grpc.insecure_channel(address) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
+        # types-grpcio-health-checking declares no methods on HealthStub: say what Check is.
+        check: grpc.UnaryUnaryMultiCallable[health_pb2.HealthCheckRequest, health_pb2.HealthCheckResponse]
+        check = health_pb2_grpc.HealthStub(channel).Check  # type: ignore[attr-defined]
         while True:
             try:
-                reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
+                reply = check(health_pb2.HealthCheckRequest(), timeout=1.0)
                 if reply.status == health_pb2.HealthCheckResponse.SERVING:
                     return
             except grpc.RpcError:

@@ -92,9 +92,11 @@ def probe(args: argparse.Namespace) -> tuple[bool, str]:
     except (OSError, ValueError) as err:
         return False, f"outrig health: {err}"
     with channel:
-        stub = health_pb2_grpc.HealthStub(channel)
+        # types-grpcio-health-checking declares no methods on HealthStub: say what Check is.
+        check: grpc.UnaryUnaryMultiCallable[health_pb2.HealthCheckRequest, health_pb2.HealthCheckResponse]
+        check = health_pb2_grpc.HealthStub(channel).Check  # type: ignore[attr-defined]
         try:
-            reply = stub.Check(health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout)
+            reply = check(health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout)
         except grpc.RpcError as err:
             return False, f"outrig health: {address}: {err.code().name}: {err.details()}"
     status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)

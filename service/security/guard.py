@@ -21,10 +21,8 @@ balancer must be able to probe, and reflection describes only the protocol.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Any
-
-import grpc
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol
 
 from outrig.service.config import Limits
 from outrig.service.exceptions import PermissionDeniedError, UnauthenticatedError
@@ -39,6 +37,17 @@ log = logging.getLogger("outrig.service.security")
 _BEARER = "bearer "
 
 
+class CallContext(Protocol):
+    """What the guard reads of a call's context (a grpc.aio.ServicerContext): its metadata, its
+    peer, and the TLS identity gRPC verified."""
+
+    def invocation_metadata(self) -> Iterable[tuple[str, str | bytes]] | None: ...
+
+    def peer(self) -> str: ...
+
+    def auth_context(self) -> Mapping[str, Iterable[bytes]]: ...
+
+
 class Authenticator:
     """Finds the principal of a call: token first, then client certificate."""
 
@@ -47,7 +56,7 @@ class Authenticator:
         self._certificates = client_certificates
         self.required = tokens is not None or client_certificates
 
-    def principal(self, context: grpc.aio.ServicerContext) -> Principal:
+    def principal(self, context: CallContext) -> Principal:
         if not self.required:
             return ANONYMOUS
         token = _bearer_token(context)
@@ -66,7 +75,7 @@ class Authenticator:
         raise UnauthenticatedError("no credential: send a bearer token in the 'authorization' metadata")
 
 
-def _bearer_token(context: grpc.aio.ServicerContext) -> str | None:
+def _bearer_token(context: CallContext) -> str | None:
     for key, value in context.invocation_metadata() or ():
         if key == "authorization":
             text = value if isinstance(value, str) else value.decode("ascii", "replace")
@@ -76,11 +85,10 @@ def _bearer_token(context: grpc.aio.ServicerContext) -> str | None:
     return None
 
 
-def _certificate_name(auth: dict[str, list[bytes]]) -> str | None:
+def _certificate_name(auth: Mapping[str, Iterable[bytes]]) -> str | None:
     for key in ("peer_uri", "x509_common_name"):  # gRPC's names for the SAN URI and the CN
-        values = auth.get(key)
-        if values:
-            return values[0].decode("utf-8", "replace")
+        for value in auth.get(key, ()):  # the first, if any
+            return value.decode("utf-8", "replace")
     return None
 
 
@@ -95,7 +103,7 @@ class Guard:
         self.authenticates = authenticator.required
         self.on_denied: Callable[[str], None] | None = None  # told the action of each denial (metrics)
 
-    def check(self, context: grpc.aio.ServicerContext, method: str, request: Any) -> None:
+    def check(self, context: CallContext, method: str, request: Any) -> None:
         """Raise UnauthenticatedError or PermissionDeniedError unless the call may go ahead."""
         if self.open:
             return

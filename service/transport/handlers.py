@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
 import grpc
@@ -34,6 +34,13 @@ from outrig.service.protocol import wire
 from outrig.v1 import space_pb2 as pb
 
 M = TypeVar("M")
+
+#: The context of a call that runs an operation. What its `read` and `write` carry is left open:
+#: an operation runs in its own unary call's context or in the Mux stream's that carried it, and
+#: reads and writes nothing through it.
+Context = grpc.aio.ServicerContext[Any, Any]
+#: The context of a Mux call, registered with bytes both ways (`add_to_server`).
+MuxContext = grpc.aio.ServicerContext[bytes, bytes]
 
 
 class Received(Generic[M]):
@@ -174,7 +181,9 @@ def _handler(servicer: object, method: Method) -> Callable[..., Any]:
 
 
 def add_to_server(
-    servicer: object, server: grpc.aio.Server, mux: Callable[[Any, grpc.aio.ServicerContext], Any]
+    servicer: object,
+    server: grpc.aio.Server,
+    mux: Callable[[AsyncIterator[bytes], MuxContext], Awaitable[None]],
 ) -> None:
     """Register `servicer`'s handler of each method of outrig.v1.Space on `server`, and `mux` as
     its Mux method (service/transport/mux.py), whose messages it reads and writes as bytes.
@@ -185,7 +194,7 @@ def add_to_server(
         )
     }
     for method in METHODS.values():
-        make: Callable[..., grpc.RpcMethodHandler] = (
+        make: Callable[..., grpc.RpcMethodHandler[Any, Any]] = (
             grpc.unary_stream_rpc_method_handler if method.streaming else grpc.unary_unary_rpc_method_handler
         )
         handlers[method.name] = make(

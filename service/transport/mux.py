@@ -173,7 +173,7 @@ class MuxService:
         # The undecorated method each operation runs (what the `unary` wrapper runs), found once.
         self._methods = {name: getattr(servicer, name).operation for name, *_ in OPERATIONS.values()}
 
-    async def handle(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> None:
+    async def handle(self, requests: AsyncIterator[bytes], context: handlers.MuxContext) -> None:
         stream = MuxStream(self._servicer, self._methods, context, self._limit, self._max_bytes)
         self._streams.add(stream)
         try:
@@ -200,7 +200,7 @@ class MuxStream:
         self,
         servicer: SpaceServicer,
         methods: dict[str, Any],
-        context: grpc.aio.ServicerContext,
+        context: handlers.MuxContext,
         limit: int,
         max_bytes: int,
     ) -> None:

@@ -130,15 +130,15 @@ def _checked(method: str) -> str:
 
 
 R = TypeVar("R")
-Unary = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[R]]
-Streaming = Callable[[Any, Any, grpc.aio.ServicerContext], AsyncIterator[R]]
+Unary = Callable[[Any, Any, handlers.Context], Awaitable[R]]
+Streaming = Callable[[Any, Any, handlers.Context], AsyncIterator[R]]
 
 
 def unary(method: Unary[R]) -> Unary[R]:
     name = _checked(method.__name__)
 
     @functools.wraps(method)
-    async def handler(self: SpaceServicer, request: Any, context: grpc.aio.ServicerContext) -> R:
+    async def handler(self: SpaceServicer, request: Any, context: handlers.Context) -> R:
         outcome = await self.perform(name, method, request, context)
         if isinstance(outcome, Failure):
             await outcome.abort(context)
@@ -161,7 +161,7 @@ class Failure:
         self.message = bounded(message)
         self.reason = reason
 
-    async def abort(self, context: grpc.aio.ServicerContext) -> NoReturn:
+    async def abort(self, context: handlers.Context) -> NoReturn:
         """End the call with this failure: its status and message, and its reason as a
         google.rpc.ErrorInfo in the status details (the `grpc-status-details-bin` trailer)."""
         trailer: tuple[tuple[str, str | bytes], ...] = ()
@@ -188,9 +188,7 @@ def streaming(method: Streaming[R]) -> Streaming[R]:
     name = _checked(method.__name__)
 
     @functools.wraps(method)
-    async def handler(
-        self: SpaceServicer, request: Any, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[R]:
+    async def handler(self: SpaceServicer, request: Any, context: handlers.Context) -> AsyncIterator[R]:
         metrics = self._metrics
         started = time.perf_counter() if metrics is not None else 0.0
         code = "OK"
@@ -218,10 +216,12 @@ def _entries_reply(entries: list[StoredEntry]) -> bytes:
     return wire.entries_reply([entry.payload for entry in entries])  # type: ignore[misc]  # bytes here
 
 
-class SpaceServicer(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
+class SpaceServicer(space_pb2_grpc.SpaceServicer):
     """outrig.v1.Space over a `SpaceBackend`. Methods that answer with entries return the reply
     already encoded (service/protocol/wire.py), and the writes receive their request's bytes too
-    (`handlers.Received`); register with `handlers.add_to_server`."""
+    (`handlers.Received`); register with `handlers.add_to_server`. The generated base class (each
+    method answering UNIMPLEMENTED) types every reply as its message, so the methods that return
+    an encoded reply break with it there (`ignore[override]`)."""
 
     def __init__(
         self,
@@ -236,7 +236,7 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
         self._guard = guard or Guard(Authenticator(None, client_certificates=False), None, limits)
 
     async def perform(
-        self, name: str, method: Unary[R], request: Any, context: grpc.aio.ServicerContext
+        self, name: str, method: Unary[R], request: Any, context: handlers.Context
     ) -> R | Failure:
         """Run one operation, through the guard, as a unary call or a Mux stream's operation: its
         reply, or how it failed (`Failure.of`)."""
@@ -264,7 +264,7 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
 
     @unary
     async def Write(
-        self, received: handlers.Received[pb.WriteRequest], context: grpc.aio.ServicerContext
+        self, received: handlers.Received[pb.WriteRequest], context: handlers.Context
     ) -> pb.WriteReply:
         request = received.message
         space = self._space(request)
@@ -285,7 +285,7 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
 
     @unary
     async def WriteMany(
-        self, received: handlers.Received[pb.WriteManyRequest], context: grpc.aio.ServicerContext
+        self, received: handlers.Received[pb.WriteManyRequest], context: handlers.Context
     ) -> pb.WriteManyReply:
         request = received.message
         space = self._space(request)
@@ -315,24 +315,32 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
         return _entries_reply(found)  # an encoded MatchReply
 
     @unary
-    async def Read(self, request: pb.MatchRequest, context: grpc.aio.ServicerContext) -> bytes:
+    async def Read(  # type: ignore[override]  # an encoded reply
+        self, request: pb.MatchRequest, context: handlers.Context
+    ) -> bytes:
         return await self._match(request, take=False, many=False)
 
     @unary
-    async def Take(self, request: pb.MatchRequest, context: grpc.aio.ServicerContext) -> bytes:
+    async def Take(  # type: ignore[override]  # an encoded reply
+        self, request: pb.MatchRequest, context: handlers.Context
+    ) -> bytes:
         return await self._match(request, take=True, many=False)
 
     @unary
-    async def ReadMany(self, request: pb.MatchRequest, context: grpc.aio.ServicerContext) -> bytes:
+    async def ReadMany(  # type: ignore[override]  # an encoded reply
+        self, request: pb.MatchRequest, context: handlers.Context
+    ) -> bytes:
         return await self._match(request, take=False, many=True)
 
     @unary
-    async def TakeMany(self, request: pb.MatchRequest, context: grpc.aio.ServicerContext) -> bytes:
+    async def TakeMany(  # type: ignore[override]  # an encoded reply
+        self, request: pb.MatchRequest, context: handlers.Context
+    ) -> bytes:
         return await self._match(request, take=True, many=True)
 
     @streaming
-    async def Contents(
-        self, request: pb.ContentsRequest, context: grpc.aio.ServicerContext
+    async def Contents(  # type: ignore[override]  # an encoded reply
+        self, request: pb.ContentsRequest, context: handlers.Context
     ) -> AsyncIterator[bytes]:
         space = self._space(request)
         templates = codec.templates(request.templates, self._limits)
@@ -340,14 +348,14 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
             yield _entries_reply(chunk)  # an encoded ContentsReply
 
     @unary
-    async def Count(self, request: pb.CountRequest, context: grpc.aio.ServicerContext) -> pb.CountReply:
+    async def Count(self, request: pb.CountRequest, context: handlers.Context) -> pb.CountReply:
         space = self._space(request)
         templates = codec.templates(request.templates, self._limits)
         return pb.CountReply(count=await self._backend.count(space, templates, request.transaction))
 
     @streaming
-    async def Notify(
-        self, request: pb.NotifyRequest, context: grpc.aio.ServicerContext
+    async def Notify(  # type: ignore[override]  # an encoded reply
+        self, request: pb.NotifyRequest, context: handlers.Context
     ) -> AsyncIterator[bytes]:
         space = self._space(request)
         if request.HasField("resume"):
@@ -366,7 +374,7 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
 
     @unary
     async def RenewLeases(
-        self, request: pb.RenewLeasesRequest, context: grpc.aio.ServicerContext
+        self, request: pb.RenewLeasesRequest, context: handlers.Context
     ) -> pb.RenewLeasesReply:
         space = self._space(request)
         if len(request.renewals) > self._limits.max_batch:
@@ -385,7 +393,7 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
 
     @unary
     async def CancelLeases(
-        self, request: pb.CancelLeasesRequest, context: grpc.aio.ServicerContext
+        self, request: pb.CancelLeasesRequest, context: handlers.Context
     ) -> pb.CancelLeasesReply:
         space = self._space(request)
         if len(request.ids) > self._limits.max_batch:
@@ -400,17 +408,17 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):  # type: ignore[misc]
         return pb.CancelLeasesReply(results=results)
 
     @unary
-    async def Begin(self, request: pb.BeginRequest, context: grpc.aio.ServicerContext) -> pb.BeginReply:
+    async def Begin(self, request: pb.BeginRequest, context: handlers.Context) -> pb.BeginReply:
         grant = await self._backend.begin(self._space(request), codec.lease_duration(request))
         return pb.BeginReply(transaction=codec.lease_message(grant))
 
     @unary
-    async def Commit(self, request: pb.EndRequest, context: grpc.aio.ServicerContext) -> pb.EndReply:
+    async def Commit(self, request: pb.EndRequest, context: handlers.Context) -> pb.EndReply:
         await self._backend.commit(self._space(request), _transaction_id(request))
         return pb.EndReply()
 
     @unary
-    async def Abort(self, request: pb.EndRequest, context: grpc.aio.ServicerContext) -> pb.EndReply:
+    async def Abort(self, request: pb.EndRequest, context: handlers.Context) -> pb.EndReply:
         await self._backend.abort(self._space(request), _transaction_id(request))
         return pb.EndReply()
 
