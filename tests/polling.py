@@ -60,7 +60,7 @@ def _failure(what: str | Callable[[], str], timeout: float) -> AssertionError:
 
 
 def wait_until(
-    predicate: Callable[[], T],
+    predicate: Callable[[], T | None],
     timeout: float = TIMEOUT,
     *,
     what: str | Callable[[], str] = "the predicate",
@@ -78,7 +78,7 @@ def wait_until(
 
 @overload
 async def wait_until_async(
-    predicate: Callable[[], Awaitable[T]],
+    predicate: Callable[[], Awaitable[T | None]],
     timeout: float = ...,
     *,
     what: str | Callable[[], str] = ...,
@@ -86,7 +86,7 @@ async def wait_until_async(
 ) -> T: ...
 @overload
 async def wait_until_async(
-    predicate: Callable[[], T],
+    predicate: Callable[[], T | None],
     timeout: float = ...,
     *,
     what: str | Callable[[], str] = ...,
@@ -128,7 +128,7 @@ def _local_figures(server: LocalServer) -> dict[str, Any]:
     running = server._server
     assert running is not None, "the LocalServer is not started"
     figures = running.backend.space_figures()  # not in the SpaceBackend protocol; both backends have it
-    return asyncio.run_coroutine_threadsafe(figures, server._loop).result(TIMEOUT)  # type: ignore[no-any-return]
+    return asyncio.run_coroutine_threadsafe(figures, server._loop).result(TIMEOUT)
 
 
 def waiters(server: str | _WithMetrics | LocalServer, space: str) -> int:

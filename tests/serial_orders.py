@@ -9,7 +9,8 @@ A program is a list of operations on entries holding one small int: ("write", va
 from __future__ import annotations
 
 import itertools
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
+from typing import TypeVar
 
 from hypothesis import strategies as st
 
@@ -22,9 +23,12 @@ OPS = st.one_of(
 )
 PROGRAMS = st.lists(st.lists(OPS, min_size=1, max_size=4), min_size=2, max_size=3)
 
+#: An entry's key: its id in the engine's test, its job in the server's.
+K = TypeVar("K", bound=Hashable)
 
-def _replay(initial: dict[Hashable, int], order: Sequence[list[Seen]], final: dict[Hashable, int]) -> bool:
-    state = dict(initial)
+
+def _replay(initial: Mapping[K, int], order: Sequence[list[Seen]], final: Mapping[K, int]) -> bool:
+    state: dict[Hashable, int] = dict(initial.items())
     for seen in order:
         for kind, value, key in seen:
             if key is None:
@@ -40,7 +44,7 @@ def _replay(initial: dict[Hashable, int], order: Sequence[list[Seen]], final: di
 
 
 def some_serial_order_explains(
-    initial: dict[Hashable, int], committed: Sequence[list[Seen]], final: dict[Hashable, int]
+    initial: Mapping[K, int], committed: Sequence[list[Seen]], final: Mapping[K, int]
 ) -> bool:
     """Whether replaying the committed transactions one after another, in some order, from
     `initial`, gives every read and take a matching entry that is there, and ends at `final`."""

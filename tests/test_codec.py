@@ -33,7 +33,7 @@ class Task(outrig.Entry, type_name="tests.codec.Task"):
 @dataclass
 class Signal(outrig.Entry, type_name="tests.codec.Signal"):
     samples: np.ndarray | None = None
-    window: array.array | None = None  # type: ignore[type-arg]
+    window: array.array | None = None
     anything: Any = None
 
 
@@ -256,7 +256,7 @@ def test_unknown_status_numbers_and_ok_map_to_unknown_status_error() -> None:
     assert type(error_from_status(grpc.StatusCode.OK, "")) is outrig.UnknownStatusError
 
 
-class FakeRpcError(grpc.RpcError):  # type: ignore[misc]  # grpc has no type stubs
+class FakeRpcError(grpc.RpcError):
     def code(self) -> Any:
         return grpc.StatusCode.NOT_FOUND
 

@@ -284,7 +284,7 @@ class Annotated(outrig.Entry):
     plain: np.ndarray | None = None
     typed: npt.NDArray[np.float32] | None = None
     nested: list[np.ndarray] | None = None
-    stdlib: array.array | None = None  # type: ignore[type-arg]
+    stdlib: array.array | None = None
     number: int | None = None
 
 

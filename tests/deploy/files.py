@@ -8,6 +8,7 @@ import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -107,6 +108,6 @@ def image_env(stages: dict[str, Stage], name: str) -> dict[str, str]:
     return inherited | stage.env()
 
 
-def load_yaml_documents(path: Path) -> list[dict[str, object]]:
+def load_yaml_documents(path: Path) -> list[dict[str, Any]]:
     with path.open() as file:
         return [doc for doc in yaml.safe_load_all(file) if doc is not None]

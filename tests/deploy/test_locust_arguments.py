@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from outrig.loadtest.options import add_arguments, params_from
+from outrig.loadtest.options import StressParams, add_arguments, params_from
 
 from .files import COMPOSE, KUBERNETES, load_yaml_documents, tool
 
@@ -40,7 +40,10 @@ def command_lines() -> dict[str, list[str]]:
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(exit_on_error=False)
     for flag, takes_value in LOCUST_FLAGS.items():
-        parser.add_argument(flag, **({} if takes_value else {"action": "store_true"}))
+        if takes_value:
+            parser.add_argument(flag)
+        else:
+            parser.add_argument(flag, action="store_true")
     add_arguments(parser)
     return parser
 
@@ -50,6 +53,7 @@ def test_the_campaign_options_parse(name: str) -> None:
     options = parser().parse_args(command_lines()[name])
     assert options.campaign == "stress"
     params = params_from(options)
+    assert isinstance(params, StressParams)
     assert params.try_shutdown == 0  # the stress campaign: no kill, nothing to restart the server
     if name != "locust-worker":
         assert (params.num_entries, params.num_writers, params.num_readers) == (10000, 100, 100)

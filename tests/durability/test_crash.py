@@ -178,7 +178,7 @@ def test_sigkill_under_load_loses_duplicates_and_resurrects_nothing(
     back = taken & left
     assert not back, f"{len(back)} of {len(taken)} taken entries are back in the space: {sorted(back)[:20]}"
     unknown = (taken | left) - attempted
-    assert not unknown, f"{len(unknown)} entries were never written: {sorted(unknown)[:20]}"
+    assert not unknown, f"{len(unknown)} entries were never written: {sorted(unknown, key=str)[:20]}"
 
 
 def test_in_memory_restart_loses_everything(

@@ -11,7 +11,7 @@ import asyncio
 import dataclasses
 import sqlite3
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -52,11 +52,11 @@ def template(type_name: str = "Task", **fields: object) -> Template:
     return Template(type_name, {name: value(x) for name, x in fields.items()})
 
 
-def numbers(found: list) -> list[object]:  # type: ignore[type-arg]
+def numbers(found: list) -> list[object]:
     return [stored.fields["n"].data for stored in found]
 
 
-Runner = Callable[[], "asynccontextmanager[EmbeddedBackend]"]
+Runner = Callable[[], AbstractAsyncContextManager[EmbeddedBackend]]
 
 
 @pytest.fixture
@@ -89,13 +89,13 @@ async def running(
         await backend.shutdown()
 
 
-async def take(backend: EmbeddedBackend, *templates: Template, **options: object) -> list:  # type: ignore[type-arg]
+async def take(backend: EmbeddedBackend, *templates: Template, **options: object) -> list:
     kwargs: dict[str, object] = {"take": True, "max_entries": 1, "timeout": 0, "if_exists": False}
     kwargs.update(options)
     return await backend.match(SPACE, templates or (template(),), **kwargs)  # type: ignore[arg-type]
 
 
-async def read_all(backend: EmbeddedBackend) -> list:  # type: ignore[type-arg]
+async def read_all(backend: EmbeddedBackend) -> list:
     chunks = [chunk async for chunk in backend.contents(SPACE, [template()], 0)]
     return [stored for chunk in chunks for stored in chunk]
 

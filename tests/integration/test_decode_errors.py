@@ -56,10 +56,12 @@ def call(
     path = f"/outrig.v1.Space/{method}"
     try:
         if METHODS[method][1]:
-            for _ in channel.unary_stream(path)(raw, timeout=timeout):
+            stream: grpc.UnaryStreamMultiCallable[bytes, bytes] = channel.unary_stream(path)
+            for _ in stream(raw, timeout=timeout):
                 pass
         else:
-            channel.unary_unary(path)(raw, timeout=timeout)
+            unary: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(path)
+            unary(raw, timeout=timeout)
     except grpc.RpcError as err:
         return err.code(), err.details() or ""
     return grpc.StatusCode.OK, ""
@@ -67,7 +69,9 @@ def call(
 
 def mux_result(channel: grpc.Channel, method: str, raw: bytes) -> tuple[grpc.StatusCode, str]:
     """The status of `raw` sent as one op of a Mux stream (the stream's own, if it ends it)."""
-    stream = channel.stream_stream("/outrig.v1.Space/Mux", response_deserializer=pb.MuxReply.FromString)
+    stream: grpc.StreamStreamMultiCallable[bytes, pb.MuxReply] = channel.stream_stream(
+        "/outrig.v1.Space/Mux", response_deserializer=pb.MuxReply.FromString
+    )
     message = mux_request(1, OP_FIELDS[method], raw)
     try:
         (result,) = next(iter(stream(iter([message]), timeout=10.0))).results
@@ -216,7 +220,7 @@ def test_a_write_with_a_group_protobuf_skips_is_refused_invalid_argument(
 def test_a_varint_that_never_ends_is_refused_at_once(channel: grpc.Channel) -> None:
     """Reading a varint of n bytes as a number costs n squared: 2 MB of them took minutes of the
     event loop. A varint is at most 10 bytes."""
-    stream = channel.stream_stream("/outrig.v1.Space/Mux")
+    stream: grpc.StreamStreamMultiCallable[bytes, bytes] = channel.stream_stream("/outrig.v1.Space/Mux")
     with pytest.raises(grpc.RpcError) as raised:
         next(iter(stream(iter([b"\x0a" + b"\xff" * 2_000_000 + b"\x01"]), timeout=10.0)))
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT

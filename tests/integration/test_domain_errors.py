@@ -8,7 +8,8 @@ SDK, and as raw gRPC (what a program in another language sees: a google.rpc.Erro
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import cast
 
 import grpc
 import pytest
@@ -77,9 +78,11 @@ async def test_the_asyncio_sdk_raises_the_same_classes(server: ServerProcess, sp
 
 
 def _error_info(err: grpc.RpcError) -> error_details_pb2.ErrorInfo:
-    (details,) = [value for key, value in err.trailing_metadata() if key == "grpc-status-details-bin"]  # type: ignore[attr-defined]
+    # types-grpcio types each item as a class with .key and .value: it is a (key, value) tuple.
+    metadata = cast("Sequence[tuple[str, bytes]]", err.trailing_metadata())
+    (details,) = [value for key, value in metadata if key == "grpc-status-details-bin"]
     status = status_pb2.Status.FromString(details)
-    assert status.code == err.code().value[0]  # type: ignore[attr-defined]
+    assert status.code == err.code().value[0]
     (packed,) = status.details
     info = error_details_pb2.ErrorInfo()
     assert packed.Unpack(info)
@@ -97,7 +100,7 @@ def test_another_language_reads_the_reason_from_the_status_details(
         )
         with pytest.raises(grpc.RpcError) as raised:
             commit(pb.EndRequest(space=space_name, transaction=123456789))
-        assert raised.value.code() == grpc.StatusCode.NOT_FOUND  # type: ignore[attr-defined]
+        assert raised.value.code() == grpc.StatusCode.NOT_FOUND
         info = _error_info(raised.value)
         assert (info.domain, info.reason) == ("outrig.v1", "TRANSACTION_NOT_FOUND")
 
@@ -128,7 +131,7 @@ def test_a_request_id_used_again_for_another_call_is_a_request_conflict(
                     templates=[pb.Template(type_name="de.A")],
                 )
             )
-        assert raised.value.code() == grpc.StatusCode.FAILED_PRECONDITION  # type: ignore[attr-defined]
+        assert raised.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert _error_info(raised.value).reason == "REQUEST_CONFLICT"
 
 
@@ -147,4 +150,4 @@ def test_a_mux_error_carries_its_reason(server: ServerProcess, space_name: str) 
         (result,) = reply.results
         assert result.error.code == grpc.StatusCode.NOT_FOUND.value[0]
         assert result.error.reason == pb.TRANSACTION_NOT_FOUND
-        replies.cancel()  # type: ignore[attr-defined]
+        replies.cancel()

@@ -14,15 +14,17 @@ The seed is OUTRIG_FUZZ_SEED (17 unless set); a failure prints the requests that
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import random
 import struct
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 
 import grpc
 import pytest
+from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from outrig.v1 import space_pb2 as pb
@@ -112,7 +114,7 @@ def seeds(space: str) -> dict[str, list[bytes]]:
         ),
         pb.MatchRequest(space=space, templates=_templates()[1:], timeout=0.01, if_exists=True, max_entries=2),
     ]
-    requests: dict[str, list[pb.Message]] = {
+    requests: dict[str, Sequence[Message]] = {
         "Write": [
             pb.WriteRequest(space=space, entry=_entry(), lease=lease, request_id=f"w{MARK}"),
             pb.WriteRequest(space=space, entry=_entry(big=True), lease=forever),
@@ -283,7 +285,7 @@ class Outcomes:
 
 
 async def _unary(channel: grpc.aio.Channel, method: str, raw: bytes, outcomes: Outcomes) -> None:
-    call = channel.unary_unary(f"/outrig.v1.Space/{method}")
+    call: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(f"/outrig.v1.Space/{method}")
     try:
         await call(raw, timeout=DEADLINE)
     except grpc.aio.AioRpcError as err:
@@ -293,7 +295,10 @@ async def _unary(channel: grpc.aio.Channel, method: str, raw: bytes, outcomes: O
 
 
 async def _stream(channel: grpc.aio.Channel, method: str, raw: bytes, outcomes: Outcomes) -> None:
-    call = channel.unary_stream(f"/outrig.v1.Space/{method}")(raw, timeout=DEADLINE)
+    method_call: grpc.aio.UnaryStreamMultiCallable[bytes, bytes] = channel.unary_stream(
+        f"/outrig.v1.Space/{method}"
+    )
+    call = method_call(raw, timeout=DEADLINE)
     try:
         async for _ in call:
             pass
@@ -304,7 +309,9 @@ async def _stream(channel: grpc.aio.Channel, method: str, raw: bytes, outcomes: 
 
 
 async def _mux(channel: grpc.aio.Channel, frame: bytes, outcomes: Outcomes) -> None:
-    call = channel.stream_stream("/outrig.v1.Space/Mux", response_deserializer=pb.MuxReply.FromString)
+    call: grpc.aio.StreamStreamMultiCallable[bytes, pb.MuxReply] = channel.stream_stream(
+        "/outrig.v1.Space/Mux", response_deserializer=pb.MuxReply.FromString
+    )
     stream = call(iter([frame]), timeout=DEADLINE * 2)
     try:
         async for reply in stream:
@@ -325,17 +332,17 @@ async def fuzz(address: str, rng: random.Random) -> Outcomes:
     gate = asyncio.Semaphore(IN_FLIGHT)
     options = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)]
 
-    async def limited(send: Callable[[], object]) -> None:
+    async def limited(send: Callable[[], Awaitable[None]]) -> None:
         async with gate:
-            await send()  # type: ignore[misc]
+            await send()
 
     async with grpc.aio.insecure_channel(address, options=options) as channel:
-        sends: list[Callable[[], object]] = []
+        sends: list[Callable[[], Awaitable[None]]] = []
         for method, raw in requests(rng, "fuzz"):
             send = _stream if method in STREAMING else _unary
-            sends.append(lambda send=send, method=method, raw=raw: send(channel, method, raw, outcomes))
+            sends.append(functools.partial(send, channel, method, raw, outcomes))
         for frame in mux_frames(rng, "fuzz"):
-            sends.append(lambda frame=frame: _mux(channel, frame, outcomes))
+            sends.append(functools.partial(_mux, channel, frame, outcomes))
         rng.shuffle(sends)
         await asyncio.gather(*(limited(send) for send in sends))
     return outcomes
@@ -351,10 +358,16 @@ def _rss(pid: int) -> int:
 def _still_serves(address: str) -> None:
     with grpc.insecure_channel(address) as channel:
         health = health_pb2_grpc.HealthStub(channel)
-        reply = health.Check(health_pb2.HealthCheckRequest(service="outrig.v1.Space"), timeout=5)
+        reply = health.Check(  # type: ignore[attr-defined]  # its stub declares no methods
+            health_pb2.HealthCheckRequest(service="outrig.v1.Space"), timeout=5
+        )
         assert reply.status == health_pb2.HealthCheckResponse.SERVING
-        write = channel.unary_unary("/outrig.v1.Space/Write", response_deserializer=pb.WriteReply.FromString)
-        take = channel.unary_unary("/outrig.v1.Space/Take", response_deserializer=pb.MatchReply.FromString)
+        write: grpc.UnaryUnaryMultiCallable[bytes, pb.WriteReply] = channel.unary_unary(
+            "/outrig.v1.Space/Write", response_deserializer=pb.WriteReply.FromString
+        )
+        take: grpc.UnaryUnaryMultiCallable[bytes, pb.MatchReply] = channel.unary_unary(
+            "/outrig.v1.Space/Take", response_deserializer=pb.MatchReply.FromString
+        )
         entry = pb.Entry(type_name="after.Fuzz", fields={"n": pb.Value(int_value=1)})
         assert write(pb.WriteRequest(space="after", entry=entry).SerializeToString(), timeout=5).lease.id > 0
         template = pb.Template(type_name="after.Fuzz")

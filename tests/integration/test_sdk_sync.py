@@ -7,6 +7,7 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -25,6 +26,7 @@ def space(request, server, space_name):
 
 
 def test_write_take_round_trips_every_value_kind(space):
+    samples = np.arange(5, dtype=np.float32)
     entry = Everything(
         flag=True,
         count=-(2**63),
@@ -32,7 +34,7 @@ def test_write_take_round_trips_every_value_kind(space):
         text="héllo",
         blob=b"\x00\xff",
         ints=array.array("i", [1, -2, 3]),
-        samples=np.arange(5, dtype=np.float32),
+        samples=samples,
         items=[1, 1.0, True, None, "s", [b"x"]],
         meta={"b": {"z": 1}, "a": [2.5]},
     )
@@ -43,7 +45,7 @@ def test_write_take_round_trips_every_value_kind(space):
     assert (got.text, got.blob, got.items, got.meta) == (entry.text, entry.blob, entry.items, entry.meta)
     assert isinstance(got.ints, array.array) and got.ints == entry.ints
     assert isinstance(got.samples, np.ndarray) and got.samples.dtype == np.float32
-    assert np.array_equal(got.samples, entry.samples)
+    assert np.array_equal(got.samples, samples)
 
 
 def test_supertype_template_returns_the_real_type(space):
@@ -143,11 +145,11 @@ def test_many_concurrent_takers_never_get_the_same_entry(space, server):
     total = 200
     space.write_many([Task(job="race", n=i) for i in range(total)])
 
-    def taker(_: int) -> list[int]:
+    def taker(_: int) -> list[int | None]:
         with outrig.connect(server.address, space=space.name) as own:
-            taken = []
+            taken: list[int | None] = []
             while (entry := own.take_nowait(Task(job="race"))) is not None:
-                taken.append(entry.n)
+                taken.append(cast(Task, entry).n)
             return taken
 
     with ThreadPoolExecutor(8) as pool:
@@ -243,6 +245,7 @@ def test_notify_registration_expires(mux):
         outrig.connect(server.address, mux=mux) as space,
         space.notify(Task(), lease=0.3) as events,
     ):
+        assert server.clock is not None
         server.clock.advance(0.4)
         assert list(events) == []  # ends when the 0.3 s lease runs out (reaped within 0.05 s)
 
@@ -282,7 +285,7 @@ def test_bad_input_is_invalid_argument_naming_the_field(space, call, needle):
 
 def test_client_side_type_errors_name_the_field(space):
     with pytest.raises(TypeError, match="job"):
-        space.write(Task(job=object()))
+        space.write(Task(job=object()))  # type: ignore[arg-type]  # the error under test
     with pytest.raises(ValueError, match="n"):
         space.write(Task(n=2**64))
 
@@ -301,12 +304,13 @@ def test_lease_expiry_on_a_fake_clock():
     with LocalServer(fake_clock=True) as server, outrig.connect(server.address) as space:
         lease = space.write(Task(n=1), lease=10.0)
         space.write(Task(n=2), lease=outrig.FOREVER)
+        assert server.clock is not None
         server.clock.advance(5.0)
         lease.renew(10.0)
         server.clock.advance(9.0)
         assert space.count(Task()) == 2
         server.clock.advance(2.0)
-        assert [t.n for t in space.contents(Task())] == [2]
+        assert [cast(Task, t).n for t in space.contents(Task())] == [2]
         assert space.take_nowait(Task(n=1)) is None
         with pytest.raises(outrig.NotFoundError):
             lease.renew(10.0)
@@ -335,7 +339,9 @@ def test_parked_waiters_and_registrations_are_bounded():
 
     async def scenario(server: LocalServer) -> None:
         async with outrig.aio.connect(server.address) as space:
-            blocked = [asyncio.ensure_future(space.take(Task(), timeout=30.0)) for _ in range(2)]
+            blocked: list[asyncio.Future[Any]] = [
+                asyncio.ensure_future(space.take(Task(), timeout=30.0)) for _ in range(2)
+            ]
             await wait_for_waiters_async(server, "default", 2)
             with pytest.raises(outrig.ResourceExhaustedError, match="max_waiters=2"):
                 await space.read(Task(), timeout=30.0)

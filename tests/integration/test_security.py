@@ -13,10 +13,12 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import jwt
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import outrig
@@ -84,14 +86,14 @@ actions = ["read", "write"]
 @dataclass
 class Pki:
     dir: Path
-    key: tokens.Ed25519PrivateKey
+    key: Ed25519PrivateKey
     other_ca_client: certs.Issued
 
     def path(self, name: str) -> str:
         return str(self.dir / name)
 
-    def token(self, principal: str, groups: tuple[str, ...] = (), **kwargs: object) -> str:
-        return tokens.issue_token(self.key, principal, 3600, groups, **kwargs)  # type: ignore[arg-type]
+    def token(self, principal: str, groups: tuple[str, ...] = (), **kwargs: Any) -> str:
+        return tokens.issue_token(self.key, principal, 3600, groups, **kwargs)
 
     def tls(self, client: bool = False) -> outrig.TLS:
         if client:
@@ -154,7 +156,7 @@ def seeded(token_server: ServerProcess, pki: Pki) -> None:
         ops.write_many([Task(n=i) for i in range(50)] + [Public(n=i) for i in range(50)], lease=600)
 
 
-OPERATIONS: dict[str, Callable[[outrig.Space, type[outrig.Entry]], object]] = {
+OPERATIONS: dict[str, Callable[[outrig.Space, type[Task | Public]], object]] = {
     "write": lambda space, kind: space.write(kind(n=1), lease=60),
     "read": lambda space, kind: space.read_nowait(kind()),
     "count": lambda space, kind: space.count(kind()),
@@ -208,7 +210,7 @@ def test_authorization_matrix(
     groups: tuple[str, ...],
     operation: str,
     space_name: str,
-    kind: type[outrig.Entry],
+    kind: type[Task | Public],
     allowed: bool,
 ) -> None:
     with _as(token_server, pki, principal, space_name, groups) as space:
@@ -259,7 +261,7 @@ def test_supertype_rule(token_server: ServerProcess, pki: Pki) -> None:
 @pytest.mark.parametrize(
     ("make_token", "needle"),
     [
-        (lambda pki: tokens.issue_token(tokens.Ed25519PrivateKey.generate(), "alice", 3600), "signature"),
+        (lambda pki: tokens.issue_token(Ed25519PrivateKey.generate(), "alice", 3600), "signature"),
         (lambda pki: tokens.issue_token(pki.key, "alice", 60, now=time.time() - 3600), "expired"),
         (lambda pki: tokens.issue_token(pki.key, "alice", 3600, audience="another-service"), "audience"),
         (lambda pki: "garbage", "invalid"),
@@ -284,7 +286,7 @@ def test_no_token_is_unauthenticated_but_health_stays_open(token_server: ServerP
         space.count(Public())
     credentials = grpc.ssl_channel_credentials((pki.dir / "ca.pem").read_bytes())
     with grpc.secure_channel(token_server.address, credentials) as channel:
-        reply = health_pb2_grpc.HealthStub(channel).Check(
+        reply = health_pb2_grpc.HealthStub(channel).Check(  # type: ignore[attr-defined]  # its stub declares no methods
             health_pb2.HealthCheckRequest(service=""), timeout=5
         )
         assert reply.status == health_pb2.HealthCheckResponse.SERVING
@@ -388,11 +390,12 @@ def test_policy_reload_under_load_fails_no_call(pki: Pki, tmp_path: Path) -> Non
                 staging.write_text(base + (extra if with_bob else ""))
                 os.replace(staging, policy)
                 server.process.send_signal(signal.SIGHUP)
-                _eventually(lambda allowed=with_bob: _may_read(bob) is allowed)
+                # mypy infers no lambda whose parameters have defaults (binding the loop's values)
+                _eventually(lambda allowed=with_bob: _may_read(bob) is allowed)  # type: ignore[misc]
                 staging.write_text("[[grant]\nthis is not toml")
                 os.replace(staging, policy)
                 server.process.send_signal(signal.SIGHUP)
-                _eventually(lambda n=round_ + 1: server.log.read_text().count("reload rejected") >= n)
+                _eventually(lambda n=round_ + 1: server.log.read_text().count("reload rejected") >= n)  # type: ignore[misc]
                 assert _may_read(bob) is with_bob  # the malformed file changed nothing
         stop.set()
         for worker in workers:

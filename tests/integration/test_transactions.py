@@ -197,7 +197,7 @@ LOCKS = ["write-locked", "take-locked", "read-locked", "read-locked twice"]
 def _locked(space, lock: str):
     """An entry Task(job="t") under `lock` by a holder transaction (and a second reader)."""
     holder = space.transaction()
-    others = []
+    others: list[outrig.Transaction] = []
     if lock == "write-locked":
         holder.write(Task(job="t", n=1))
         return holder, others

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -62,7 +63,8 @@ def test_committed_transactions_equal_some_serial_order(server, initial, program
                 committed.append(run.seen)
             else:
                 run.txn.abort()
-        final = {entry.job: entry.n for entry in space.contents(Task())}
+        tasks: list[Any] = list(space.contents(Task()))  # Any: each job and n is set, not None
+        final = {task.job: task.n for task in tasks}
     assert some_serial_order_explains(dict(start), committed, dict(final)), (
         f"no serial order explains {committed} ending with {final}"
     )

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -239,7 +240,8 @@ def test_distributed_master_and_two_workers_with_kill_commands(tmp_path: Path) -
         assert (verdict["lost"], verdict["duplicated"], verdict["empty"]) == (0, 0, "yes")
         assert "kill 1: SIGKILL after" in out
     finally:
-        for process in [master, *workers]:
+        processes: list[subprocess.Popen[Any]] = [master, *workers]
+        for process in processes:
             if process.poll() is None:
                 process.kill()
             process.wait()

@@ -51,7 +51,7 @@ def test_three_servers_serve_one_space(three: list[ServerProcess]) -> None:
         taken: list[int] = []
         takers = [
             threading.Thread(target=lambda space=space: taken.extend(
-                job.n for job in iter(lambda: space.take_nowait(Job()), None)  # type: ignore[union-attr]
+                job.n for job in iter(lambda: space.take_nowait(Job()), None)
             ))
             for space in (first, second, third)
         ]  # fmt: skip

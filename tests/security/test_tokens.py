@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import jwt
@@ -39,7 +40,9 @@ def test_a_token_names_its_principal_and_groups(key: Ed25519PrivateKey) -> None:
         ),
     ],
 )
-def test_bad_tokens_are_refused_saying_why(key: Ed25519PrivateKey, make, needle: str) -> None:  # type: ignore[no-untyped-def]
+def test_bad_tokens_are_refused_saying_why(
+    key: Ed25519PrivateKey, make: Callable[[Ed25519PrivateKey], str], needle: str
+) -> None:
     verifier = tokens.TokenVerifier(key.public_key())
     with pytest.raises(UnauthenticatedError, match="token") as info:
         verifier.principal(make(key))
@@ -53,9 +56,9 @@ def test_a_verified_token_is_checked_once_until_it_expires(key: Ed25519PrivateKe
     calls = []
     real = verifier._verify
 
-    def counting(text: str, at: float) -> tuple[Principal, float]:
-        calls.append(at)
-        return real(text, at)
+    def counting(token: str, now: float) -> tuple[Principal, float]:
+        calls.append(now)
+        return real(token, now)
 
     verifier._verify = counting  # type: ignore[method-assign]
     for _ in range(5):

@@ -100,7 +100,9 @@ def _frame_entry(pixels: bytes, **more: pb.Value) -> pb.Entry:
     return pb.Entry(type_name="Frame", supertypes=["Image"], fields={**fields, **more})
 
 
-def _new_entries_both_ways(raw: bytes, message_type: type) -> tuple[list[object], list[object]]:
+def _new_entries_both_ways(
+    raw: bytes, message_type: type[pb.WriteRequest] | type[pb.WriteManyRequest]
+) -> tuple[list[object], list[object]]:
     """new_entry's view of each entry of a Write or WriteMany request, decoded as the server
     decodes it (without large arrays' data) and decoded in full."""
     from outrig.service.config import Limits
@@ -111,7 +113,7 @@ def _new_entries_both_ways(raw: bytes, message_type: type) -> tuple[list[object]
     encodings = wire.entry_encodings(raw)
 
     def views(message: pb.WriteRequest | pb.WriteManyRequest) -> list[object]:
-        entries = [message.entry] if message_type is pb.WriteRequest else list(message.entries)
+        entries = [message.entry] if isinstance(message, pb.WriteRequest) else list(message.entries)
         pairs = zip(entries, encodings, strict=True)
         made = [codec.new_entry(e, "entry", Limits(), encoding) for e, encoding in pairs]
         return [(n.type_name, n.supertypes, n.fields, n.payload, n.size) for n in made]

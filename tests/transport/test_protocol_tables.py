@@ -50,7 +50,7 @@ OLD_METHODS = {
     "Abort": ("unary", pb.EndRequest, False),
 }
 OLD_RECEIVED = {"Write", "WriteMany"}
-OLD_OPERATIONS = {
+OLD_OPERATIONS: dict[int, tuple[str, type[Any], int]] = {
     2: ("Write", pb.WriteRequest, 2),
     3: ("WriteMany", pb.WriteManyRequest, 3),
     4: ("Read", pb.MatchRequest, 4),
@@ -89,7 +89,8 @@ def test_every_space_rpc_but_mux_is_a_method_with_an_access_option() -> None:
         if rpc.name == handlers.MUX:
             assert rpc.client_streaming and rpc.server_streaming
             continue
-        assert rpc.GetOptions().HasExtension(pb.access), rpc.name
+        # protoc's .pyi types the extension as a plain FieldDescriptor (outrig._protocol reads it as Any)
+        assert rpc.GetOptions().HasExtension(pb.access), rpc.name  # type: ignore[arg-type]
         assert rpc.name in METHODS
     assert [rpc.name for rpc in SPACE_SERVICE.methods] == [*METHODS, handlers.MUX]
 
@@ -146,12 +147,15 @@ def test_handlers_registers_exactly_the_methods_and_mux() -> None:
     handlers.add_to_server(_servicer(), server, _mux)  # type: ignore[arg-type]
     assert server.service == "outrig.v1.Space"
     assert set(server.handlers) == {*METHODS, "Mux"}
-    assert server.handlers["Mux"].request_streaming and server.handlers["Mux"].response_streaming
-    assert server.handlers["Mux"].request_deserializer(b"\x0a\x00") == b"\x0a\x00"  # bytes both ways
+    mux_handler = server.handlers["Mux"]
+    assert mux_handler.request_streaming and mux_handler.response_streaming
+    assert mux_handler.request_deserializer is not None
+    assert mux_handler.request_deserializer(b"\x0a\x00") == b"\x0a\x00"  # bytes both ways
     for name, (kind, request_type, encoded) in OLD_METHODS.items():
         handler = server.handlers[name]
         assert not handler.request_streaming
         assert handler.response_streaming == (kind == "stream")
+        assert handler.request_deserializer is not None and handler.response_serializer is not None
         request = handler.request_deserializer(request_type(space="s").SerializeToString())
         if name in OLD_RECEIVED:
             assert isinstance(request, handlers.Received) and isinstance(request.message, request_type)
@@ -165,13 +169,13 @@ def test_handlers_registers_exactly_the_methods_and_mux() -> None:
 
 def test_a_method_the_servicer_does_not_serve_is_refused_at_registration() -> None:
     class WithoutCount(SpaceServicer):
-        Count = space_pb2_grpc.SpaceServicer.Count  # the generated stub: UNIMPLEMENTED
+        Count = space_pb2_grpc.SpaceServicer.Count  # type: ignore[assignment]  # the generated stub: UNIMPLEMENTED
 
     with pytest.raises(AssertionError, match=r"WithoutCount has no handler for /outrig.v1.Space/Count"):
         handlers.add_to_server(WithoutCount(object(), Limits()), _Server(), _mux)  # type: ignore[arg-type]
 
     class NotifyAnswersOnce(SpaceServicer):
-        async def Notify(self, request: Any, context: Any) -> None:  # noqa: N802  # not a stream
+        async def Notify(self, request: Any, context: Any) -> None:  # type: ignore[override]  # noqa: N802  # not a stream
             pass
 
     with pytest.raises(AssertionError, match=r"Notify \(an async generator method Notify\)"):
