@@ -4,16 +4,18 @@ template starts from, the space's order, and putting an entry back at its place.
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Any
 
 from outrig.service.engine import StoredEntry
 from outrig.service.engine.index import EntryIndex
 from outrig.service.engine.values import FULL_KEY_LIMIT
 
-from .test_space import DOG, MAMMAL, Scalar, ids, new, tpl
+from .test_space import DOG, MAMMAL, ids, new, tpl
 
 
-def filed(index: EntryIndex, entry_id: int, *lineage: str, **fields: Scalar) -> StoredEntry:
-    stored = StoredEntry(entry_id, new(*lineage, **fields), None)
+def filed(index: EntryIndex, entry_id: int, *lineage: str, **fields: Any) -> StoredEntry:
+    type_name, *supertypes = lineage
+    stored = StoredEntry(entry_id, new(type_name, *supertypes, **fields), None)
     index.insert(stored)
     return stored
 

@@ -258,7 +258,7 @@ class MatchingMachine(RuleBasedStateMachine):
         if not self.lineages:
             return
         for type_index in range(N_TYPES):
-            templates = [(type_index, {})]
+            templates: list[tuple[int, dict[str, int]]] = [(type_index, {})]
             found = [e.id for e in contents(self.space, self.engine_templates(templates))]
             expected = self.ref_select(templates)
             if self.fifo:

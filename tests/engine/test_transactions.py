@@ -7,7 +7,7 @@ import pytest
 
 from outrig.service.engine import FakeClock, SpaceEngine, StoredEntry, Waiter
 from outrig.service.engine.locks import CONFLICT, HIDDEN, OK, EntryLock, read_access, take_access
-from outrig.service.engine.model import Transaction, TransactionState
+from outrig.service.engine.model import Transaction, TransactionOutcome, TransactionState
 from outrig.service.engine.space import FOREVER
 from outrig.service.exceptions import LeaseNotFoundError, TransactionNotFoundError
 
@@ -252,7 +252,7 @@ def test_a_transaction_aborts_when_its_lease_runs_out() -> None:
     txn, grant = space.begin(5.0)
     assert grant.id == txn.id and grant.granted == 5.0
     find(space, [tpl("T")], take=True, txn=txn)
-    outcomes = []
+    outcomes: list[TransactionOutcome] = []
     space.on_transaction_end = outcomes.append
     clock.advance(6.0)
     space.reap()
@@ -317,7 +317,7 @@ def test_a_transaction_past_its_lease_is_aborted_when_next_asked_for() -> None:
     clock = FakeClock()
     space = make(clock)
     txn, _ = space.begin(5.0)
-    ended = []
+    ended: list[TransactionOutcome] = []
     space.on_transaction_end = ended.append
     clock.advance(6.0)  # no reaper pass yet
     with pytest.raises(TransactionNotFoundError):

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
+from outrig._protocol import varint
 from outrig.v1 import space_pb2 as pb
 
 from ..conftest import ServerProcess, start_server
@@ -86,24 +87,15 @@ def mux_result(channel: grpc.Channel, method: str, raw: bytes) -> tuple[grpc.Sta
 def mux_request(op_id: int, field: int, raw: bytes) -> bytes:
     """A MuxRequest of one MuxOp{id, field: raw}, framed by hand around bytes that may be no
     protobuf at all."""
-    return _field(1, _tag(1, 0) + _varint(op_id) + _field(field, raw))
+    return _field(1, _tag(1, 0) + varint(op_id) + _field(field, raw))
 
 
 def _tag(field: int, kind: int) -> bytes:
-    return _varint((field << 3) | kind)
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+    return varint((field << 3) | kind)
 
 
 def _field(number: int, content: bytes) -> bytes:
-    return _tag(number, 2) + _varint(len(content)) + content
+    return _tag(number, 2) + varint(len(content)) + content
 
 
 def nested(depth: int, kind: str) -> bytes:

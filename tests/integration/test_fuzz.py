@@ -27,6 +27,7 @@ import pytest
 from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from outrig._protocol import varint
 from outrig.v1 import space_pb2 as pb
 
 from ..conftest import ServerProcess, start_server
@@ -150,17 +151,8 @@ def seeds(space: str) -> dict[str, list[bytes]]:
 # ---------------------------------------------------------------- mutations
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def _field(number: int, content: bytes) -> bytes:
-    return _varint((number << 3) | 2) + _varint(len(content)) + content
+    return varint((number << 3) | 2) + varint(len(content)) + content
 
 
 def _nested(depth: int, maps: bool) -> bytes:
@@ -209,11 +201,11 @@ def mutate(raw: bytes, rng: random.Random, pool: list[bytes]) -> bytes:
         return raw[: rng.randrange(len(raw) + 1)] + other[rng.randrange(len(other) + 1) :]
     if choice == 3:  # a huge length where a length goes
         i = rng.randrange(len(raw) + 1)
-        tag = _varint((rng.randint(1, 15) << 3) | 2)
-        return raw[:i] + tag + _varint(rng.choice(_HUGE)) + raw[i : i + rng.randint(0, 16)]
+        tag = varint((rng.randint(1, 15) << 3) | 2)
+        return raw[:i] + tag + varint(rng.choice(_HUGE)) + raw[i : i + rng.randint(0, 16)]
     if choice == 4:  # a length rewritten: every length byte of the first fields
         i = rng.randrange(min(len(raw), 64) + 1)
-        return raw[:i] + _varint(rng.choice(_HUGE)) + raw[i + 1 :]
+        return raw[:i] + varint(rng.choice(_HUGE)) + raw[i + 1 :]
     if choice == 5:  # invalid UTF-8 in a string
         return raw.replace(MARK.encode(), rng.choice(_BAD_UTF8), rng.randint(1, 3))
     if choice == 6:  # an overlong varint
@@ -223,7 +215,7 @@ def mutate(raw: bytes, rng: random.Random, pool: list[bytes]) -> bytes:
         i = rng.randrange(len(raw) + 1)
         number = rng.randint(1, 20)
         kind = rng.choice([(3, 4), (3,), (4,), (6,), (7,)])
-        return raw[:i] + b"".join(_varint((number << 3) | k) for k in kind) + raw[i:]
+        return raw[:i] + b"".join(varint((number << 3) | k) for k in kind) + raw[i:]
     if choice == 8:  # random bytes
         return rng.randbytes(rng.randint(0, 48))
     if choice == 9:  # a field repeated
@@ -261,7 +253,7 @@ def mux_frames(rng: random.Random, space: str) -> Iterator[bytes]:
             raw = rng.choice(by_method[method])
             body = mutate(raw, rng, pool) if rng.random() < 0.8 else raw
             field = OP_FIELDS[method] if rng.random() < 0.95 else rng.choice([0, 1, 14, 15, 99])
-            ops.append(_field(1, b"\x08" + _varint(op_id + 1) + _field(field, body)))
+            ops.append(_field(1, b"\x08" + varint(op_id + 1) + _field(field, body)))
         frame = b"".join(ops)
         yield mutate(frame, rng, pool) if rng.random() < 0.3 else frame
 
