@@ -18,6 +18,7 @@ from google.rpc import error_details_pb2, status_pb2
 import outrig
 import outrig.aio
 from outrig.v1 import space_pb2 as pb
+from outrig.v1.space_pb2_grpc import SpaceStub
 
 from ..conftest import ServerProcess
 from .entries import Task
@@ -93,13 +94,8 @@ def test_another_language_reads_the_reason_from_the_status_details(
     server: ServerProcess, space_name: str
 ) -> None:
     with grpc.insecure_channel(server.address) as channel:
-        commit = channel.unary_unary(
-            "/outrig.v1.Space/Commit",
-            request_serializer=pb.EndRequest.SerializeToString,
-            response_deserializer=pb.EndReply.FromString,
-        )
         with pytest.raises(grpc.RpcError) as raised:
-            commit(pb.EndRequest(space=space_name, transaction=123456789))
+            SpaceStub(channel).Commit(pb.EndRequest(space=space_name, transaction=123456789))
         assert raised.value.code() == grpc.StatusCode.NOT_FOUND
         info = _error_info(raised.value)
         assert (info.domain, info.reason) == ("outrig.v1", "TRANSACTION_NOT_FOUND")
@@ -109,21 +105,12 @@ def test_a_request_id_used_again_for_another_call_is_a_request_conflict(
     server: ServerProcess, space_name: str
 ) -> None:
     with grpc.insecure_channel(server.address) as channel:
-        write = channel.unary_unary(
-            "/outrig.v1.Space/Write",
-            request_serializer=pb.WriteRequest.SerializeToString,
-            response_deserializer=pb.WriteReply.FromString,
-        )
-        take = channel.unary_unary(
-            "/outrig.v1.Space/Take",
-            request_serializer=pb.MatchRequest.SerializeToString,
-            response_deserializer=pb.MatchReply.FromString,
-        )
+        stub = SpaceStub(channel)
         first = pb.WriteRequest(space=space_name, request_id="de-1")
         first.entry.type_name = "de.A"
-        write(first)
+        stub.Write(first)
         with pytest.raises(grpc.RpcError) as raised:
-            take(
+            stub.Take(
                 pb.MatchRequest(
                     space=space_name,
                     request_id="de-1",
@@ -137,11 +124,7 @@ def test_a_request_id_used_again_for_another_call_is_a_request_conflict(
 
 def test_a_mux_error_carries_its_reason(server: ServerProcess, space_name: str) -> None:
     with grpc.insecure_channel(server.address) as channel:
-        mux = channel.stream_stream(
-            "/outrig.v1.Space/Mux",
-            request_serializer=pb.MuxRequest.SerializeToString,
-            response_deserializer=pb.MuxReply.FromString,
-        )
+        mux = SpaceStub(channel).Mux
         request = pb.MuxRequest(
             ops=[pb.MuxOp(id=1, commit=pb.EndRequest(space=space_name, transaction=987654321))]
         )
