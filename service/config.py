@@ -59,6 +59,11 @@ class ServerConfig:
     listen: str = DEFAULT_LISTEN
     backend: str = "embedded"  # "embedded" (memory, or SQLite in data_dir) or "postgres" (dsn)
     dsn: str = ""  # the PostgreSQL database of the postgres backend (postgresql://...)
+    # The postgres backend's tier (docs/postgres.md): the address other servers and the SDK reach
+    # this server at (empty: the bound listen address, or this host's name for a wildcard), and
+    # the seconds a space's ownership lasts unrenewed (renewed every third of it).
+    advertise: str = ""
+    owner_lease: float = 3.0
     data_dir: Path | None = None  # None: spaces live in memory only
     in_memory: bool = False  # ignore data_dir: ephemeral spaces
     durability: str = "always"  # "always": reply once durable; "interval": commit every commit_interval_ms
@@ -95,6 +100,8 @@ _SCALARS = (
     "listen",
     "backend",
     "dsn",
+    "advertise",
+    "owner_lease",
     "data_dir",
     "in_memory",
     "durability",
@@ -128,6 +135,7 @@ _POSITIVE = frozenset(
     {
         "max_message_bytes",
         "commit_interval_ms",
+        "owner_lease",
         "request_window",
         "reap_interval",
         "reap_batch",

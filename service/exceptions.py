@@ -110,6 +110,15 @@ class StoreUnavailableError(StoreError):
     """A change could not be made durable (full disk, failing fsync); nothing was acknowledged."""
 
 
+class NotOwnerError(StoreUnavailableError):
+    """This server does not own the space (any more, or not yet): the call acknowledged nothing.
+    `owner` is the address of the server believed to own it ("" when unknown)."""
+
+    def __init__(self, message: str, owner: str = "") -> None:
+        super().__init__(message)
+        self.owner = owner
+
+
 class StoreLockedError(StoreError):
     """Another server is using the data dir."""
 

@@ -38,6 +38,19 @@ class SpaceFigures:
     types: Mapping[str, int] = field(default_factory=dict)  # type -> entries of it or a subtype
 
 
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a space lives: its owner's server id and address, the ownership's epoch, the seconds
+    left on it (None: no owner), and whether the owner is this server."""
+
+    space: str
+    owner: str
+    address: str
+    epoch: int
+    expires_in: float | None
+    here: bool
+
+
 class Subscription(Protocol):
     """An open notify registration: iterate its events; they end when its lease does."""
 
@@ -128,6 +141,21 @@ class SpaceBackend(Protocol):
 
     async def space_figures(self) -> dict[str, SpaceFigures]:
         """What each space holds, for the metrics (called on the event loop, at a scrape)."""
+
+    async def locate(self, space: str) -> str | None:
+        """Where a call on `space` is served: None here, else the address of the server to forward
+        it to (the owner, or the server that will claim it). May claim the space for this one."""
+
+    async def placements(self) -> list[Placement]:
+        """Every space of the tier and its owner (a lone server: its spaces, all here)."""
+
+    @property
+    def peer_secret(self) -> str:
+        """What this server presents on a call it forwards to another ("" : it forwards none)."""
+
+    def accepts_peer(self, secret: str) -> bool:
+        """Whether a call presenting `secret` was forwarded by a server of this tier, which checked
+        its caller's credentials and grants already."""
 
     def observe_commits(self, observe: Callable[[float, int], None]) -> None:
         """Have `observe(seconds, records)` called after each group commit of the backend's own

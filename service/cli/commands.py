@@ -46,6 +46,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--dsn", metavar="URL", help="the PostgreSQL database of --backend postgres")
     serve.add_argument(
+        "--advertise",
+        metavar="HOST:PORT",
+        help="with --backend postgres: the address other servers and clients reach this one at "
+        "(default: the listen address; this host's name when it listens on all interfaces)",
+    )
+    serve.add_argument(
+        "--owner-lease",
+        type=float,
+        metavar="SECONDS",
+        help="with --backend postgres: how long a space's ownership lasts unrenewed (default 3)",
+    )
+    serve.add_argument(
         "--data-dir",
         metavar="DIR",
         help="keep spaces durably in DIR (SQLite); without it they live in memory",
@@ -192,6 +204,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "listen": args.listen,
                 "backend": args.backend,
                 "dsn": args.dsn,
+                "advertise": args.advertise,
+                "owner_lease": args.owner_lease,
                 "data_dir": args.data_dir,
                 "in_memory": args.in_memory,
                 "durability": args.durability,

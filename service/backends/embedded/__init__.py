@@ -1,3 +1,2 @@
-"""The embedded backend: each space served from the pure engine in this process (backend.py),
-its changes recorded in SQLite with group commit (recorder.py, store/), retried requests answered
-once (idempotency.py), notify registrations as queues (subscription.py)."""
+"""The embedded backend: the memory backend (backends/memory) recorded in SQLite in the data dir
+(backend.py), with group commit and recovery (store/)."""

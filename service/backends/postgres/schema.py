@@ -111,6 +111,74 @@ MIGRATIONS: Final[tuple[tuple[int, str], ...]] = (
         CREATE INDEX outrig_entries_taken ON outrig_entries (taken_at) WHERE taken_at IS NOT NULL;
         """,
     ),
+    (
+        2,
+        """
+        -- The owner design: each space is served from memory by one server, its owner, and
+        -- recorded here. Matching never runs in SQL, so the match indexes and the per-transaction
+        -- columns of version 1 go; what a version 1 database held is kept: its committed entries
+        -- (a transaction's uncommitted writes are dropped and its takes put back: it aborted),
+        -- its types and its registrations. Request ids start afresh (their answers' layout changed).
+        --
+        -- outrig_spaces: each space's id high-water mark (ids below next_id may have been handed
+        -- out; reserved in blocks) and its ownership: the owning server's id, the epoch, bumped at
+        -- every claim, and when the ownership ends unless renewed (the database's clock). Every
+        -- batch an owner commits first locks its spaces' rows FOR SHARE and checks the epochs are
+        -- still its own: a claim (an UPDATE) waits for it, and a batch after a claim fails.
+        CREATE TABLE outrig_spaces (
+            space text PRIMARY KEY,
+            next_id bigint NOT NULL DEFAULT 1,
+            owner text,
+            epoch bigint NOT NULL DEFAULT 0,
+            owner_expires_at timestamptz,
+            created_at timestamptz NOT NULL DEFAULT now()
+        );
+        -- The servers of the tier: where each is reached, how many spaces it owns, and its last
+        -- heartbeat (a server whose heartbeat is older than an owner lease is not live).
+        CREATE TABLE outrig_servers (
+            id text PRIMARY KEY,
+            address text NOT NULL,
+            started_at timestamptz NOT NULL DEFAULT now(),
+            heartbeat_at timestamptz NOT NULL DEFAULT now(),
+            spaces integer NOT NULL DEFAULT 0,
+            draining boolean NOT NULL DEFAULT false
+        );
+        -- Settings of the whole tier: the secret servers present to each other on forwarded calls.
+        CREATE TABLE outrig_tier (key text PRIMARY KEY, value text NOT NULL);
+        INSERT INTO outrig_tier (key, value)
+            VALUES ('peer_secret', encode(sha256(gen_random_uuid()::text::bytea || random()::text::bytea), 'hex'));
+
+        DELETE FROM outrig_entries WHERE written_by IS NOT NULL OR taken_at IS NOT NULL;
+        DROP INDEX outrig_entries_written_by, outrig_entries_taken_by, outrig_entries_lineage,
+            outrig_entries_fields, outrig_entries_expiry, outrig_entries_taken;
+        ALTER TABLE outrig_entries
+            DROP COLUMN lineage, DROP COLUMN fields, DROP COLUMN size, DROP COLUMN written_by,
+            DROP COLUMN taken_by, DROP COLUMN taken_at;
+        -- A take with a request id keeps its rows, marked, to answer the take's retry.
+        ALTER TABLE outrig_entries ADD COLUMN taken_by text, ADD COLUMN taken_position integer;
+        CREATE INDEX outrig_entries_taken_by ON outrig_entries (taken_by) WHERE taken_by IS NOT NULL;
+        DELETE FROM outrig_registrations WHERE transaction IS NOT NULL;
+        ALTER TABLE outrig_registrations DROP COLUMN transaction;
+        DROP TABLE outrig_requests;
+        CREATE TABLE outrig_requests (
+            id text PRIMARY KEY,
+            space text NOT NULL,
+            kind text NOT NULL,
+            expires_at double precision NOT NULL,
+            first_id bigint,
+            count integer NOT NULL,
+            lease_expires_at double precision,
+            granted double precision
+        );
+        CREATE INDEX outrig_requests_space ON outrig_requests (space, expires_at);
+        INSERT INTO outrig_spaces (space, next_id)
+            SELECT space, (SELECT last_value + 1 FROM outrig_ids)
+            FROM (SELECT space FROM outrig_entries UNION SELECT space FROM outrig_registrations
+                  UNION SELECT space FROM outrig_types) AS named;
+        DROP TABLE outrig_transactions, outrig_read_locks, outrig_space_counts;
+        DROP SEQUENCE outrig_ids;
+        """,
+    ),
 )
 
 SCHEMA_VERSION: Final = MIGRATIONS[-1][0]

@@ -32,16 +32,13 @@ from pathlib import Path
 from typing import Any
 
 from outrig.service.backends.embedded.store.schema import connect, transaction
+from outrig.service.backends.memory.journal import Record, TakenRow, WriteAnswer
 from outrig.service.exceptions import StoreUnavailableError
 
 log = logging.getLogger("outrig.service.backends.embedded.store")
 
 # Request ids deleted from the store per batch at most (their window has passed).
 PRUNE_LIMIT = 5000
-
-Record = tuple[Any, ...]
-"""(kind, *arguments); the kinds are the methods of `_Writer` named `_<kind>`."""
-
 
 @dataclass(frozen=True, slots=True)
 class BatchStatistics:
@@ -320,6 +317,19 @@ class Journal:
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._writing.future)
         return self._writer.connection.execute(sql, parameters).fetchall()
+
+    async def write_answer(self, request_id: str) -> WriteAnswer:
+        ((first_id, count, expires_at, granted),) = await self.read(
+            "SELECT first_id, count, lease_expires_at, granted FROM requests WHERE id = ?", (request_id,)
+        )
+        return first_id, count, expires_at, granted
+
+    async def taken_rows(self, request_id: str) -> list[TakenRow]:
+        rows = await self.read(
+            "SELECT id, expires_at, payload FROM entries WHERE taken_by = ? ORDER BY taken_position",
+            (request_id,),
+        )
+        return [(entry_id, expires_at, payload) for entry_id, expires_at, payload in rows]
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Serve on `loop`: the one the changes are submitted from."""

@@ -1,4 +1,4 @@
-"""A notify registration of the embedded backend, and the stream of its events.
+"""A notify registration of the memory backend, and the stream of its events.
 
 Events are buffered up to a limit; beyond it they are dropped, which the consumer sees as a gap
 in sequence numbers, so a slow reader never grows the server's memory. On a durable server a
@@ -19,7 +19,7 @@ from outrig.service.engine.space import SpaceEngine
 from outrig.service.exceptions import ShuttingDownError
 
 if TYPE_CHECKING:
-    from outrig.service.backends.embedded.backend import EmbeddedBackend
+    from outrig.service.backends.memory.backend import MemoryBackend
 
 SHUTTING_DOWN = "the server is shutting down"
 # A registration's sequence number is stored again once it has moved this far, so that after a
@@ -27,10 +27,10 @@ SHUTTING_DOWN = "the server is shutting down"
 _SEQUENCE_STEP = 1 << 30
 
 
-class EmbeddedSubscription:
+class MemorySubscription:
     """The events of one registration (see the module docstring)."""
 
-    def __init__(self, backend: EmbeddedBackend, space: str, engine: SpaceEngine) -> None:
+    def __init__(self, backend: MemoryBackend, space: str, engine: SpaceEngine) -> None:
         self._backend = backend
         self._space = space
         self._engine = engine

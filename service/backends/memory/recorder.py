@@ -1,10 +1,10 @@
-"""What the embedded backend asks of its store: record a change made in memory, wait until it
+"""What the memory backend asks of its store: record a change made in memory, wait until it
 is durable, and answer a retried request from what was stored.
 
 Under the `always` policy a call replies only once its batch is durable, and a read, notify event
 or contents chunk that shows an entry whose write is not yet durable waits for it too
 (`settled`), so nobody sees what a crash could take back. A batch that cannot be written is
-undone in memory and its callers get UNAVAILABLE (see service/backends/embedded/store/journal.py).
+undone in memory and its callers get UNAVAILABLE (see memory/journal.py).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import contextlib
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from outrig.service.backends.embedded.idempotency import Outcome, RequestLog
-from outrig.service.backends.embedded.store.journal import Journal, Record
+from outrig.service.backends.memory.idempotency import Outcome, RequestLog
+from outrig.service.backends.memory.journal import Journal, Record
 from outrig.service.engine.model import LeaseGrant, StoredEntry
 from outrig.service.engine.space import SpaceEngine
 from outrig.service.exceptions import SpaceError
@@ -26,7 +26,7 @@ _ID_BLOCK = 1024
 
 
 class Recorder:
-    """The embedded backend's side of its `Journal`."""
+    """The memory backend's side of its `Journal`."""
 
     def __init__(self, journal: Journal, requests: RequestLog) -> None:
         self.journal = journal
@@ -120,15 +120,9 @@ class Recorder:
             with contextlib.suppress(SpaceError):
                 await asyncio.shield(journal.pending)
         if outcome.kind == "write":
-            ((first_id, count, expires_at, granted),) = await journal.read(
-                "SELECT first_id, count, lease_expires_at, granted FROM requests WHERE id = ?",
-                (outcome.request_id,),
-            )
+            first_id, count, expires_at, granted = await journal.write_answer(outcome.request_id)
             return [LeaseGrant(first_id + i, expires_at, granted) for i in range(count)]
-        rows = await journal.read(
-            "SELECT id, expires_at, payload FROM entries WHERE taken_by = ? ORDER BY taken_position",
-            (outcome.request_id,),
-        )
+        rows = await journal.taken_rows(outcome.request_id)
         return [
             StoredEntry(entry_id, codec.stored_entry(payload), expires_at)
             for entry_id, expires_at, payload in rows

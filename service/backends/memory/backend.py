@@ -1,0 +1,733 @@
+"""The memory backend: one in-memory `SpaceEngine` per named space, driven from the event loop,
+optionally recorded by a group-commit `Journal` (memory/journal.py): SQLite in a data dir (the
+embedded backend, backends/embedded) or PostgreSQL (the owner backend, backends/postgres).
+
+A read or take that finds nothing parks a future in the engine and awaits it, so a blocked call
+holds no thread. A reaper task expires leases in bounded batches, yielding between them, so mass
+expiry never stalls request handling.
+
+Durability: with a journal, every change is applied in memory at once and handed, as records
+with an undo, to the `Recorder` (recorder.py), whose journal commits the changes that
+arrive together in one transaction (group commit). A change whose records cannot be made or
+handed over is undone in memory before the call fails: memory never holds what the store was
+not told of, and no call is acknowledged for what it did not apply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+from outrig.service.backends.base import Placement, SpaceFigures
+from outrig.service.backends.memory.idempotency import Outcome, RequestLog
+from outrig.service.backends.memory.recorder import Recorder
+from outrig.service.backends.memory.journal import Journal, Record
+from outrig.service.backends.memory.subscription import SHUTTING_DOWN, MemorySubscription
+from outrig.service.config import ServerConfig
+from outrig.service.engine.clock import Clock, SystemClock
+from outrig.service.engine.leases import check_lease_duration
+from outrig.service.engine.model import (
+    LeaseGrant,
+    NewEntry,
+    StoredEntry,
+    Template,
+    Transaction,
+    TransactionOutcome,
+    TransactionState,
+    Waiter,
+)
+from outrig.service.engine.space import SpaceEngine
+from outrig.service.exceptions import (
+    LeaseNotFoundError,
+    QuotaExceededError,
+    RegistrationBusyError,
+    ShuttingDownError,
+    SpaceError,
+    TransactionAbortedError,
+    TransactionNotFoundError,
+)
+from outrig.service.protocol import codec
+
+log = logging.getLogger("outrig.service")
+
+# Candidates a contents call checks before it lets other requests run.
+_SLICE = 1024
+# Transactions whose end is remembered, so that a retried commit or abort gets its answer.
+_ENDED_REMEMBERED = 100_000
+
+
+def _commit_marker(transaction: int) -> str:
+    """The request id under which a durable commit is recorded, to answer a commit retried
+    across a restart."""
+    return f"outrig:commit:{transaction}"
+
+
+class MemoryBackend:
+    """Spaces in memory, recorded by a journal when a subclass opens one (`open_store`)."""
+
+    def __init__(self, config: ServerConfig, clock: Clock | None = None) -> None:
+        self.config = config
+        self.clock = clock or SystemClock()
+        self._spaces: dict[str, SpaceEngine] = {}
+        self._reaper: asyncio.Task[None] | None = None
+        self.closing = False
+        self._parked: set[asyncio.Future[list[StoredEntry]]] = set()
+        self._recorder: Recorder | None = None
+        self._requests = RequestLog(config.request_window, self.clock)
+        self._subscriptions: dict[tuple[str, int], MemorySubscription] = {}
+        self._ended_transactions: dict[tuple[str, int], TransactionState] = {}
+
+    @property
+    def keeps_registrations(self) -> bool:
+        """Whether registrations survive a restart (a durable server)."""
+        return self._recorder is not None
+
+    @property
+    def journal(self) -> Journal | None:
+        return None if self._recorder is None else self._recorder.journal
+
+    def engine(self, name: str) -> SpaceEngine:
+        """The named space, created with its configured settings on first use."""
+        engine = self._spaces.get(name)
+        if engine is None:
+            if self.closing:
+                raise ShuttingDownError(SHUTTING_DOWN)
+            limit = self.config.limits.max_spaces
+            if len(self._spaces) >= limit:
+                raise QuotaExceededError(
+                    f"space {name!r} would be space number {limit + 1}; the limit is max_spaces={limit}"
+                )
+            engine = self._spaces[name] = SpaceEngine(name, self.config.space_settings(name), self.clock)
+            if self._recorder is not None:
+                engine.on_expired = lambda entry_id: self.note([("delete", name, entry_id)])
+            # Aborts by lease expiry too, so that a late commit is told it aborted.
+            engine.on_transaction_end = lambda outcome: self._ended(
+                name, outcome.transaction.id, outcome.transaction.state
+            )
+        return engine
+
+    # ------------------------------------------------------------------ life cycle
+
+    async def start(self) -> None:
+        await self.open_store()  # nothing is served before start() returns
+        self._reaper = asyncio.create_task(self._reap_forever(), name="outrig-reaper")
+
+    async def open_store(self) -> None:
+        """Open the store and load what it holds (`use_journal`); in memory only: nothing."""
+
+    def use_journal(self, journal: Journal) -> None:
+        """Record every change from now on in `journal`."""
+        self._recorder = Recorder(journal, self._requests)
+
+    async def close(self) -> None:
+        """Stop taking work: end blocked calls and notify streams. The store stays open for
+        in-flight calls until `shutdown`."""
+        self.closing = True
+        # Blocked reads and takes end now, with UNAVAILABLE, rather than being cut off at the end
+        # of the grace period.
+        for future in self._parked:
+            if not future.done():
+                future.set_exception(ShuttingDownError(SHUTTING_DOWN))
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+        for engine in self._spaces.values():
+            engine.close()
+
+    async def shutdown(self) -> None:
+        """The server has stopped: write what is queued and close the store."""
+        if self._recorder is not None:
+            await self._recorder.journal.close()
+            self._recorder = None
+
+    async def _reap_forever(self) -> None:
+        batch = self.config.reap_batch
+        while True:
+            await asyncio.sleep(self.config.reap_interval)
+            for engine in list(self._spaces.values()):
+                try:
+                    while engine.reap(batch) >= batch:  # noqa: ASYNC110 - bounded batches, not a wait
+                        await asyncio.sleep(0)  # let requests run between batches
+                except Exception:  # the engine refiled what it could not reap: the next pass retries
+                    log.exception("reaping space %r failed", engine.name)
+            pruned = 0
+            while (step := self._requests.prune(batch)) >= batch:
+                pruned += step
+                await asyncio.sleep(0)
+            if pruned + step:
+                self.note([("prune_requests", self.clock.time())])
+
+    # ------------------------------------------------------------------ the store
+
+    def note(self, records: Sequence[Record]) -> None:
+        """Record bookkeeping nobody waits for (expiries, sequence numbers)."""
+        if self._recorder is not None:
+            self._recorder.note(records)
+
+    def _check_store(self) -> None:
+        if self._recorder is not None:
+            self._recorder.check()
+
+    async def _commit(
+        self,
+        records: Sequence[Record],
+        undo: Callable[[], None] | None,
+        written: Iterable[StoredEntry] = (),
+        outcome: Outcome | None = None,
+        *,
+        hands_out: bool = False,
+    ) -> None:
+        if self._recorder is not None:
+            await self._recorder.commit(records, undo, written, outcome, hands_out=hands_out)
+
+    async def settled(self, entries: Sequence[StoredEntry]) -> bool:
+        """Wait until the writes of `entries` are durable; False if one of them failed."""
+        return self._recorder is None or await self._recorder.settled(entries)
+
+    def forget_subscription(self, space: str, registration_id: int) -> None:
+        if self._subscriptions.pop((space, registration_id), None) is not None and not self.closing:
+            self.note([("unregister", space, registration_id)])
+
+    async def _replay(self, request_id: str, space: str, kind: str) -> Any:
+        """The earlier result of a retried call, or None if this call must act."""
+        while True:
+            outcome = self._requests.find(request_id, space, kind)
+            if outcome is None:
+                return None
+            if outcome.done is not None and not outcome.done.done():
+                await asyncio.shield(outcome.done)  # the first call is still in flight
+                continue
+            if self._recorder is None or outcome.result is not None:
+                return outcome.result  # an in-memory server's, or a call under a transaction's
+            return await self._recorder.stored_result(outcome)
+
+    @contextlib.contextmanager
+    def _acting_for(self, outcome: Outcome | None) -> Iterator[None]:
+        """A first call with a request id is acting: if it fails, the id is forgotten so that a
+        retry acts afresh (unless its change is already queued: see RequestLog.abandon)."""
+        try:
+            yield
+        except BaseException:
+            if outcome is not None:
+                self._requests.abandon(outcome)
+            raise
+
+    def _acted(self, outcome: Outcome | None, result: Any, *, keep: bool = False) -> None:
+        """The first call with a request id acted; an in-memory server keeps its result, and so
+        does a durable one for a call under a transaction (which the store does not see)."""
+        if outcome is not None:
+            self._requests.finish(outcome, result if keep or self._recorder is None else None)
+
+    @staticmethod
+    def _transaction(engine: SpaceEngine, transaction: int) -> Transaction | None:
+        return engine.transaction(transaction) if transaction else None
+
+    # ------------------------------------------------------------------ operations
+
+    async def write(
+        self,
+        space: str,
+        entries: Sequence[NewEntry],
+        lease: float | None,
+        *,
+        request_id: str = "",
+        transaction: int = 0,
+    ) -> list[LeaseGrant]:
+        if request_id:
+            earlier = await self._replay(request_id, space, "write")
+            if earlier is not None:
+                return list(earlier)
+        engine = self.engine(space)
+        txn = self._transaction(engine, transaction)
+        self._check_store()
+        outcome = self._requests.begin(request_id, space, "write") if request_id else None
+        with self._acting_for(outcome):
+            written, granted = engine.write_entries(entries, lease, txn)
+            grants = [LeaseGrant(stored.id, stored.expires_at, granted) for stored in written]
+            if self._recorder is not None and txn is not None:
+                # The store learns of the entries at commit; their ids are reserved now.
+                self.note(self._recorder.id_records(space, engine))
+            elif self._recorder is not None:
+                with self._undone_on_error(lambda: engine.revoke(written)):
+                    records = self._write_records(space, engine, written, grants, outcome)
+                await self._commit(records, lambda: engine.revoke(written), written, outcome)
+        self._acted(outcome, grants, keep=txn is not None)
+        return grants
+
+    def _write_records(
+        self,
+        space: str,
+        engine: SpaceEngine,
+        written: list[StoredEntry],
+        grants: list[LeaseGrant],
+        outcome: Outcome | None,
+    ) -> list[Record]:
+        assert self._recorder is not None
+        records: list[Record] = [("put", space, s.id, s.arrival, s.expires_at, s.payload) for s in written]
+        records += [
+            ("type", space, name, json.dumps(list(parents))) for name, parents in engine.declared.items()
+        ]
+        records += self._recorder.id_records(space, engine)
+        if outcome is not None:
+            # Ids of one write are consecutive, with one lease: four numbers say it all.
+            first = grants[0]
+            assert grants[-1].id == first.id + len(grants) - 1
+            records.append(
+                (
+                    *self._recorder.request_head(outcome),
+                    first.id,
+                    len(grants),
+                    first.expires_at,
+                    first.granted,
+                )
+            )
+        return records
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _undone_on_error(undo: Callable[[], None]) -> Iterator[None]:
+        """A change is applied in memory: if making its records fails, undo it before raising."""
+        try:
+            yield
+        except BaseException:
+            undo()
+            raise
+
+    async def match(
+        self,
+        space: str,
+        templates: Sequence[Template],
+        *,
+        take: bool,
+        max_entries: int,
+        timeout: float | None,
+        if_exists: bool,
+        request_id: str = "",
+        transaction: int = 0,
+    ) -> list[StoredEntry]:
+        request_id = request_id if take else ""
+        if request_id:
+            earlier = await self._replay(request_id, space, "take")
+            if earlier is not None:
+                return list(earlier)
+        engine = self.engine(space)
+        txn = self._transaction(engine, transaction)
+        if take:
+            self._check_store()
+        outcome = self._requests.begin(request_id, space, "take") if request_id else None
+        with self._acting_for(outcome):
+            found = await self._find(engine, templates, take, max_entries, timeout, if_exists, txn)
+            if take and found and self._recorder is not None and txn is None:
+                await self._commit_take(space, engine, found, outcome)
+            elif found and not take and not await self.settled(found):
+                self._check_store()
+                return []
+        self._acted(outcome, found, keep=txn is not None)
+        return found
+
+    async def _commit_take(
+        self, space: str, engine: SpaceEngine, found: list[StoredEntry], outcome: Outcome | None
+    ) -> None:
+        try:
+            self._check_store()  # a take that waited may resume after the store failed
+        except SpaceError:
+            engine.restore(found)
+            raise
+        if outcome is None:
+            records: list[Record] = [("delete", space, stored.id) for stored in found]
+        else:  # the rows stay, marked, to answer a retry until the request window passes
+            records = [("take", space, s.id, outcome.request_id, i) for i, s in enumerate(found)]
+            records.append((*Recorder.request_head(outcome), None, len(found), None, None))
+        try:
+            await self._commit(records, lambda: engine.restore(found), outcome=outcome, hands_out=True)
+        except asyncio.CancelledError:
+            # The caller is gone. With a request id its retry gets these entries; without one,
+            # nobody will: put them back, as a cancelled blocked take does.
+            if outcome is None:
+                engine.restore(found)
+                self.note(
+                    [("put", space, s.id, s.arrival, s.expires_at, s.payload) for s in found]
+                    + (self._recorder.id_records(space, engine) if self._recorder else [])
+                )
+            raise
+
+    async def _find(
+        self,
+        engine: SpaceEngine,
+        templates: Sequence[Template],
+        take: bool,
+        max_entries: int,
+        timeout: float | None,
+        if_exists: bool,
+        txn: Transaction | None = None,
+    ) -> list[StoredEntry]:
+        found, conflicted = engine.find_or_conflict(templates, take=take, max_entries=max_entries, txn=txn)
+        # if_exists (read_if_exists, take_if_exists) waits only while the entries it could use are
+        # locked by other transactions.
+        if found or timeout == 0 or (if_exists and not conflicted):
+            return found
+        if self.closing:
+            raise ShuttingDownError(SHUTTING_DOWN)
+        limit = self.config.limits.max_waiters
+        if engine.waiting >= limit:
+            raise QuotaExceededError(
+                f"space {engine.name!r} has {engine.waiting} blocked reads and takes; "
+                f"the limit is max_waiters={limit}"
+            )
+        future: asyncio.Future[list[StoredEntry]] = asyncio.get_running_loop().create_future()
+
+        def deliver(entries: list[StoredEntry]) -> bool:
+            if future.done():
+                return False
+            future.set_result(entries)
+            return True
+
+        waiter = Waiter(
+            engine.new_waiter_seq(),
+            tuple(templates),
+            take,
+            deliver,
+            max_entries,
+            txn=txn,
+            if_exists=if_exists,
+            wants=lambda: not future.done(),  # cancelled, timed out or shut down: not any more
+        )
+        engine.park(waiter)
+        self._parked.add(future)
+        try:
+            async with asyncio.timeout(timeout):
+                return await future
+        except TimeoutError:
+            # A delivery may have landed just as the deadline fired: it is ours, return it.
+            return future.result() if future.done() and not future.cancelled() else []
+        except asyncio.CancelledError:
+            delivered = future.done() and not future.cancelled() and future.exception() is None
+            if take and delivered:  # the caller is gone: put the entries back
+                if txn is None:
+                    engine.restore(future.result())
+                elif txn.active:
+                    engine.untake(txn, future.result())
+            raise
+        finally:
+            engine.unpark(waiter)
+            self._parked.discard(future)
+
+    async def contents(
+        self, space: str, templates: Sequence[Template], max_entries: int, transaction: int = 0
+    ) -> AsyncIterator[list[StoredEntry]]:
+        engine = self.engine(space)
+        txn = self._transaction(engine, transaction)
+        candidates = engine.candidates(templates)
+        chunk = self.config.limits.contents_chunk
+        left = max_entries or len(candidates)
+        ready: list[StoredEntry] = []
+        for start in range(0, len(candidates), _SLICE):
+            for stored in candidates[start : start + _SLICE]:
+                if engine.visible(templates, stored, txn):
+                    if txn is not None:
+                        engine.read_lock(txn, stored)  # what a transaction lists, it has read
+                    ready.append(stored)
+                    left -= 1
+                    if len(ready) == chunk or not left:
+                        await self.settled(ready)
+                        yield ready
+                        ready = []
+                    if not left:
+                        return
+            await asyncio.sleep(0)  # a slice at a time: a large space never holds the loop
+        if ready:
+            await self.settled(ready)
+            yield ready
+
+    async def count(self, space: str, templates: Sequence[Template], transaction: int = 0) -> int:
+        engine = self.engine(space)
+        number = engine.count(templates, self._transaction(engine, transaction))
+        if self._recorder is not None:
+            await self._recorder.caught_up()  # count nothing a crash could take back
+        return number
+
+    async def subscribe(
+        self,
+        space: str,
+        templates: Sequence[Template],
+        lease: float | None,
+        *,
+        resume: int | None = None,
+        transaction: int = 0,
+    ) -> MemorySubscription:
+        engine = self.engine(space)
+        if resume is not None:
+            return self._resume(space, engine, resume)
+        txn = self._transaction(engine, transaction)
+        self._check_store()
+        limit = self.config.limits.max_registrations
+        if engine.registered >= limit:
+            raise QuotaExceededError(
+                f"space {space!r} has {engine.registered} notify registrations; "
+                f"the limit is max_registrations={limit}"
+            )
+        # Encoded before anything changes: the record must not be what fails once it has.
+        stored_templates = codec.templates_bytes(templates) if self._recorder is not None else b""
+        subscription = MemorySubscription(self, space, engine)
+        registration, grant = engine.register(
+            tuple(templates), lease, subscription.on_event, subscription.on_end, txn
+        )
+        subscription.registration = registration
+        subscription.grant = grant
+        subscription.attached = True
+        self._subscriptions[(space, registration.seq)] = subscription
+        if self._recorder is not None and txn is None:  # one under a transaction ends with it
+            records: list[Record] = [
+                ("register", space, grant.id, grant.expires_at, stored_templates, 0),
+                *self._recorder.id_records(space, engine),
+            ]
+            await self._commit(records, subscription.close)
+        return subscription
+
+    def _resume(self, space: str, engine: SpaceEngine, registration_id: int) -> MemorySubscription:
+        subscription = self._subscriptions.get((space, registration_id))
+        if subscription is None or engine.registration(registration_id) is None:
+            raise LeaseNotFoundError(
+                f"resume: registration {registration_id} in space {space!r} is unknown or has ended"
+            )
+        if subscription.attached:
+            raise RegistrationBusyError(
+                f"resume: registration {registration_id} in space {space!r} already has a listener"
+            )
+        subscription.attached = True
+        return subscription
+
+    def restore_subscription(
+        self,
+        space: str,
+        registration_id: int,
+        templates: tuple[Template, ...],
+        expires_at: float | None,
+        sequence: int,
+    ) -> None:
+        """Put back a registration recovered from the store, waiting for its listener to resume."""
+        engine = self.engine(space)
+        subscription = MemorySubscription(self, space, engine)
+        subscription.stored_sequence = sequence
+        subscription.registration = engine.restore_registration(
+            registration_id, templates, expires_at, sequence, subscription.on_event, subscription.on_end
+        )
+        self._subscriptions[(space, registration_id)] = subscription
+
+    def reserve_ids(self, space: str, mark: int) -> None:
+        """The store has reserved ids below `mark` for `space` (recovery)."""
+        if self._recorder is not None:
+            self._recorder.reserve_ids(space, mark)
+
+    def restore_request(self, request_id: str, space: str, kind: str, expires_at: float) -> None:
+        self._requests.restore(request_id, space, kind, expires_at)
+
+    async def renew(
+        self, space: str, renewals: Sequence[tuple[int, float | None]]
+    ) -> list[LeaseGrant | SpaceError]:
+        for _, duration in renewals:  # a duration nobody may ask for refuses the whole call
+            check_lease_duration(duration, "duration")
+        engine = self.engine(space)
+        self._check_store()
+        results: list[LeaseGrant | SpaceError] = []
+        records: list[Record] = []
+        previous: list[tuple[int, float | None]] = []
+
+        def undo() -> None:
+            for lease_id, old in reversed(previous):
+                engine.set_expiry(lease_id, old)
+
+        with self._undone_on_error(undo):
+            for lease_id, duration in renewals:
+                try:
+                    old = engine.lease_expiry(lease_id)
+                    grant = engine.renew(lease_id, duration)
+                except SpaceError as err:
+                    results.append(err)
+                    continue
+                results.append(grant)
+                previous.append((lease_id, old))
+                if engine.is_transaction(lease_id):
+                    continue  # a transaction lives in memory only
+                kind = "registration_expiry" if engine.registration(lease_id) is not None else "entry_expiry"
+                records.append((kind, space, lease_id, grant.expires_at))
+        if records:
+            await self._commit(records, undo)
+        return results
+
+    async def cancel(self, space: str, lease_ids: Sequence[int]) -> list[SpaceError | None]:
+        engine = self.engine(space)
+        self._check_store()
+        results: list[SpaceError | None] = []
+        records: list[Record] = []
+        removed: list[StoredEntry] = []
+        try:
+            for lease_id in lease_ids:
+                transaction = engine.is_transaction(lease_id)
+                try:
+                    stored = engine.cancel(lease_id)
+                except SpaceError as err:
+                    results.append(err)
+                    continue
+                results.append(None)
+                if transaction:
+                    self._ended(space, lease_id, TransactionState.ABORTED)
+                elif stored is not None:
+                    removed.append(stored)
+                    records.append(("delete", space, lease_id))
+                else:
+                    records.append(("unregister", space, lease_id))
+        except BaseException:
+            # An ended registration or an aborted transaction cannot be undone: the store is told
+            # of the cancellations made before the failure, so that it agrees with memory.
+            if records:
+                self.note(records)
+            raise
+        if records:
+            await self._commit(records, lambda: engine.restore(removed))
+        return results
+
+    # ------------------------------------------------------------------ metrics
+
+    async def space_figures(self) -> dict[str, SpaceFigures]:
+        """What each space holds, for the metrics (runs on the event loop)."""
+        figures = {}
+        for name, engine in self._spaces.items():
+            stats = engine.statistics()
+            figures[name] = SpaceFigures(
+                entries=stats.entries,
+                bytes=stats.bytes,
+                waiters=stats.waiters,
+                registrations=stats.registrations,
+                transactions=stats.transactions,
+                expired=engine.expired,
+                types=engine.type_counts(),
+            )
+        return figures
+
+    async def locate(self, space: str) -> str | None:
+        """A lone server serves every space itself."""
+        return None
+
+    async def placements(self) -> list[Placement]:
+        return [Placement(name, "", "", 0, None, True) for name in self._spaces]
+
+    @property
+    def peer_secret(self) -> str:
+        return ""
+
+    def accepts_peer(self, secret: str) -> bool:
+        """A lone server has no peers: no call is taken as forwarded."""
+        return False
+
+    def observe_commits(self, observe: Callable[[float, int], None]) -> None:
+        """Have the store report each group commit's seconds and records (if there is a store)."""
+        if self._recorder is not None:
+            self._recorder.journal.on_batch = observe
+
+    # ------------------------------------------------------------------ transactions
+
+    async def begin(self, space: str, lease: float | None) -> LeaseGrant:
+        engine = self.engine(space)
+        self._check_store()
+        _txn, grant = engine.begin(lease)
+        if self._recorder is not None:
+            self.note(self._recorder.id_records(space, engine))  # a transaction's id is never reused
+        return grant
+
+    async def commit(self, space: str, transaction: int) -> None:
+        """Commit: on a durable server, the transaction's writes and takes go to the store in one
+        store transaction, so that a crash keeps all of them or none."""
+        engine = self.engine(space)
+        txn = self._ended_or_active(space, engine, transaction, TransactionState.COMMITTED)
+        if txn is None:
+            return  # committed already: a retry
+        self._check_store()
+        result = engine.commit(txn)
+        self._ended(space, transaction, TransactionState.COMMITTED)
+        if self._recorder is None:
+            return
+        outcome = self._requests.begin(_commit_marker(transaction), space, "commit")
+
+        def undo() -> None:  # the store failed: the commit did not happen
+            engine.revoke(result.written)
+            engine.restore(result.taken)
+
+        try:
+            with self._acting_for(outcome), self._undone_on_error(undo):
+                records = self._commit_records(space, engine, result, outcome)
+            with self._acting_for(outcome):
+                await self._commit(records, undo, result.written, outcome, hands_out=bool(result.taken))
+        except SpaceError:
+            # The store failed and the undo ran: the transaction's effects are gone, so it ended
+            # as an abort, and a retried commit says so.
+            self._ended(space, transaction, TransactionState.ABORTED)
+            raise
+        except BaseException:
+            if not outcome.committing:  # undone before it reached the store: as above
+                self._ended(space, transaction, TransactionState.ABORTED)
+            raise
+        self._acted(outcome, None)
+
+    async def abort(self, space: str, transaction: int) -> None:
+        """Abort: nothing of the transaction ever reached the store, so only memory changes."""
+        engine = self.engine(space)
+        txn = self._ended_or_active(space, engine, transaction, TransactionState.ABORTED)
+        if txn is not None:
+            engine.abort(txn)
+            self._ended(space, transaction, TransactionState.ABORTED)
+
+    def _commit_records(
+        self, space: str, engine: SpaceEngine, result: TransactionOutcome, outcome: Outcome
+    ) -> list[Record]:
+        assert self._recorder is not None
+        records: list[Record] = [
+            ("put", space, s.id, s.arrival, s.expires_at, s.payload) for s in result.written
+        ]
+        records += [
+            ("type", space, name, json.dumps(list(stored.lineage[depth + 1 :])))
+            for stored in result.written
+            for depth, name in enumerate(stored.lineage)
+        ]
+        records += [("delete", space, stored.id) for stored in result.taken]
+        records += self._recorder.id_records(space, engine)
+        records.append((*Recorder.request_head(outcome), result.transaction.id, 0, None, None))
+        return records
+
+    def _ended_or_active(
+        self, space: str, engine: SpaceEngine, transaction: int, wanted: TransactionState
+    ) -> Transaction | None:
+        """The active transaction; None if it already ended as `wanted` (a retried commit or
+        abort); TransactionAbortedError for a commit of an aborted one."""
+        try:
+            return engine.transaction(transaction)
+        except TransactionNotFoundError:
+            ended = self._ended_transactions.get((space, transaction))
+            if (
+                ended is None
+                and self._requests.find(_commit_marker(transaction), space, "commit") is not None
+            ):
+                ended = TransactionState.COMMITTED
+            if ended is wanted:
+                return None
+            if ended is TransactionState.ABORTED:
+                raise TransactionAbortedError(
+                    f"transaction {transaction} in space {space!r} has aborted (cancelled, or its lease "
+                    "ran out): it cannot commit"
+                ) from None
+            if ended is TransactionState.COMMITTED:
+                raise TransactionAbortedError(
+                    f"transaction {transaction} in space {space!r} has committed: it cannot abort"
+                ) from None
+            raise
+
+    def _ended(self, space: str, transaction: int, state: TransactionState) -> None:
+        ended = self._ended_transactions
+        ended[(space, transaction)] = state
+        while len(ended) > _ENDED_REMEMBERED:
+            del ended[next(iter(ended))]

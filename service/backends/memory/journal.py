@@ -1,0 +1,69 @@
+"""What the memory backend asks of the store that records it: a group-commit journal.
+
+The memory backend applies every change to its in-memory engines at once and hands the journal
+`Record`s describing it, with an undo. Two journals implement this protocol: SQLite in a data dir
+(backends/embedded/store/journal.py) and PostgreSQL, fenced by space ownership
+(backends/postgres/journal.py). Both commit the records of every change that arrives while the
+previous batch is being written in one transaction, and resolve each caller's future only once
+that transaction has committed; a batch that fails is undone in memory, newest change first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+Record = tuple[Any, ...]
+"""(kind, *arguments). The kinds, and what they say:
+
+    put(space, id, arrival, expires_at, payload)      an entry is in the space
+    delete(space, id)                                  it is gone
+    take(space, id, request_id, position)              taken by a request id: kept to answer a retry
+    entry_expiry(space, id, expires_at)                its lease was renewed
+    type(space, name, supertypes_json)                 a declared type
+    next_id(space, mark)                               ids below mark may have been handed out
+    register(space, id, expires_at, templates, seq)    a notify registration
+    unregister(space, id)
+    registration_expiry(space, id, expires_at)
+    sequence(space, id, seq)                           a registration's event sequence number
+    request(request_id, space, kind, expires_at, first_id, count, lease_expires_at, granted)
+    prune_requests(now)                                request ids whose window ended may go
+"""
+
+WriteAnswer = tuple[int, int, float | None, float | None]
+"""A stored write's answer: (first id, count, lease expiry, granted seconds)."""
+
+TakenRow = tuple[int, float | None, Any]
+"""A stored take's answer, one row per entry in order: (id, expiry, payload)."""
+
+
+class Journal(Protocol):
+    """A group committer (see the module docstring)."""
+
+    waits: bool  # callers wait for their batch (the `always` policy)
+    on_batch: Callable[[float, int], None] | None  # told of each commit: seconds, records
+
+    def check(self) -> None:
+        """Raise StoreUnavailableError (or a subclass) while the store cannot take changes."""
+
+    def submit(
+        self, records: Sequence[Record], undo: Callable[[], None] | None = None, *, own: bool = True
+    ) -> tuple[asyncio.Future[None], asyncio.Future[None] | None]:
+        """Queue a change already applied in memory: (its batch's future, the caller's own)."""
+
+    def note(self, records: Sequence[Record]) -> None:
+        """Queue bookkeeping nobody waits for."""
+
+    @property
+    def pending(self) -> asyncio.Future[None] | None:
+        """The future of the last batch not yet durable, if any."""
+
+    async def write_answer(self, request_id: str) -> WriteAnswer:
+        """The stored answer of a write with this request id."""
+
+    async def taken_rows(self, request_id: str) -> list[TakenRow]:
+        """The entries a take with this request id took, in order."""
+
+    async def close(self) -> None:
+        """Write what is queued, then stop."""
