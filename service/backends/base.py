@@ -64,6 +64,9 @@ class Subscription(Protocol):
 
 
 class SpaceBackend(Protocol):
+    def serving_at(self, address: str) -> None:
+        """The address other servers and clients reach this server at (told before `start`)."""
+
     async def start(self) -> None:
         """Begin background work (lease reaping)."""
 

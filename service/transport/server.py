@@ -6,6 +6,7 @@ import asyncio
 import gc
 import logging
 import signal
+import socket
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -86,6 +87,17 @@ class OutrigServer:
         host, _ = split_listen(self.config.listen)
         return f"{host}:{self.port}"
 
+    @property
+    def advertised(self) -> str:
+        """Where other servers and clients reach this one: `advertise`, else the bound listen
+        address, with this host's name in place of a wildcard host."""
+        if self.config.advertise:
+            return self.config.advertise
+        host, _ = split_listen(self.config.listen)
+        if host in ("", "0.0.0.0", "::", "[::]"):
+            host = socket.gethostname()
+        return f"{host}:{self.port}"
+
     async def start(self) -> int:
         host, port = split_listen(self.config.listen)
         check_listen(
@@ -98,6 +110,7 @@ class OutrigServer:
                 self.port = self._server.add_secure_port(f"{host}:{port}", self._credentials)
         except RuntimeError as err:
             raise ConfigError(f"listen: cannot bind {self.config.listen}: {err}") from err
+        self.backend.serving_at(self.advertised)
         await self.backend.start()
         if self.metrics is not None:
             self._serve_metrics(self.metrics)

@@ -112,6 +112,9 @@ class MemoryBackend:
 
     # ------------------------------------------------------------------ life cycle
 
+    def serving_at(self, address: str) -> None:
+        """A lone server needs no address of its own."""
+
     async def start(self) -> None:
         await self.open_store()  # nothing is served before start() returns
         self._reaper = asyncio.create_task(self._reap_forever(), name="outrig-reaper")
