@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from outrig.service import config
 from outrig.service.security.policy import parse_policy
 
 from .files import KUBERNETES, MANIFESTS, dockerfile_stages, load_yaml_documents, tool
@@ -182,19 +183,79 @@ def test_the_job_runs_the_stress_campaign(resources: Resources) -> None:
     assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
 
 
-def test_the_postgres_servers_are_a_deployment_on_a_headless_service() -> None:
-    (deployment,) = load_yaml_documents(KUBERNETES / "postgres" / "deployment.yaml")
-    (service,) = load_yaml_documents(KUBERNETES / "postgres" / "service.yaml")
-    (secret,) = load_yaml_documents(KUBERNETES / "postgres" / "secret-dsn.yaml")
-    (pdb,) = load_yaml_documents(KUBERNETES / "postgres" / "pdb.yaml")
-    assert deployment["kind"] == "Deployment" and deployment["spec"]["replicas"] >= 2
+def test_the_postgres_tier_is_replicas_of_a_deployment(resources: Resources) -> None:
+    deployment = resources[("postgres", "Deployment", "outrig-pg")]
+    secret = resources[("postgres", "Secret", "outrig-postgres")]
+    pdb = resources[("postgres", "PodDisruptionBudget", "outrig-pg")]
+    assert deployment["spec"]["replicas"] >= 2
     labels = deployment["spec"]["template"]["metadata"]["labels"]
-    assert service["spec"]["selector"] == labels == pdb["spec"]["selector"]["matchLabels"]
-    assert service["spec"]["clusterIP"] == "None"  # clients balance per call over every pod
+    assert deployment["spec"]["selector"]["matchLabels"] == labels == pdb["spec"]["selector"]["matchLabels"]
     assert pdb["spec"]["minAvailable"] < deployment["spec"]["replicas"]
-    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    container = _container(deployment)
     env = {item["name"]: item for item in container["env"]}
     assert env["OUTRIG_BACKEND"]["value"] == "postgres"
+    # One database for every replica: the same Secret's DSN.
     reference = env["OUTRIG_DSN"]["valueFrom"]["secretKeyRef"]
     assert (reference["name"], reference["key"]) == (secret["metadata"]["name"], "dsn")
-    assert "volumeClaimTemplates" not in deployment["spec"]  # stateless: the database holds the space
+    assert set(secret["stringData"]) == {"dsn"}
+    assert float(env["OUTRIG_OWNER_LEASE"]["value"]) > 0
+    assert "volumeClaimTemplates" not in deployment["spec"]  # the database holds the spaces durably
+    grace = float(env["OUTRIG_GRACE_SECONDS"]["value"])
+    assert deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > grace + 10
+
+
+def test_each_replica_advertises_its_pod_ip(resources: Resources) -> None:
+    """The others forward calls to a space's owner at the address it advertises: the pod's own IP
+    (from the downward API), at the port it listens on. Kubernetes expands $(POD_IP) only when
+    POD_IP is defined earlier in the list."""
+    container = _container(resources[("postgres", "Deployment", "outrig-pg")])
+    names = [item["name"] for item in container["env"]]
+    env = {item["name"]: item for item in container["env"]}
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    port = next(p["containerPort"] for p in container["ports"] if p["name"] == "grpc")
+    assert env["OUTRIG_ADVERTISE"]["value"] == f"$(POD_IP):{port}"
+    assert names.index("POD_IP") < names.index("OUTRIG_ADVERTISE")
+    host, _, listen_port = env["OUTRIG_LISTEN"]["value"].rpartition(":")
+    assert (host, int(listen_port)) == ("0.0.0.0", port)  # reachable at the pod IP, not loopback only
+
+
+def test_the_tier_is_probed_as_the_embedded_server_is(resources: Resources) -> None:
+    """Native gRPC probes; readiness asks outrig.v1.Space, which the server reports NOT_SERVING
+    while it cannot reach PostgreSQL (docs/deploy.md)."""
+    tier = _container(resources[("postgres", "Deployment", "outrig-pg")])
+    embedded = _container(resources[("kubernetes", "StatefulSet", "outrig")])
+    port = next(p["containerPort"] for p in tier["ports"] if p["name"] == "grpc")
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert tier[probe]["grpc"]["port"] == port, probe
+    assert tier["readinessProbe"]["grpc"]["service"] == "outrig.v1.Space"
+    assert "service" not in tier["livenessProbe"]["grpc"]
+    assert tier["readinessProbe"] == embedded["readinessProbe"]
+    assert tier["livenessProbe"] == embedded["livenessProbe"]
+    assert tier["env"][[e["name"] for e in tier["env"]].index("OUTRIG_INSECURE")]["value"] == "true"
+
+
+def test_the_tier_has_a_client_service_and_a_headless_one(resources: Resources) -> None:
+    deployment = resources[("postgres", "Deployment", "outrig-pg")]
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    ports = {p["name"]: p["containerPort"] for p in _container(deployment)["ports"]}
+    client = resources[("postgres", "Service", "outrig-pg")]
+    headless = resources[("postgres", "Service", "outrig-pg-headless")]
+    assert client["spec"]["type"] == "ClusterIP" and "clusterIP" not in client["spec"]
+    assert headless["spec"]["clusterIP"] == "None"
+    # Clients are sent to ready servers only: one that cannot reach the database is left out.
+    assert not headless["spec"].get("publishNotReadyAddresses", False)
+    for svc in (client, headless):
+        assert svc["spec"]["selector"] == labels
+        (port,) = svc["spec"]["ports"]
+        assert port["targetPort"] == "grpc" and port["port"] == ports["grpc"]
+        assert port["appProtocol"] == "grpc"
+
+
+def test_every_outrig_variable_is_a_setting(resources: Resources) -> None:
+    """A misspelt OUTRIG_* variable would be ignored silently by the server."""
+    settings = {f"OUTRIG_{name.upper()}" for name in config._SCALARS}
+    for key, resource in resources.items():
+        if resource["kind"] not in ("StatefulSet", "Deployment"):
+            continue
+        variables = {e["name"] for e in _container(resource)["env"] if e["name"].startswith("OUTRIG_")}
+        assert variables <= settings, (key, variables - settings)
