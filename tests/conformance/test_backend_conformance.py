@@ -25,6 +25,7 @@ from outrig.service.protocol import codec
 from outrig.v1 import space_pb2 as pb
 
 from ..field_values import value
+from ..polling import wait_until_async
 
 WAIT = 5.0  # a bound on anything that should happen promptly; a hang fails instead of timing out
 
@@ -276,7 +277,7 @@ async def test_a_cancelled_blocked_take_leaves_no_waiter_and_loses_nothing(
 ) -> None:
     taker = asyncio.create_task(take(backend, space, template(), timeout=None))
     await settle()
-    assert parked_waiters(space) in (1, None)
+    await wait_until_async(lambda: parked_waiters(space) in (1, None), what="the take parked")
     taker.cancel()
     with pytest.raises(asyncio.CancelledError):
         await taker

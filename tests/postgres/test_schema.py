@@ -9,8 +9,7 @@ import uuid
 import psycopg
 import pytest
 
-from outrig.service.backends.postgres.schema import SCHEMA_VERSION, field_key, migrate
-from outrig.service.engine.values import FieldValue
+from outrig.service.backends.postgres.schema import SCHEMA_VERSION, migrate
 from outrig.service.exceptions import IncompatibleStoreError
 
 from ..postgres_server import PostgresServer
@@ -38,9 +37,10 @@ async def test_migrations_apply_once_even_from_several_servers_at_once(postgres:
         cursor = await connection.execute(
             "SELECT indexname FROM pg_indexes WHERE tablename = 'outrig_entries'"
         )
-        assert {"outrig_entries_fields", "outrig_entries_lineage"} <= {
-            row[0] for row in await cursor.fetchall()
-        }
+        # The owner layout: no match indexes (matching never runs in SQL), the taker's index.
+        assert {row[0] for row in await cursor.fetchall()} == {"outrig_entries_pkey", "outrig_entries_taken_by"}
+        cursor = await connection.execute("SELECT count(*) FROM outrig_tier WHERE key = 'peer_secret'")
+        assert await cursor.fetchone() == (1,)
 
 
 async def test_a_newer_database_is_refused(postgres: PostgresServer) -> None:
@@ -51,18 +51,3 @@ async def test_a_newer_database_is_refused(postgres: PostgresServer) -> None:
         await connection.commit()
         with pytest.raises(IncompatibleStoreError, match=f"version {SCHEMA_VERSION + 1}"):
             await migrate(connection)
-
-
-def test_field_keys_tell_kinds_and_values_apart() -> None:
-    keys = {
-        field_key(FieldValue("int", 1)),
-        field_key(FieldValue("bool", True)),
-        field_key(FieldValue("double", (1.0).hex().encode())),
-        field_key(FieldValue("string", "1")),
-        field_key(FieldValue("bytes", b"1")),
-        field_key(FieldValue("null", None)),
-    }
-    assert len(keys) == 6
-    big = bytes(range(256)) * 20
-    assert field_key(FieldValue("array:int32", big)).startswith(f"array:int32:L{len(big)}:")
-    assert len(field_key(FieldValue("array:int32", big))) < 200  # never the whole value

@@ -24,8 +24,8 @@ from typing import Any
 
 from outrig.service.backends.base import Placement, SpaceFigures
 from outrig.service.backends.memory.idempotency import Outcome, RequestLog
-from outrig.service.backends.memory.recorder import Recorder
 from outrig.service.backends.memory.journal import Journal, Record
+from outrig.service.backends.memory.recorder import Recorder
 from outrig.service.backends.memory.subscription import SHUTTING_DOWN, MemorySubscription
 from outrig.service.config import ServerConfig
 from outrig.service.engine.clock import Clock, SystemClock
@@ -75,7 +75,8 @@ class MemoryBackend:
         self._spaces: dict[str, SpaceEngine] = {}
         self._reaper: asyncio.Task[None] | None = None
         self.closing = False
-        self._parked: set[asyncio.Future[list[StoredEntry]]] = set()
+        # Blocked reads and takes, per space.
+        self._parked: dict[str, set[asyncio.Future[list[StoredEntry]]]] = {}
         self._recorder: Recorder | None = None
         self._requests = RequestLog(config.request_window, self.clock)
         self._subscriptions: dict[tuple[str, int], MemorySubscription] = {}
@@ -110,6 +111,24 @@ class MemoryBackend:
             )
         return engine
 
+    def drop_space(self, name: str, error: SpaceError) -> None:
+        """Forget a space this server no longer serves (another owns it now, or the store's
+        state is uncertain): its blocked calls and notify streams end with `error`, and nothing
+        of it is recorded (the store keeps what it holds; whoever serves the space next loads
+        it from there)."""
+        engine = self._spaces.pop(name, None)
+        if engine is None:
+            return
+        for future in self._parked.pop(name, set()):
+            if not future.done():
+                future.set_exception(error)
+        subscriptions = [key for key in self._subscriptions if key[0] == name]
+        for key in subscriptions:
+            self._subscriptions.pop(key).end(error)
+        self._requests.forget_space(name)
+        if self._recorder is not None:
+            self._recorder.forget_space(name)
+
     # ------------------------------------------------------------------ life cycle
 
     def serving_at(self, address: str) -> None:
@@ -132,9 +151,10 @@ class MemoryBackend:
         self.closing = True
         # Blocked reads and takes end now, with UNAVAILABLE, rather than being cut off at the end
         # of the grace period.
-        for future in self._parked:
-            if not future.done():
-                future.set_exception(ShuttingDownError(SHUTTING_DOWN))
+        for parked in self._parked.values():
+            for future in parked:
+                if not future.done():
+                    future.set_exception(ShuttingDownError(SHUTTING_DOWN))
         if self._reaper is not None:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -194,6 +214,8 @@ class MemoryBackend:
 
     def forget_subscription(self, space: str, registration_id: int) -> None:
         if self._subscriptions.pop((space, registration_id), None) is not None and not self.closing:
+            if space not in self._spaces:
+                return  # dropped: the registration lives on in the store
             self.note([("unregister", space, registration_id)])
 
     async def _replay(self, request_id: str, space: str, kind: str) -> Any:
@@ -401,7 +423,8 @@ class MemoryBackend:
             wants=lambda: not future.done(),  # cancelled, timed out or shut down: not any more
         )
         engine.park(waiter)
-        self._parked.add(future)
+        parked = self._parked.setdefault(engine.name, set())
+        parked.add(future)
         try:
             async with asyncio.timeout(timeout):
                 return await future
@@ -418,7 +441,7 @@ class MemoryBackend:
             raise
         finally:
             engine.unpark(waiter)
-            self._parked.discard(future)
+            parked.discard(future)
 
     async def contents(
         self, space: str, templates: Sequence[Template], max_entries: int, transaction: int = 0

@@ -94,6 +94,14 @@ class RequestLog:
         if outcome.done is not None and not outcome.done.done():
             outcome.done.set_result(False)
 
+    def forget_space(self, space: str) -> None:
+        """Forget every id of `space` (no longer served here); calls in flight see theirs fail."""
+        for request_id, outcome in list(self._outcomes.items()):
+            if outcome.space == space:
+                del self._outcomes[request_id]
+                if outcome.done is not None and not outcome.done.done():
+                    outcome.done.set_result(False)
+
     def prune(self, limit: int = 10_000) -> int:
         """Forget up to `limit` ids whose window has passed; returns how many."""
         now = self._clock.time()

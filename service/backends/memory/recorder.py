@@ -141,6 +141,10 @@ class Recorder:
         mark = self._reserved[space] = engine.next_id + _ID_BLOCK
         return [("next_id", space, mark)]
 
+    def forget_space(self, space: str) -> None:
+        """`space` is no longer served here (see MemoryBackend.drop_space)."""
+        self._reserved.pop(space, None)
+
     def reserve_ids(self, space: str, mark: int) -> None:
         """The store has reserved ids below `mark` for `space` (recovery)."""
         self._reserved[space] = mark

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from outrig.service.backends.base import Event
 from outrig.service.engine.model import LeaseGrant, Registration, StoredEntry
 from outrig.service.engine.space import SpaceEngine
-from outrig.service.exceptions import ShuttingDownError
+from outrig.service.exceptions import ShuttingDownError, SpaceError
 
 if TYPE_CHECKING:
     from outrig.service.backends.memory.backend import MemoryBackend
@@ -38,6 +38,7 @@ class MemorySubscription:
         self._events: deque[Event] = deque()
         self._wake = asyncio.Event()
         self._ended = False
+        self._error: SpaceError | None = None  # what the stream ends with, if not its lease
         self.dropped = 0
         self.attached = False
         self.stored_sequence = 0
@@ -81,6 +82,8 @@ class MemorySubscription:
                 if await self._backend.settled([event.entry]):
                     yield event
             if self._ended:
+                if self._error is not None:
+                    raise self._error
                 if self._backend.keeps_registrations and self._backend.closing:
                     raise ShuttingDownError(
                         f"{SHUTTING_DOWN}; resume registration {self.lease.id} after the restart"
@@ -88,6 +91,13 @@ class MemorySubscription:
                 return
             self._wake.clear()
             await self._wake.wait()
+
+    def end(self, error: SpaceError) -> None:
+        """The space is no longer served here: the stream ends with `error`, the registration
+        stays in the store for its listener to resume where the space is served now."""
+        self._error = error
+        self._ended = True
+        self._wake.set()
 
     def close(self) -> None:
         """The listener went away: the registration ends (unless the server is stopping, when a

@@ -1,8 +1,9 @@
-"""The PostgreSQL backend: several outrig servers share each space through one database
-(`outrig serve --backend postgres --dsn ...`, docs/postgres.md).
+"""The postgres backend: a tier of outrig servers on one PostgreSQL database, each space served
+from memory by one of them, its owner, and recorded in the database (`outrig serve --backend
+postgres --dsn ...`, docs/postgres.md).
 
-`PostgresBackend` and its operations (backend.py); the SQL they share, the template condition and
-the quota counts (queries.py); the LISTEN/NOTIFY channel that wakes parked calls and feeds notify
-streams across servers (listener.py); lease expiry (reaper.py); request ids (idempotency.py);
-notify registrations and their streams (notify.py); the schema and its migrations (schema.py).
+`PostgresBackend` (backend.py) is the memory backend (backends/memory) serving the spaces this
+server owns; ownership, its claims, renewals and the tier's servers (ownership.py); the fenced
+group-commit journal (journal.py); loading a space a server has claimed (loading.py); the schema
+and its migrations (schema.py).
 """

@@ -1,127 +1,341 @@
-"""The PostgreSQL backend: spaces as rows in one database that several outrig servers share
-(docs/postgres.md).
+"""The postgres backend: the spaces this server owns, served from memory and recorded in
+PostgreSQL; every other space is somebody else's, and a call on it is forwarded (by the
+transport, which asks `locate`).
 
-Every operation is one database transaction, never held open across client calls. Matching is a
-containment query on two GIN indexes, `lineage @> ARRAY[type]` and `fields @> {field: key}`
-(schema.py, queries.py), in arrival order; each candidate is then checked with the engine's own
-`Template.matches`, which compares large values in full. A take locks the rows it chose with
-`FOR UPDATE SKIP LOCKED`, so concurrent takes through any number of servers never return the same
-entry and never wait on each other, and marks them taken in the same transaction (the reaper,
-reaper.py, purges them later; meanwhile other servers can still fetch them for notify events).
+Each operation first makes sure this server owns its space (`_ensure`): a space it serves and
+can prove it owns goes straight to the memory backend; a space with no live owner is claimed
+(ownership.py) and loaded (loading.py) first; a space another server owns is refused with
+NotOwnerError naming that server, which the transport turns into UNAVAILABLE/NOT_OWNER (a call
+forwarded here is never forwarded again). Between a call's check and its change, nothing
+waits: the change is made in memory and fenced by the journal (journal.py) when it is recorded.
 
-Blocked calls are woken by LISTEN/NOTIFY on `outrig_changes` (one listening connection per
-server, listener.py) and look again every second, because notifications are not replayed.
-Transactions are columns and a read-lock table; request ids (idempotency.py), registrations
-(notify.py) and quota counts (16 shards per space, queries.py) are rows shared by all servers.
+Background work, every third of the owner lease: renew the ownership of every space served here
+(a space found lost is dropped at once), heartbeat, and claim spaces nobody serves (their owner
+died, or stopped and released them), when this server is the least loaded live one or they have
+waited two leases.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import hmac
 import logging
-import math
-from collections.abc import AsyncIterator, Callable, Sequence
+import socket
+import uuid
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from psycopg import AsyncConnection
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool
 
-from outrig.service.backends.base import SpaceFigures, Subscription
-from outrig.service.backends.postgres.idempotency import PgRequestLog, _Replay
-from outrig.service.backends.postgres.listener import Listener, _notify
-from outrig.service.backends.postgres.notify import PgSubscription
-from outrig.service.backends.postgres.queries import (
-    _LOCKED_FOR_READ,
-    _LOCKED_FOR_TAKE,
-    _READABLE,
-    _TAKEABLE,
-    _charge,
-    _delete,
-    _named,
-    _retire,
-    _stored,
-)
-from outrig.service.backends.postgres.reaper import Reaper
-from outrig.service.backends.postgres.schema import field_key, migrate
+from outrig.service.backends.base import Placement
+from outrig.service.backends.memory.backend import MemoryBackend
+from outrig.service.backends.memory.subscription import MemorySubscription
+from outrig.service.backends.postgres.journal import PgJournal
+from outrig.service.backends.postgres.loading import load_space
+from outrig.service.backends.postgres.ownership import Ownership
+from outrig.service.backends.postgres.schema import migrate
 from outrig.service.config import ServerConfig
-from outrig.service.engine.clock import Clock, SystemClock
-from outrig.service.engine.leases import check_lease_duration
+from outrig.service.engine.clock import Clock
 from outrig.service.engine.model import LeaseGrant, NewEntry, StoredEntry, Template
-from outrig.service.engine.values import FULL_KEY_LIMIT
+from outrig.service.engine.space import SpaceEngine
 from outrig.service.exceptions import (
-    LeaseNotFoundError,
-    RegistrationBusyError,
+    NotOwnerError,
     ShuttingDownError,
     SpaceError,
-    TransactionAbortedError,
-    TransactionNotFoundError,
-    TypeConflictError,
+    StoreError,
+    StoreUnavailableError,
 )
 from outrig.service.protocol import codec
 
-__all__ = ["PostgresBackend"]
-
 log = logging.getLogger("outrig.service.backends.postgres")
 
-_SEQUENCE_JUMP = 1 << 31  # as the embedded backend's restart: numbers never repeat
-_RECHECK = 1.0  # seconds between re-checks of a blocked call: notifications are not replayed
-_ACTIVE, _COMMITTED, _ABORTED = 0, 1, 2  # outrig_transactions.state
+# Seconds a server waits for PostgreSQL at start before it gives up.
+CONNECT_TIMEOUT = 10
+# Seconds a remote owner found in the database is remembered before it is looked up again.
+_LOCATION_TTL = 0.5
 
 
-class PostgresBackend:
-    """Spaces in a PostgreSQL database: `outrig serve --backend postgres --dsn ...`."""
+def database_named(dsn: str) -> str:
+    """The database a DSN names, for messages: host, port and database, never the password."""
+    try:
+        parts = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return "(an unreadable DSN)"
+    host = parts.get("host") or parts.get("hostaddr") or "localhost"
+    port = parts.get("port") or "5432"
+    return f"{host}:{port}/{parts.get('dbname') or parts.get('user') or ''}"
 
-    def __init__(
-        self, config: ServerConfig, dsn: str, clock: Clock | None = None, pool_size: int = 10
-    ) -> None:
-        self.config = config
+
+class PostgresBackend(MemoryBackend):
+    """`outrig serve --backend postgres --dsn ...`: one server of a tier (see the module docstring)."""
+
+    def __init__(self, config: ServerConfig, dsn: str, clock: Clock | None = None) -> None:
+        super().__init__(config, clock)
         self.dsn = dsn
-        self.clock = clock or SystemClock()
-        self._pool = AsyncConnectionPool(dsn, min_size=1, max_size=pool_size, open=False)
-        self._listener = Listener(dsn, self._pool)
-        self._reaper = Reaper(
-            config.reap_interval,
-            self.clock,
-            self._pool,
-            self._listener,
-            lambda space, txn: self._end(space, txn, commit=False),
+        self.where = database_named(dsn)
+        self.lease = config.owner_lease
+        self.server_id = f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+        lease_ms = int(self.lease * 1000)
+        self._connect_kwargs: dict[str, Any] = {
+            "autocommit": True,
+            "connect_timeout": CONNECT_TIMEOUT,
+            # A cut link is noticed within a lease, not after TCP's minutes; and PostgreSQL
+            # itself ends a transaction of this server left open (its FOR SHARE locks would hold
+            # up another server's claim) once it has idled for a lease.
+            "keepalives": 1,
+            "keepalives_idle": max(1, int(self.lease)),
+            "keepalives_interval": 1,
+            "keepalives_count": 3,
+            "tcp_user_timeout": lease_ms,
+            "options": f"-c idle_in_transaction_session_timeout={lease_ms}",
+        }
+        self._pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+            dsn, min_size=2, max_size=6, open=False, kwargs=self._connect_kwargs, timeout=self.lease
         )
-        self._requests = PgRequestLog(config.request_window, self.clock, self._pool)
-        self._waiting: dict[str, int] = {}  # blocked calls parked on this server, per space
-        self._types: dict[str, dict[str, list[str]]] = {}  # declarations seen in the database
-        self._listen_task: asyncio.Task[None] | None = None
-        self._reap_task: asyncio.Task[None] | None = None
-        self.closing = False
-        self._background: set[asyncio.Task[Any]] = set()
+        self.owners = Ownership(self._pool, self.server_id, self.lease)
+        self._pg_journal: PgJournal | None = None
+        self._secret = ""
+        self._claims: dict[str, asyncio.Lock] = {}
+        self._located: dict[str, tuple[float, str]] = {}
+        self._tending: asyncio.Task[None] | None = None
 
-    async def start(self) -> None:
-        await self._pool.open(wait=True)
+    # ------------------------------------------------------------------ life cycle
+
+    def serving_at(self, address: str) -> None:
+        self.owners.address = address
+
+    async def _connect(self) -> psycopg.AsyncConnection[Any]:
+        return await psycopg.AsyncConnection.connect(self.dsn, **self._connect_kwargs)
+
+    async def _query(self, sql: str, parameters: Sequence[Any]) -> list[tuple[Any, ...]]:
         async with self._pool.connection() as connection:
-            applied = await migrate(connection)
+            cursor = await connection.execute(sql, parameters)
+            return list(await cursor.fetchall())
+
+    async def open_store(self) -> None:
+        try:
+            probe = await self._connect()
+        except psycopg.Error as err:
+            raise StoreError(f"PostgreSQL at {self.where} is unreachable: {err}".strip()) from None
+        try:
+            applied = await migrate(probe)
+            cursor = await probe.execute("SELECT value FROM outrig_tier WHERE key = 'peer_secret'")
+            row = await cursor.fetchone()
+        finally:
+            await probe.close()
         if applied:
             log.info("PostgreSQL schema: applied migrations %s", applied)
-        self._listen_task = asyncio.create_task(self._listener.listen())
-        await asyncio.wait_for(self._listener.listening.wait(), 30)  # no notification missed from the start
-        self._reap_task = asyncio.create_task(self._reaper.reap_forever())
+        assert row is not None, "migration 2 stores the tier's peer secret"
+        self._secret = str(row[0])
+        await self._pool.open(wait=True, timeout=CONNECT_TIMEOUT)
+        journal = PgJournal(
+            self._connect,
+            self._query,
+            self.server_id,
+            self.owners.epochs,
+            codec.entry_bytes,
+            self.where,
+            deadline=self.lease,
+        )
+        journal.on_lost = self._lost
+        journal.on_uncertain = self._uncertain
+        await journal.start()
+        self._pg_journal = journal
+        self.use_journal(journal)
+        await self.owners.heartbeat(0)
+        self._tending = asyncio.create_task(self._tend_forever(), name="outrig-ownership")
+        log.info(
+            "server %s in the tier on PostgreSQL at %s, reached at %s; owner lease %.1f s",
+            self.server_id,
+            self.where,
+            self.owners.address,
+            self.lease,
+        )
 
     async def close(self) -> None:
-        self.closing = True
-        for task in (self._listen_task, self._reap_task):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        for event in self._listener.changed.values():
-            event.set()
-        for streams in self._listener.streams.values():
-            for stream in list(streams.values()):
-                stream.end(shutting_down=True)  # the registration stays: its client resumes elsewhere
-        self._listener.streams.clear()
+        if self._tending is not None:
+            self._tending.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._tending
+        await super().close()
 
     async def shutdown(self) -> None:
+        """Write what is queued, then give every space up so that others claim it at once."""
+        await super().shutdown()
+        with contextlib.suppress(psycopg.Error, OSError):
+            await self.owners.release(sorted(self.owners.epochs))
         await self._pool.close()
+
+    @property
+    def healthy(self) -> bool:
+        """Whether this server can record changes (its link to PostgreSQL works)."""
+        return self._pg_journal is not None and self._pg_journal.healthy
+
+    # ------------------------------------------------------------------ ownership
+
+    def _lost(self, spaces: set[str]) -> None:
+        for space in spaces:
+            log.warning("space %r: ownership lost to another server; dropped", space)
+            self._drop(space, NotOwnerError(f"space {space!r} is now served by another server"))
+
+    def _uncertain(self) -> None:
+        for space in list(self._spaces):
+            self._drop(
+                space,
+                StoreUnavailableError(
+                    f"PostgreSQL at {self.where} is unreachable: space {space!r} is not served until "
+                    "it is back"
+                ),
+            )
+
+    def _drop(self, space: str, error: SpaceError) -> None:
+        self.drop_space(space, error)
+        self.owners.forget(space)
+        self._located.pop(space, None)
+
+    def engine(self, name: str) -> SpaceEngine:
+        """The space, if this server serves it and can prove it still owns it."""
+        engine = self._spaces.get(name)
+        if engine is None:
+            raise NotOwnerError(f"space {name!r} is not served by this server")
+        if not self.owners.trusted(name):
+            raise NotOwnerError(
+                f"space {name!r}: this server cannot prove it still owns it (PostgreSQL at "
+                f"{self.where} has not confirmed it lately); nothing was done"
+            )
+        return engine
+
+    async def _ensure(self, space: str) -> None:
+        """Make sure this server serves `space`, claiming and loading it if nobody does."""
+        if space in self._spaces and self.owners.trusted(space):
+            return
+        if self.closing:
+            raise ShuttingDownError("the server is shutting down")
+        assert self._pg_journal is not None
+        self._pg_journal.check()
+        lock = self._claims.setdefault(space, asyncio.Lock())
+        async with lock:
+            if space in self._spaces:
+                self.engine(space)  # loaded meanwhile; or loaded but not provably ours: refused
+                return
+            try:
+                async with asyncio.timeout(2 * self.lease):
+                    epoch = await self.owners.claim(space)
+                    if epoch is None:
+                        owner = await self.owners.owner_of(space)
+                        address = owner.address if owner is not None else ""
+                        raise NotOwnerError(
+                            f"space {space!r} is served by {address or 'another server'}", address
+                        )
+                    await self._load(space, epoch)
+            except (psycopg.Error, OSError, TimeoutError) as err:
+                self.owners.forget(space)
+                raise StoreUnavailableError(
+                    f"space {space!r}: PostgreSQL at {self.where} did not answer a claim ({err})"
+                ) from None
+
+    async def _load(self, space: str, epoch: int) -> None:
+        now = self.clock.time()
+        async with self._pool.connection() as connection:
+            rows = await load_space(connection, space, self.server_id, epoch, now)
+        if space in self._spaces:
+            return
+        engine = MemoryBackend.engine(self, space)  # creates it (max_spaces applies)
+        engine.resume_ids(rows.next_id)
+        self.reserve_ids(space, rows.next_id)
+        for name, supertypes in rows.types:
+            engine.declare(name, tuple(supertypes))
+        for entry_id, arrival, expires_at, payload in rows.entries:
+            engine.load(entry_id, arrival, codec.stored_entry(payload), expires_at)
+        for registration_id, expires_at, templates, sequence in rows.registrations:
+            self.restore_subscription(
+                space, registration_id, codec.stored_templates(templates), expires_at, sequence
+            )
+        for request_id, kind, expires_at in rows.requests:
+            self.restore_request(request_id, space, kind, expires_at)
+        self._located.pop(space, None)
+        log.info(
+            "space %r claimed (epoch %d): %d entries, %d registrations, %d request ids loaded in "
+            "%.2f s (%d expired)",
+            space,
+            epoch,
+            len(rows.entries),
+            len(rows.registrations),
+            len(rows.requests),
+            rows.seconds,
+            rows.expired,
+        )
+
+    async def _tend_forever(self) -> None:
+        """Renew, heartbeat and claim orphans, every third of the lease."""
+        while True:
+            await asyncio.sleep(self.lease / 3)
+            try:
+                await self._tend()
+            except (psycopg.Error, OSError, TimeoutError) as err:
+                log.warning("renewing ownership at PostgreSQL %s failed: %s", self.where, err)
+            except Exception:  # a bug must not stop the renewals
+                log.exception("tending ownership failed")
+
+    async def _tend(self) -> None:
+        async with asyncio.timeout(self.lease / 2):
+            served = sorted(self._spaces)
+            lost = await self.owners.renew(served)
+        if lost:
+            self._lost(lost)
+        if self.closing or not self.healthy:
+            return
+        orphans = await self.owners.orphans()
+        if not orphans:
+            return
+        servers = await self.owners.live_servers()
+        for space, since in orphans:
+            mine = len(self._spaces)
+            others = [s.spaces for s in servers if s.server != self.server_id]
+            least = min(others, default=mine + 1)
+            if mine <= least or since > 2 * self.lease:
+                with contextlib.suppress(SpaceError):
+                    await self._ensure(space)
+
+    async def locate(self, space: str) -> str | None:
+        if space in self._spaces or self.closing:
+            return None  # here (refused here if it cannot be proved: see engine())
+        cached = self._located.get(space)
+        loop = asyncio.get_running_loop()
+        if cached is not None and cached[0] > loop.time():
+            return cached[1]
+        try:
+            owner = await self.owners.owner_of(space)
+            if owner is not None and owner.expires_in > 0:
+                if owner.server == self.server_id:
+                    return None  # ours in the database, not loaded yet: claimed again here
+                self._located[space] = (loop.time() + min(_LOCATION_TTL, owner.expires_in), owner.address)
+                return owner.address
+            servers = await self.owners.live_servers()
+        except (psycopg.Error, OSError) as err:
+            raise StoreUnavailableError(f"PostgreSQL at {self.where} is unreachable: {err}") from None
+        if not servers or servers[0].server == self.server_id or not servers[0].address:
+            return None  # this server claims it
+        mine = len(self._spaces)
+        if mine <= servers[0].spaces:
+            return None
+        return servers[0].address
+
+    async def placements(self) -> list[Placement]:
+        try:
+            return await self.owners.placements()
+        except (psycopg.Error, OSError) as err:
+            raise StoreUnavailableError(f"PostgreSQL at {self.where} is unreachable: {err}") from None
+
+    @property
+    def peer_secret(self) -> str:
+        return self._secret
+
+    def accepts_peer(self, secret: str) -> bool:
+        return bool(self._secret) and hmac.compare_digest(secret.encode(), self._secret.encode())
 
     # ------------------------------------------------------------------ operations
 
@@ -134,116 +348,8 @@ class PostgresBackend:
         request_id: str = "",
         transaction: int = 0,
     ) -> list[LeaseGrant]:
-        if request_id and (earlier := await self._requests.replay(request_id, space, "write")) is not None:
-            return earlier
-        try:
-            return await self._write(space, entries, lease, request_id, transaction)
-        except _Replay:
-            replayed = await self._requests.replay(request_id, space, "write")
-            assert replayed is not None
-            return replayed
-
-    async def _write(
-        self, space: str, entries: Sequence[NewEntry], lease: float | None, request_id: str, transaction: int
-    ) -> list[LeaseGrant]:
-        now = self.clock.time()
-        expires_at, granted = self._grant(space, lease, now)
-        async with self._pool.connection() as connection, connection.transaction():
-            if transaction:
-                await self._active(connection, space, transaction)
-            if request_id:
-                await self._requests.claim(connection, request_id, space, "write")
-            declared = await self._declare(connection, space, entries)
-            await _charge(
-                connection,
-                self.config.space_settings(space),
-                space,
-                len(entries),
-                sum(new.size for new in entries),
-                now,
-            )
-            cursor = await connection.execute(
-                "SELECT nextval('outrig_ids') FROM generate_series(1, %s)", (len(entries),)
-            )
-            ids = [row[0] for row in await cursor.fetchall()]
-            async with connection.cursor() as insert:
-                await insert.executemany(
-                    "INSERT INTO outrig_entries (space, id, arrival, lineage, fields, payload, size, "
-                    "expires_at, written_by) VALUES (%s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s)",
-                    [
-                        (
-                            space,
-                            entry_id,
-                            entry_id,
-                            [new.type_name, *new.supertypes],
-                            json.dumps({name: field_key(value) for name, value in new.fields.items()}),
-                            bytes(codec.entry_bytes(new.payload)),
-                            new.size,
-                            expires_at,
-                            transaction or None,
-                        )
-                        for entry_id, new in zip(ids, entries, strict=True)
-                    ],
-                )
-            if request_id:
-                await connection.execute(
-                    "UPDATE outrig_requests SET result = %s::jsonb WHERE id = %s",
-                    (json.dumps({"ids": ids, "expires_at": expires_at, "granted": granted}), request_id),
-                )
-            self._listener.mark_delivered(ids)  # before the commit: this server's listener must skip them
-            await _notify(connection, space, [] if transaction else ids)
-        self._types.setdefault(space, {}).update(declared)  # committed: the database holds them
-        written = [StoredEntry(entry_id, new, expires_at) for entry_id, new in zip(ids, entries, strict=True)]
-        self._listener.offer(space, written, transaction)
-        return [LeaseGrant(entry_id, expires_at, granted) for entry_id in ids]
-
-    def _grant(
-        self, space: str, requested: float | None, now: float, field: str = "lease"
-    ) -> tuple[float | None, float | None]:
-        """(expires_at, granted seconds) for a requested lease, as the engine grants one: None asks
-        for the space's default, math.inf for FOREVER (None, None), cut to the space's max_lease.
-        A duration nobody may ask for is refused by the engine's own rule, before anything is done."""
-        check_lease_duration(requested, field)
-        settings = self.config.space_settings(space)
-        duration = min(settings.default_lease if requested is None else requested, settings.max_lease)
-        return (None, None) if math.isinf(duration) else (now + duration, duration)
-
-    async def _declare(
-        self, connection: AsyncConnection[Any], space: str, entries: Sequence[NewEntry]
-    ) -> dict[str, list[str]]:
-        """Declare the entries' types, refusing one that was declared with other supertypes; the
-        declarations the database holds, to remember once the write has committed."""
-        wanted: dict[str, list[str]] = {}
-        for new in entries:
-            lineage = [new.type_name, *new.supertypes]
-            for depth, name in enumerate(lineage):
-                parents = wanted.setdefault(name, lineage[depth + 1 :])
-                if parents != lineage[depth + 1 :]:
-                    raise TypeConflictError(
-                        f"type {name!r} is declared with supertypes {parents} and {lineage[depth + 1 :]} "
-                        f"in one write to space {space!r}"
-                    )
-        known = self._types.setdefault(space, {})
-        if all(known.get(name) == parents for name, parents in wanted.items()):
-            return {}  # declared before, as now: a declaration never changes, so no round trip
-        async with connection.cursor() as cursor:
-            await cursor.executemany(
-                "INSERT INTO outrig_types (space, name, supertypes) VALUES (%s, %s, %s) "
-                "ON CONFLICT DO NOTHING",
-                [(space, name, parents) for name, parents in wanted.items()],
-            )
-        cursor = await connection.execute(
-            "SELECT name, supertypes FROM outrig_types WHERE space = %s AND name = ANY(%s)",
-            (space, list(wanted)),
-        )
-        declared = {name: list(parents) for name, parents in await cursor.fetchall()}
-        for name, parents in declared.items():
-            if parents != wanted[name]:
-                raise TypeConflictError(
-                    f"type {name!r} has supertypes {parents} in space {space!r}; "
-                    f"an entry declares {wanted[name]}"
-                )
-        return declared
+        await self._ensure(space)
+        return await super().write(space, entries, lease, request_id=request_id, transaction=transaction)
 
     async def match(
         self,
@@ -257,148 +363,28 @@ class PostgresBackend:
         request_id: str = "",
         transaction: int = 0,
     ) -> list[StoredEntry]:
-        request_id = request_id if take else ""
-        if request_id and (earlier := await self._requests.replay(request_id, space, "take")) is not None:
-            return earlier
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-        event = self._listener.event(space)
-        while True:
-            event.clear()  # before looking: a change after this moment wakes us
-            try:
-                found, conflicted = await self._find(
-                    space, templates, take, max_entries, transaction, if_exists, request_id
-                )
-            except _Replay:
-                replayed = await self._requests.replay(request_id, space, "take")
-                assert replayed is not None
-                return replayed
-            if found or (if_exists and not conflicted) or (deadline is not None and loop.time() >= deadline):
-                return found
-            if self.closing:
-                raise ShuttingDownError("the server is shutting down")
-            wait = _RECHECK if deadline is None else min(_RECHECK, deadline - loop.time())
-            self._waiting[space] = self._waiting.get(space, 0) + 1
-            try:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(event.wait(), max(wait, 0.0))
-            finally:
-                self._waiting[space] -= 1
-
-    async def _find(
-        self,
-        space: str,
-        templates: Sequence[Template],
-        take: bool,
-        limit: int,
-        txn: int,
-        if_exists: bool,
-        request_id: str = "",
-    ) -> tuple[list[StoredEntry], bool]:
-        """Up to `limit` matches `txn` (0: none) may use, locked or taken for it; and, when nothing
-        was found for an `if_exists` call, whether some match is locked by another transaction."""
-        where, params = _named(templates)
-        params.update(space=space, now=self.clock.time(), limit=limit, txn=txn)
-        usable = _TAKEABLE if take else _READABLE
-        query = (
-            "SELECT id, arrival, payload, expires_at, written_by FROM outrig_entries e "
-            "WHERE space = %(space)s "
-            f"AND {where} AND (expires_at IS NULL OR expires_at > %(now)s) AND {usable} "
-            "ORDER BY arrival LIMIT %(limit)s"
+        await self._ensure(space)
+        return await super().match(
+            space,
+            templates,
+            take=take,
+            max_entries=max_entries,
+            timeout=timeout,
+            if_exists=if_exists,
+            request_id=request_id,
+            transaction=transaction,
         )
-        async with self._pool.connection() as connection, connection.transaction():
-            if txn:
-                await self._active(connection, space, txn)
-            cursor = await connection.execute(query + (" FOR UPDATE SKIP LOCKED" if take else ""), params)
-            rows = await cursor.fetchall()
-            mine = {row[0] for row in rows if row[4] == txn and txn}
-            found = [s for s in (_stored(row[:4]) for row in rows) if any(t.matches(s) for t in templates)]
-            ids = [s.id for s in found]
-            if request_id and found:  # a take with an id records what it took, or replays
-                await self._requests.claim(connection, request_id, space, "take")
-                await connection.execute(
-                    "UPDATE outrig_requests SET result = %s::jsonb, payloads = %s WHERE id = %s",
-                    (
-                        json.dumps([[s.id, s.arrival, s.expires_at] for s in found]),
-                        [bytes(codec.entry_bytes(s.payload)) for s in found],
-                        request_id,
-                    ),
-                )
-            if take and found and not txn:
-                await _retire(connection, self.clock.time(), "space = %s AND id = ANY(%s)", (space, ids))
-            elif take and found:
-                own = [i for i in ids if i in mine]  # its own writes, taken back: as if never written
-                if own:
-                    await _delete(connection, "space = %s AND id = ANY(%s)", (space, own))
-                await connection.execute(
-                    "UPDATE outrig_entries SET taken_by = %s WHERE space = %s AND id = ANY(%s)",
-                    (txn, space, [i for i in ids if i not in mine]),
-                )
-                await connection.execute(
-                    "DELETE FROM outrig_read_locks WHERE space = %s AND txn = %s AND entry_id = ANY(%s)",
-                    (space, txn, ids),
-                )
-            elif found and txn:
-                async with connection.cursor() as lock:
-                    await lock.executemany(
-                        "INSERT INTO outrig_read_locks (space, entry_id, txn) VALUES (%s, %s, %s) "
-                        "ON CONFLICT DO NOTHING",
-                        [(space, i, txn) for i in ids if i not in mine],
-                    )
-            conflicted = False
-            if not found and if_exists:
-                locked = "taken_at IS NULL AND (" + (_LOCKED_FOR_TAKE if take else _LOCKED_FOR_READ) + ")"
-                cursor = await connection.execute(
-                    f"SELECT EXISTS (SELECT 1 FROM outrig_entries e WHERE space = %(space)s AND {where} "
-                    f"AND (expires_at IS NULL OR expires_at > %(now)s) AND ({locked}))",
-                    params,
-                )
-                row = await cursor.fetchone()
-                conflicted = bool(row and row[0])
-        return found, conflicted
 
     async def contents(
         self, space: str, templates: Sequence[Template], max_entries: int, transaction: int = 0
     ) -> AsyncIterator[list[StoredEntry]]:
-        where, params = _named(templates)
-        chunk = self.config.limits.contents_chunk
-        left = max_entries or math.inf
-        after = -1
-        while left > 0:
-            params.update(
-                space=space, now=self.clock.time(), after=after, limit=int(min(chunk, left)), txn=transaction
-            )
-            async with self._pool.connection() as connection:
-                cursor = await connection.execute(
-                    "SELECT id, arrival, payload, expires_at FROM outrig_entries e "
-                    "WHERE space = %(space)s AND "
-                    f"{where} AND (expires_at IS NULL OR expires_at > %(now)s) AND {_READABLE} "
-                    "AND arrival > %(after)s ORDER BY arrival LIMIT %(limit)s",
-                    params,
-                )
-                rows = await cursor.fetchall()
-            if not rows:
-                return
-            after = rows[-1][1]
-            ready = [s for s in map(_stored, rows) if any(t.matches(s) for t in templates)]
-            left -= len(ready)
-            if ready:
-                yield ready
+        await self._ensure(space)
+        async for chunk in super().contents(space, templates, max_entries, transaction):
+            yield chunk
 
     async def count(self, space: str, templates: Sequence[Template], transaction: int = 0) -> int:
-        if any(value.size > FULL_KEY_LIMIT for template in templates for _, value in template.fields):
-            # A large value's index key is a sample: compare the candidates in full.
-            return sum([len(chunk) async for chunk in self.contents(space, templates, 0, transaction)])
-        where, params = _named(templates)
-        params.update(space=space, now=self.clock.time(), txn=transaction)
-        async with self._pool.connection() as connection:
-            cursor = await connection.execute(
-                f"SELECT count(*) FROM outrig_entries e WHERE space = %(space)s AND {where} "
-                f"AND (expires_at IS NULL OR expires_at > %(now)s) AND {_READABLE}",
-                params,
-            )
-            row = await cursor.fetchone()
-        return int(row[0]) if row else 0
+        await self._ensure(space)
+        return await super().count(space, templates, transaction)
 
     async def subscribe(
         self,
@@ -408,239 +394,28 @@ class PostgresBackend:
         *,
         resume: int | None = None,
         transaction: int = 0,
-    ) -> Subscription:
-        if resume is not None:
-            return await self._resume(space, resume)
-        now = self.clock.time()
-        expires_at, granted = self._grant(space, lease, now)
-        async with self._pool.connection() as connection:
-            if transaction:
-                await self._active(connection, space, transaction)
-            cursor = await connection.execute(
-                "INSERT INTO outrig_registrations (space, id, expires_at, templates, transaction) "
-                "VALUES (%s, nextval('outrig_ids'), %s, %s, %s) RETURNING id",
-                (space, expires_at, codec.templates_bytes(templates), transaction or None),
-            )
-            row = await cursor.fetchone()
-        assert row is not None
-        registration_id = int(row[0])
-        stream = PgSubscription(
-            registration_id,
-            templates,
-            LeaseGrant(registration_id, expires_at, granted),
-            limit=self.config.limits.notify_queue,
-            on_close=lambda closed: self._forget(space, closed),
-            transaction=transaction,
-        )
-        self._listener.streams.setdefault(space, {})[registration_id] = stream
-        return stream
-
-    async def _resume(self, space: str, registration_id: int) -> Subscription:
-        """Attach a stream here to a registration made through any server (whose server stopped)."""
-        if registration_id in self._listener.streams.get(space, {}):
-            raise RegistrationBusyError(
-                f"resume: registration {registration_id} in space {space!r} already has a listener"
-            )
-        now = self.clock.time()
-        async with self._pool.connection() as connection:
-            cursor = await connection.execute(
-                "SELECT expires_at, templates, sequence, transaction FROM outrig_registrations "
-                "WHERE space = %s AND id = %s AND (expires_at IS NULL OR expires_at > %s)",
-                (space, registration_id, now),
-            )
-            row = await cursor.fetchone()
-        if row is None:
-            raise LeaseNotFoundError(
-                f"resume: registration {registration_id} in space {space!r} is unknown or has ended"
-            )
-        expires_at, templates, sequence, transaction = row
-        granted = None if expires_at is None else max(0.0, expires_at - now)
-        stream = PgSubscription(
-            registration_id,
-            codec.stored_templates(bytes(templates)),
-            LeaseGrant(registration_id, expires_at, granted),
-            limit=self.config.limits.notify_queue,
-            on_close=lambda closed: self._forget(space, closed),
-            transaction=transaction or 0,
-            sequence=int(sequence) + _SEQUENCE_JUMP,  # a gap says events may have been missed
-        )
-        self._listener.streams.setdefault(space, {})[registration_id] = stream
-        return stream
-
-    def _forget(self, space: str, stream: PgSubscription) -> None:
-        """A stream's listener went away: its registration ends."""
-        self._listener.streams.get(space, {}).pop(stream.id, None)
-        task = asyncio.get_running_loop().create_task(self._delete_registration(space, stream.id))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    async def _delete_registration(self, space: str, registration_id: int) -> int:
-        async with self._pool.connection() as connection:
-            cursor = await connection.execute(
-                "DELETE FROM outrig_registrations WHERE space = %s AND id = %s", (space, registration_id)
-            )
-            return cursor.rowcount
+    ) -> MemorySubscription:
+        await self._ensure(space)
+        return await super().subscribe(space, templates, lease, resume=resume, transaction=transaction)
 
     async def renew(
         self, space: str, renewals: Sequence[tuple[int, float | None]]
     ) -> list[LeaseGrant | SpaceError]:
-        results: list[LeaseGrant | SpaceError] = []
-        now = self.clock.time()
-        grants = [self._grant(space, requested, now, "duration") for _, requested in renewals]  # all, first
-        async with self._pool.connection() as connection:
-            for (lease_id, _), (expires_at, granted) in zip(renewals, grants, strict=True):
-                cursor = await connection.execute(
-                    "UPDATE outrig_entries SET expires_at = %s WHERE space = %s AND id = %s "
-                    "AND taken_at IS NULL AND (expires_at IS NULL OR expires_at > %s)",
-                    (expires_at, space, lease_id, now),
-                )
-                if not cursor.rowcount:
-                    cursor = await connection.execute(
-                        "UPDATE outrig_registrations SET expires_at = %s WHERE space = %s AND id = %s "
-                        "AND (expires_at IS NULL OR expires_at > %s)",
-                        (expires_at, space, lease_id, now),
-                    )
-                    stream = self._listener.streams.get(space, {}).get(lease_id)
-                    if cursor.rowcount and stream is not None:
-                        stream.expires_at = expires_at
-                if cursor.rowcount:
-                    results.append(LeaseGrant(lease_id, expires_at, granted))
-                else:
-                    results.append(
-                        LeaseNotFoundError(f"lease {lease_id} in space {space!r} is unknown or has ended")
-                    )
-        return results
+        await self._ensure(space)
+        return await super().renew(space, renewals)
 
     async def cancel(self, space: str, lease_ids: Sequence[int]) -> list[SpaceError | None]:
-        results: list[SpaceError | None] = []
-        now = self.clock.time()
-        async with self._pool.connection() as connection:
-            for lease_id in lease_ids:
-                gone = await _delete(
-                    connection,
-                    "space = %s AND id = %s AND (expires_at IS NULL OR expires_at > %s)",
-                    (space, lease_id, now),
-                )
-                if not gone:
-                    cursor = await connection.execute(
-                        "DELETE FROM outrig_registrations WHERE space = %s AND id = %s "
-                        "AND (expires_at IS NULL OR expires_at > %s)",
-                        (space, lease_id, now),
-                    )
-                    gone = cursor.rowcount
-                    self._listener.end_streams(space, [lease_id])
-                results.append(
-                    None
-                    if gone
-                    else LeaseNotFoundError(f"lease {lease_id} in space {space!r} is unknown or has ended")
-                )
-        return results
-
-    def observe_commits(self, observe: Callable[[float, int], None]) -> None:
-        """Nothing to observe: durability is PostgreSQL's, which has no group commit of ours."""
-
-    async def space_figures(self) -> dict[str, SpaceFigures]:
-        """What each space holds, for the metrics: the database's counts, and this server's own
-        parked calls, attached streams and reaped leases."""
-        async with self._pool.connection() as connection:
-            cursor = await connection.execute(
-                "SELECT space, sum(entries), sum(bytes) FROM outrig_space_counts GROUP BY space"
-            )
-            figures = {space: SpaceFigures(int(n), int(b)) for space, n, b in await cursor.fetchall()}
-            cursor = await connection.execute(
-                "SELECT space, count(*) FROM outrig_transactions WHERE state = 0 GROUP BY space"
-            )
-            for space, open_count in await cursor.fetchall():
-                figures.setdefault(space, SpaceFigures()).transactions = int(open_count)
-        for space, waiting in self._waiting.items():
-            figures.setdefault(space, SpaceFigures()).waiters = waiting
-        for space, streams in self._listener.streams.items():
-            figures.setdefault(space, SpaceFigures()).registrations = len(streams)
-        for space, expired in self._reaper.expired.items():
-            figures.setdefault(space, SpaceFigures()).expired = expired
-        return figures
+        await self._ensure(space)
+        return await super().cancel(space, lease_ids)
 
     async def begin(self, space: str, lease: float | None) -> LeaseGrant:
-        expires_at, granted = self._grant(space, lease, self.clock.time())
-        async with self._pool.connection() as connection:
-            cursor = await connection.execute(
-                "INSERT INTO outrig_transactions (space, id, expires_at) "
-                "VALUES (%s, nextval('outrig_ids'), %s) "
-                "RETURNING id",
-                (space, expires_at),
-            )
-            row = await cursor.fetchone()
-        assert row is not None
-        return LeaseGrant(int(row[0]), expires_at, granted)
-
-    async def _active(self, connection: AsyncConnection[Any], space: str, txn: int) -> None:
-        """Raise unless `txn` is active (aborting it first if its lease ran out)."""
-        cursor = await connection.execute(
-            "SELECT state, expires_at FROM outrig_transactions WHERE space = %s AND id = %s FOR SHARE",
-            (space, txn),
-        )
-        row = await cursor.fetchone()
-        if row is None or row[0] != _ACTIVE:
-            raise TransactionNotFoundError(f"transaction {txn} in space {space!r} is unknown or has ended")
-        if row[1] is not None and row[1] <= self.clock.time():
-            raise TransactionNotFoundError(f"transaction {txn} in space {space!r} ran out of lease")
-
-    async def _end(self, space: str, txn: int, commit: bool) -> None:
-        async with self._pool.connection() as connection, connection.transaction():
-            cursor = await connection.execute(
-                "SELECT state, expires_at FROM outrig_transactions WHERE space = %s AND id = %s FOR UPDATE",
-                (space, txn),
-            )
-            row = await cursor.fetchone()
-            if row is None:
-                raise TransactionNotFoundError(
-                    f"transaction {txn} in space {space!r} is unknown or has ended"
-                )
-            state, expires_at = row
-            if state == _ACTIVE and expires_at is not None and expires_at <= self.clock.time():
-                await self._finish(connection, space, txn, commit=False)  # its lease ran out: it aborted
-                state = _ABORTED
-            wanted = _COMMITTED if commit else _ABORTED
-            if state == wanted:
-                return  # a repeated commit or abort
-            if state != _ACTIVE:
-                ended = "aborted" if state == _ABORTED else "committed"
-                raise TransactionAbortedError(f"transaction {txn} in space {space!r} has {ended}")
-            await self._finish(connection, space, txn, commit=commit)
-
-    async def _finish(self, connection: AsyncConnection[Any], space: str, txn: int, *, commit: bool) -> None:
-        """Commit or abort `txn` inside the caller's database transaction."""
-        committed: list[StoredEntry] = []
-        if commit:
-            cursor = await connection.execute(
-                "UPDATE outrig_entries SET written_by = NULL WHERE space = %s AND written_by = %s "
-                "RETURNING id, arrival, payload, expires_at",
-                (space, txn),
-            )
-            committed = sorted(map(_stored, await cursor.fetchall()), key=lambda s: s.arrival)
-            await _retire(connection, self.clock.time(), "space = %s AND taken_by = %s", (space, txn))
-        else:
-            await _delete(connection, "space = %s AND written_by = %s", (space, txn))
-            await connection.execute(
-                "UPDATE outrig_entries SET taken_by = NULL WHERE space = %s AND taken_by = %s", (space, txn)
-            )
-        await connection.execute("DELETE FROM outrig_read_locks WHERE space = %s AND txn = %s", (space, txn))
-        await connection.execute(
-            "UPDATE outrig_transactions SET state = %s, ended_at = %s WHERE space = %s AND id = %s",
-            (_COMMITTED if commit else _ABORTED, self.clock.time(), space, txn),
-        )
-        await connection.execute(
-            "DELETE FROM outrig_registrations WHERE space = %s AND transaction = %s", (space, txn)
-        )
-        self._listener.mark_delivered([stored.id for stored in committed])
-        await _notify(connection, space, [stored.id for stored in committed])
-        self._listener.end_streams(space, transaction=txn)  # a registration under a transaction ends with it
-        self._listener.pending_offers.append((space, committed))
+        await self._ensure(space)
+        return await super().begin(space, lease)
 
     async def commit(self, space: str, transaction: int) -> None:
-        await self._end(space, transaction, commit=True)
-        self._listener.flush_offers()
+        await self._ensure(space)
+        await super().commit(space, transaction)
 
     async def abort(self, space: str, transaction: int) -> None:
-        await self._end(space, transaction, commit=False)
-        self._listener.flush_offers()
+        await self._ensure(space)
+        await super().abort(space, transaction)

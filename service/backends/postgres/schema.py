@@ -5,22 +5,19 @@ advisory lock: the first server to start applies what is missing, the others wai
 done. `outrig_schema` records each applied version; a database newer than this server knows is
 refused (IncompatibleStoreError), as an old binary must not write a newer layout.
 
-Entries are rows. Template matching uses two GIN indexes: `lineage` (the entry's type and its
-supertypes, so a template of a supertype finds its subtypes) and `fields`, a JSONB object of each
-field's index key (`field_key`), searched by containment (`jsonb_path_ops`). Large values are
-keyed by kind, length and a sample of each end, as the engine keys them, and compared in full
-against the payload when a template names one. The payload column holds the entry's encoding, as
-the embedded store keeps it: HD arrays stay bytes end to end.
+Version 1 was the stateless layout (every match in SQL); version 2 is the owner layout: the
+database is the record of spaces served from memory by their owners, plus the ownership itself
+(`outrig_spaces`), the tier's servers (`outrig_servers`) and its peer secret (`outrig_tier`).
+Each payload column holds an entry's encoding, as the embedded store keeps it.
 """
 
 from __future__ import annotations
 
 from typing import Final
 
-from outrig.service.engine.values import FULL_KEY_LIMIT, FieldValue
 from outrig.service.exceptions import IncompatibleStoreError
 
-__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "field_key", "migrate"]
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "migrate"]
 
 # An arbitrary, fixed key for pg_advisory_xact_lock: "outrig" in ASCII.
 _LOCK_KEY: Final = 0x6F7574726967
@@ -145,8 +142,10 @@ MIGRATIONS: Final[tuple[tuple[int, str], ...]] = (
         );
         -- Settings of the whole tier: the secret servers present to each other on forwarded calls.
         CREATE TABLE outrig_tier (key text PRIMARY KEY, value text NOT NULL);
-        INSERT INTO outrig_tier (key, value)
-            VALUES ('peer_secret', encode(sha256(gen_random_uuid()::text::bytea || random()::text::bytea), 'hex'));
+        INSERT INTO outrig_tier (key, value) VALUES (
+            'peer_secret',
+            encode(sha256(gen_random_uuid()::text::bytea || random()::text::bytea), 'hex')
+        );
 
         DELETE FROM outrig_entries WHERE written_by IS NOT NULL OR taken_at IS NOT NULL;
         DROP INDEX outrig_entries_written_by, outrig_entries_taken_by, outrig_entries_lineage,
@@ -182,20 +181,6 @@ MIGRATIONS: Final[tuple[tuple[int, str], ...]] = (
 )
 
 SCHEMA_VERSION: Final = MIGRATIONS[-1][0]
-
-
-def field_key(value: FieldValue) -> str:
-    """The text a field's value is indexed by: its kind and canonical data, or for a large value
-    its kind, length and 32 bytes from each end (compared in full after the index narrows)."""
-    data = value.data
-    if data is None:
-        return value.kind
-    if isinstance(data, bool | int):
-        return f"{value.kind}:{int(data)}"
-    raw = data.encode() if isinstance(data, str) else bytes(data)
-    if len(raw) > FULL_KEY_LIMIT:
-        return f"{value.kind}:L{len(raw)}:{raw[:32].hex()}:{raw[-32:].hex()}"
-    return f"{value.kind}:{raw.hex()}"
 
 
 async def migrate(connection: object) -> list[int]:

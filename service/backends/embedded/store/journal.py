@@ -40,6 +40,7 @@ log = logging.getLogger("outrig.service.backends.embedded.store")
 # Request ids deleted from the store per batch at most (their window has passed).
 PRUNE_LIMIT = 5000
 
+
 @dataclass(frozen=True, slots=True)
 class BatchStatistics:
     """How group commit has gone: batches written, the operations and records (rows changed) in

@@ -1,0 +1,561 @@
+"""Group commit to PostgreSQL, fenced by ownership: the owner backend's `Journal`.
+
+Changes applied in memory arrive as records (backends/memory/journal.py); those that arrive while
+a batch is being written join the next one, so one database transaction serves every change that
+arrived meanwhile. A batch's records are first folded into their net effect per row (a write and
+the take of the same entry in one batch become one DELETE), then sent as a few `executemany`
+statements in one pipeline, then committed; every caller of the batch is answered only after
+the COMMIT returned.
+
+Fencing: a batch's first statement locks the `outrig_spaces` rows of the spaces it changes
+FOR SHARE and reads their owner and epoch. A change of a space whose epoch is no longer this
+server's is not written: its callers get NotOwnerError and the backend drops the space. A claim
+by another server is an UPDATE of that row, so it waits for a batch that passed the check to
+commit, and every batch after the claim fails the check: nothing is acknowledged by a server
+that has lost a space, and the new owner, loading after its claim, sees every acknowledged
+change.
+
+Failure: if a batch fails in any other way (the connection lost, a statement refused, no answer
+within the owner lease) its outcome may be unknown (a COMMIT sent whose answer never came), so
+memory cannot be trusted to equal the database any more: every caller of the batch and of the
+open one gets UNAVAILABLE, and `on_uncertain` has the backend drop every space it serves, to load
+them again from the database once it is reachable (then a retry with a request id gets the
+first call's answer, whichever way the COMMIT went). No undo runs: what is dropped is forgotten.
+Until a probe reconnects, `check()` refuses changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any
+
+import psycopg
+
+from outrig.service.backends.memory.journal import Record, TakenRow, WriteAnswer
+from outrig.service.exceptions import NotOwnerError, StoreUnavailableError
+
+log = logging.getLogger("outrig.service.backends.postgres")
+
+# Request ids deleted per batch at most (their window has passed).
+PRUNE_LIMIT = 5000
+
+
+def record_spaces(record: Record) -> str | None:
+    """The space a record changes (None for the tier-wide prune)."""
+    kind = record[0]
+    if kind == "prune_requests":
+        return None
+    if kind == "request":
+        return str(record[2])
+    return str(record[1])
+
+
+class Changes:
+    """A batch's records folded into their net effect: per entry and per registration the last
+    state (a full row, a deletion, or columns to update), the rest as sets."""
+
+    def __init__(self, dump: Callable[[object], bytes | memoryview]) -> None:
+        self._dump = dump
+        # (space, id) -> ["put", row] | ["delete"] | ["update", {column: value}]
+        self.entries: dict[tuple[str, int], list[Any]] = {}
+        self.registrations: dict[tuple[str, int], list[Any]] = {}
+        self.types: dict[tuple[str, str], list[str]] = {}
+        self.next_ids: dict[str, int] = {}
+        self.requests: dict[str, tuple[Any, ...]] = {}
+        self.prune_before: float | None = None
+
+    def add(self, records: Iterable[Record]) -> None:
+        for kind, *args in records:
+            getattr(self, "_" + kind)(*args)
+
+    @staticmethod
+    def _update(
+        table: dict[tuple[str, int], list[Any]], key: tuple[str, int], column: str, value: Any
+    ) -> None:
+        state = table.get(key)
+        if state is None:
+            table[key] = ["update", {column: value}]
+        elif state[0] in ("put", "update"):
+            state[1][column] = value
+        # after a deletion: nothing to update
+
+    def _put(
+        self, space: str, entry_id: int, arrival: int, expires_at: float | None, payload: object
+    ) -> None:
+        row = {"arrival": arrival, "expires_at": expires_at, "payload": self._dump(payload)}
+        self.entries[(space, entry_id)] = ["put", row]
+
+    def _delete(self, space: str, entry_id: int) -> None:
+        self.entries[(space, entry_id)] = ["delete"]
+
+    def _entry_expiry(self, space: str, entry_id: int, expires_at: float | None) -> None:
+        self._update(self.entries, (space, entry_id), "expires_at", expires_at)
+
+    def _take(self, space: str, entry_id: int, request_id: str, position: int) -> None:
+        self._update(self.entries, (space, entry_id), "taken", (request_id, position))
+
+    def _next_id(self, space: str, mark: int) -> None:
+        self.next_ids[space] = max(mark, self.next_ids.get(space, 0))
+
+    def _type(self, space: str, name: str, supertypes: str) -> None:
+        self.types[(space, name)] = list(json.loads(supertypes))
+
+    def _register(
+        self, space: str, registration_id: int, expires_at: float | None, templates: bytes, sequence: int
+    ) -> None:
+        row = {"expires_at": expires_at, "templates": templates, "sequence": sequence}
+        self.registrations[(space, registration_id)] = ["put", row]
+
+    def _unregister(self, space: str, registration_id: int) -> None:
+        self.registrations[(space, registration_id)] = ["delete"]
+
+    def _registration_expiry(self, space: str, registration_id: int, expires_at: float | None) -> None:
+        self._update(self.registrations, (space, registration_id), "expires_at", expires_at)
+
+    def _sequence(self, space: str, registration_id: int, sequence: int) -> None:
+        self._update(self.registrations, (space, registration_id), "sequence", sequence)
+
+    def _request(self, request_id: str, space: str, kind: str, *answer: Any) -> None:
+        self.requests[request_id] = (request_id, space, kind, *answer)
+
+    def _prune_requests(self, now: float) -> None:
+        self.prune_before = now
+
+    def statements(self, spaces: Sequence[str]) -> list[tuple[str, list[tuple[Any, ...]]]]:
+        """The statements that apply the changes, each with its parameter rows. `spaces`: those
+        this server owns (a prune touches only theirs)."""
+        deleted_entries: list[tuple[Any, ...]] = []
+        put_entries: list[tuple[Any, ...]] = []
+        expiries: list[tuple[Any, ...]] = []
+        takes: list[tuple[Any, ...]] = []
+        for (space, entry_id), state in self.entries.items():
+            if state[0] == "delete":
+                deleted_entries.append((space, entry_id))
+            elif state[0] == "put":
+                row = state[1]
+                taken_by, position = row.get("taken", (None, None))
+                put_entries.append(
+                    (space, entry_id, row["arrival"], row["expires_at"], row["payload"], taken_by, position)
+                )
+            else:
+                columns = state[1]
+                if "expires_at" in columns:
+                    expiries.append((columns["expires_at"], space, entry_id))
+                if "taken" in columns:
+                    request_id, position = columns["taken"]
+                    takes.append((request_id, position, space, entry_id))
+        out: list[tuple[str, list[tuple[Any, ...]]]] = []
+        if deleted_entries:
+            out.append(("DELETE FROM outrig_entries WHERE space = %s AND id = %s", deleted_entries))
+        if put_entries:
+            out.append(
+                (
+                    "INSERT INTO outrig_entries (space, id, arrival, expires_at, payload, taken_by, "
+                    "taken_position) VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (space, id) DO UPDATE "
+                    "SET arrival = EXCLUDED.arrival, expires_at = EXCLUDED.expires_at, "
+                    "payload = EXCLUDED.payload, taken_by = EXCLUDED.taken_by, "
+                    "taken_position = EXCLUDED.taken_position",
+                    put_entries,
+                )
+            )
+        if expiries:
+            out.append(("UPDATE outrig_entries SET expires_at = %s WHERE space = %s AND id = %s", expiries))
+        if takes:
+            out.append(
+                (
+                    "UPDATE outrig_entries SET taken_by = %s, taken_position = %s "
+                    "WHERE space = %s AND id = %s",
+                    takes,
+                )
+            )
+        deleted_registrations: list[tuple[Any, ...]] = []
+        put_registrations: list[tuple[Any, ...]] = []
+        registration_updates: list[tuple[Any, ...]] = []
+        for (space, registration_id), state in self.registrations.items():
+            if state[0] == "delete":
+                deleted_registrations.append((space, registration_id))
+            elif state[0] == "put":
+                row = state[1]
+                put_registrations.append(
+                    (space, registration_id, row["expires_at"], row["templates"], row["sequence"])
+                )
+            else:
+                columns = state[1]
+                registration_updates.append(
+                    (
+                        "expires_at" in columns,
+                        columns.get("expires_at"),
+                        columns.get("sequence", 0),
+                        space,
+                        registration_id,
+                    )
+                )
+        if deleted_registrations:
+            out.append(
+                ("DELETE FROM outrig_registrations WHERE space = %s AND id = %s", deleted_registrations)
+            )
+        if put_registrations:
+            out.append(
+                (
+                    "INSERT INTO outrig_registrations (space, id, expires_at, templates, sequence) "
+                    "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (space, id) DO UPDATE SET "
+                    "expires_at = EXCLUDED.expires_at, templates = EXCLUDED.templates, "
+                    "sequence = EXCLUDED.sequence",
+                    put_registrations,
+                )
+            )
+        if registration_updates:
+            out.append(
+                (
+                    "UPDATE outrig_registrations SET "
+                    "expires_at = CASE WHEN %s THEN %s ELSE expires_at END, "
+                    "sequence = greatest(sequence, %s) WHERE space = %s AND id = %s",
+                    registration_updates,
+                )
+            )
+        if self.types:
+            out.append(
+                (
+                    "INSERT INTO outrig_types (space, name, supertypes) VALUES (%s, %s, %s) "
+                    "ON CONFLICT (space, name) DO NOTHING",
+                    [(space, name, supertypes) for (space, name), supertypes in self.types.items()],
+                )
+            )
+        if self.next_ids:
+            out.append(
+                (
+                    "UPDATE outrig_spaces SET next_id = greatest(next_id, %s) WHERE space = %s",
+                    [(mark, space) for space, mark in self.next_ids.items()],
+                )
+            )
+        if self.requests:
+            out.append(
+                (
+                    "INSERT INTO outrig_requests (id, space, kind, expires_at, first_id, count, "
+                    "lease_expires_at, granted) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) "
+                    "ON CONFLICT (id) DO UPDATE SET space = EXCLUDED.space, kind = EXCLUDED.kind, "
+                    "expires_at = EXCLUDED.expires_at, first_id = EXCLUDED.first_id, "
+                    "count = EXCLUDED.count, lease_expires_at = EXCLUDED.lease_expires_at, "
+                    "granted = EXCLUDED.granted",
+                    list(self.requests.values()),
+                )
+            )
+        if self.prune_before is not None and spaces:
+            expired = (
+                "SELECT id FROM outrig_requests WHERE space = ANY(%s) AND expires_at <= %s "
+                "ORDER BY expires_at LIMIT %s"
+            )
+            arguments = (list(spaces), self.prune_before, PRUNE_LIMIT)
+            out.append((f"DELETE FROM outrig_entries WHERE taken_by IN ({expired})", [arguments]))
+            out.append((f"DELETE FROM outrig_requests WHERE id IN ({expired})", [arguments]))
+        return out
+
+
+class _Change:
+    """One operation's records, its space, the epoch of this server's ownership of the space when
+    the change was made, and its caller's future."""
+
+    __slots__ = ("epoch", "records", "space", "waiter")
+
+    def __init__(
+        self, records: Sequence[Record], waiter: asyncio.Future[None] | None, epochs: dict[str, int]
+    ) -> None:
+        self.records = records
+        spaces = {record_spaces(record) for record in records}
+        spaces.discard(None)
+        # An operation changes one space (a prune: none).
+        self.space: str | None = next(iter(spaces)) if len(spaces) == 1 else None
+        assert len(spaces) <= 1, f"one operation changed several spaces: {sorted(map(str, spaces))}"
+        self.epoch = None if self.space is None else epochs.get(self.space)
+        self.waiter = waiter
+
+
+class _Batch:
+    __slots__ = ("changes", "future")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.changes: list[_Change] = []
+        self.future: asyncio.Future[None] = loop.create_future()
+        self.future.add_done_callback(_retrieve)
+
+
+def _retrieve(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+def _resolve(future: asyncio.Future[None] | None, error: BaseException | None) -> None:
+    if future is None or future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
+
+
+class PgJournal:
+    """The group committer of one owner server (see the module docstring)."""
+
+    waits = True  # a server that may lose a space acknowledges only what is committed
+
+    def __init__(
+        self,
+        connect: Callable[[], Awaitable[psycopg.AsyncConnection[Any]]],
+        query: Callable[[str, Sequence[Any]], Awaitable[list[tuple[Any, ...]]]],
+        server_id: str,
+        epochs: dict[str, int],
+        dump: Callable[[object], bytes | memoryview],
+        where: str,
+        *,
+        deadline: float,
+        probe_interval: float = 1.0,
+    ) -> None:
+        """`connect()` opens the journal's own connection; `query` runs a read elsewhere;
+        `epochs` is the live map of the spaces this server owns to the epoch of each; `where`
+        names the database in messages (host and port, never a password); a batch that takes
+        longer than `deadline` seconds counts as failed."""
+        self._connect = connect
+        self._query = query
+        self._server_id = server_id
+        self._epochs = epochs
+        self._dump = dump
+        self._where = where
+        self._deadline = deadline
+        self._probe_interval = probe_interval
+        self._connection: psycopg.AsyncConnection[Any] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._open: _Batch | None = None
+        self._writing: _Batch | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._failure: StoreUnavailableError | None = None
+        self._probing: asyncio.Task[None] | None = None
+        self._closing = False
+        self.batches = 0
+        self.operations = 0
+        self.commit_seconds = 0.0
+        self.on_batch: Callable[[float, int], None] | None = None
+        # Told of spaces whose epoch moved on (lost), and of a failure after which memory cannot
+        # be trusted (every space must be dropped).
+        self.on_lost: Callable[[set[str]], None] = lambda spaces: None
+        self.on_uncertain: Callable[[], None] = lambda: None
+        self.on_recovered: Callable[[], None] = lambda: None
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._connection = await self._connect()
+
+    @property
+    def healthy(self) -> bool:
+        return self._failure is None
+
+    # ------------------------------------------------------------------ the loop side
+
+    def check(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+
+    def submit(
+        self, records: Sequence[Record], undo: Callable[[], None] | None = None, *, own: bool = True
+    ) -> tuple[asyncio.Future[None], asyncio.Future[None] | None]:
+        self.check()
+        loop = self._loop
+        assert loop is not None, "start() the journal first"
+        batch = self._open
+        if batch is None:
+            batch = self._open = _Batch(loop)
+            self._idle.clear()
+            if self._writing is None:
+                loop.call_soon(self._begin)
+        waiter: asyncio.Future[None] | None = loop.create_future() if own else None
+        batch.changes.append(_Change(records, waiter, self._epochs))
+        return batch.future, waiter
+
+    def note(self, records: Sequence[Record]) -> None:
+        if self._failure is None:
+            self.submit(records, own=False)
+
+    @property
+    def pending(self) -> asyncio.Future[None] | None:
+        batch = self._open or self._writing
+        return None if batch is None else batch.future
+
+    def discard(self, spaces: set[str], error: BaseException) -> None:
+        """Changes of `spaces` not yet being written fail with `error` (the spaces are dropped)."""
+        batch = self._open
+        if batch is None:
+            return
+        kept = []
+        for change in batch.changes:
+            if change.space in spaces:
+                _resolve(change.waiter, error)
+            else:
+                kept.append(change)
+        batch.changes = kept
+
+    def _begin(self) -> None:
+        batch = self._open
+        if batch is None or self._writing is not None or self._failure is not None:
+            return
+        self._open, self._writing = None, batch
+        assert self._loop is not None
+        self._task = self._loop.create_task(self._write(batch), name="outrig-pg-batch")
+
+    async def _write(self, batch: _Batch) -> None:
+        started = time.perf_counter()
+        error: Exception | None = None
+        written: list[_Change] = []
+        refused: list[_Change] = []
+        try:
+            async with asyncio.timeout(self._deadline):
+                written, refused = await self._commit(batch)
+        except Exception as err:  # psycopg.Error, OSError, TimeoutError: the outcome is unknown
+            error = err
+        self._writing = None
+        if error is not None:
+            self._fail(batch, error)
+            return
+        self.batches += 1
+        self.operations += len(written)
+        seconds = time.perf_counter() - started
+        self.commit_seconds += seconds
+        if self.on_batch is not None:
+            self.on_batch(seconds, sum(len(change.records) for change in written))
+        if refused:
+            lost = {str(change.space) for change in refused}
+            refusal = NotOwnerError(
+                f"this server no longer owns space(s) {', '.join(sorted(lost))}: nothing of the "
+                "change was acknowledged; retry (the SDK does) and it reaches the new owner"
+            )
+            for change in refused:
+                _resolve(change.waiter, refusal)
+            self.discard(lost, refusal)
+            self.on_lost(lost)
+        for change in written:
+            _resolve(change.waiter, None)
+        _resolve(batch.future, None)
+        if self._open is not None:
+            self._begin()
+        else:
+            self._idle.set()
+
+    async def _commit(self, batch: _Batch) -> tuple[list[_Change], list[_Change]]:
+        """Write the batch's changes whose epoch is still current: (written, refused)."""
+        connection = self._connection
+        if connection is None or connection.closed:
+            raise psycopg.OperationalError("no connection")
+        spaces = sorted({change.space for change in batch.changes if change.space is not None})
+        async with connection.transaction():
+            current: dict[str, int] = {}
+            if spaces:
+                cursor = await connection.execute(
+                    "SELECT space, epoch FROM outrig_spaces WHERE space = ANY(%s) AND owner = %s "
+                    "ORDER BY space FOR SHARE",
+                    (spaces, self._server_id),
+                )
+                current = dict(await cursor.fetchall())
+            written: list[_Change] = []
+            refused: list[_Change] = []
+            for change in batch.changes:
+                fenced = change.space is not None and current.get(change.space) != change.epoch
+                (refused if fenced else written).append(change)
+            changes = Changes(self._dump)
+            for change in written:
+                changes.add(change.records)
+            statements = changes.statements(list(self._epochs))
+            if statements:
+                async with connection.pipeline(), connection.cursor() as cursor:
+                    for sql, rows in statements:
+                        await cursor.executemany(sql, rows)
+        return written, refused
+
+    def _fail(self, batch: _Batch, err: Exception) -> None:
+        self._failure = StoreUnavailableError(
+            f"PostgreSQL at {self._where} did not confirm a commit ({type(err).__name__}: {err}); "
+            "nothing of it was acknowledged. This server serves no space until it reaches the "
+            "database again."
+        )
+        log.error("commit to PostgreSQL at %s failed; dropping every space: %s", self._where, err)
+        later, self._open = self._open, None
+        for each in (batch, later):
+            if each is None:
+                continue
+            for change in each.changes:
+                _resolve(change.waiter, self._failure)
+            _resolve(each.future, self._failure)
+        self._idle.set()
+        self.on_uncertain()
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            self._spawn_close(connection)
+        if not self._closing:
+            assert self._loop is not None
+            self._probing = self._loop.create_task(self._probe(), name="outrig-pg-probe")
+
+    def _spawn_close(self, connection: psycopg.AsyncConnection[Any]) -> None:
+        async def close() -> None:
+            with contextlib.suppress(Exception):
+                await connection.close()
+
+        assert self._loop is not None
+        self._loop.create_task(close())
+
+    async def _probe(self) -> None:
+        while self._failure is not None and not self._closing:
+            await asyncio.sleep(self._probe_interval)
+            try:
+                async with asyncio.timeout(self._deadline):
+                    connection = await self._connect()
+                    await connection.execute("SELECT 1")
+            except Exception as err:
+                log.warning("PostgreSQL at %s still unreachable: %s", self._where, err)
+                continue
+            self._connection = connection
+            self._failure = None
+            log.warning("PostgreSQL at %s reachable again: serving resumes", self._where)
+            self.on_recovered()
+
+    # ------------------------------------------------------------------ reads
+
+    async def write_answer(self, request_id: str) -> WriteAnswer:
+        ((first_id, count, expires_at, granted),) = await self._query(
+            "SELECT first_id, count, lease_expires_at, granted FROM outrig_requests WHERE id = %s",
+            (request_id,),
+        )
+        return first_id, count, expires_at, granted
+
+    async def taken_rows(self, request_id: str) -> list[TakenRow]:
+        rows = await self._query(
+            "SELECT id, expires_at, payload FROM outrig_entries WHERE taken_by = %s ORDER BY taken_position",
+            (request_id,),
+        )
+        return [(entry_id, expires_at, bytes(payload)) for entry_id, expires_at, payload in rows]
+
+    async def close(self) -> None:
+        """Write what is queued, then stop and close the connection."""
+        self._closing = True
+        if self._open is not None and self._writing is None and self._failure is None:
+            self._begin()
+        await self._idle.wait()
+        if self._probing is not None:
+            self._probing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._probing
+        if self._connection is not None:
+            with contextlib.suppress(Exception):
+                await self._connection.close()
+            self._connection = None
+        if self.batches:
+            log.info(
+                "journal closed: %d batches, %d operations (%.1f per batch), %.2f ms per batch",
+                self.batches,
+                self.operations,
+                self.operations / self.batches,
+                1000 * self.commit_seconds / self.batches,
+            )

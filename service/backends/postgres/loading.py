@@ -1,0 +1,92 @@
+"""Loading a space this server has just claimed: everything the database holds of it.
+
+The load runs in one transaction that first checks the claim's epoch is still current (FOR
+SHARE, as every batch does), so it reads the space exactly as its last owner left it: every
+change that owner had acknowledged committed before the claim could. Entries and registrations
+whose leases have run out are deleted rather than loaded; registrations' sequence numbers jump
+by 2**31 (stored at once), so that a listener resuming sees the gap and knows events may be
+missing; request ids still in their window come back (their answers stay in the database).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from outrig.service.exceptions import NotOwnerError
+
+SEQUENCE_JUMP = 1 << 31
+
+
+@dataclass
+class SpaceRows:
+    """What the database holds of one space."""
+
+    next_id: int = 1
+    types: list[tuple[str, list[str]]] = field(default_factory=list)
+    entries: list[tuple[int, int, float | None, bytes]] = field(
+        default_factory=list
+    )  # id, arrival, expiry, payload
+    registrations: list[tuple[int, float | None, bytes, int]] = field(default_factory=list)
+    requests: list[tuple[str, str, float]] = field(default_factory=list)  # id, kind, expiry
+    expired: int = 0
+    seconds: float = 0.0
+
+
+async def load_space(
+    connection: psycopg.AsyncConnection[Any], space: str, server_id: str, epoch: int, now: float
+) -> SpaceRows:
+    """Read `space` under the claim (`server_id`, `epoch`); NotOwnerError if it was lost meanwhile."""
+    started = time.perf_counter()
+    rows = SpaceRows()
+    async with connection.transaction():
+        cursor = await connection.execute(
+            "SELECT next_id FROM outrig_spaces WHERE space = %s AND owner = %s AND epoch = %s FOR SHARE",
+            (space, server_id, epoch),
+        )
+        found = await cursor.fetchone()
+        if found is None:
+            raise NotOwnerError(f"space {space!r} was claimed by another server while this one loaded it")
+        rows.next_id = int(found[0])
+        cursor = await connection.execute(
+            "DELETE FROM outrig_entries WHERE space = %s AND taken_by IS NULL AND expires_at <= %s",
+            (space, now),
+        )
+        rows.expired = cursor.rowcount
+        await connection.execute(
+            "DELETE FROM outrig_registrations WHERE space = %s AND expires_at <= %s", (space, now)
+        )
+        await connection.execute(
+            "UPDATE outrig_registrations SET sequence = sequence + %s WHERE space = %s",
+            (SEQUENCE_JUMP, space),
+        )
+        cursor = await connection.execute(
+            "SELECT name, supertypes FROM outrig_types WHERE space = %s", (space,)
+        )
+        rows.types = [(name, list(supertypes)) for name, supertypes in await cursor.fetchall()]
+        async with connection.cursor(binary=True) as binary:
+            await binary.execute(
+                "SELECT id, arrival, expires_at, payload FROM outrig_entries "
+                "WHERE space = %s AND taken_by IS NULL ORDER BY arrival",
+                (space,),
+            )
+            rows.entries = list(await binary.fetchall())
+        cursor = await connection.execute(
+            "SELECT id, expires_at, templates, sequence FROM outrig_registrations WHERE space = %s",
+            (space,),
+        )
+        rows.registrations = [
+            (int(reg), expires_at, bytes(templates), int(sequence))
+            for reg, expires_at, templates, sequence in await cursor.fetchall()
+        ]
+        cursor = await connection.execute(
+            "SELECT id, kind, expires_at FROM outrig_requests WHERE space = %s AND expires_at > %s "
+            "ORDER BY expires_at",
+            (space, now),
+        )
+        rows.requests = list(await cursor.fetchall())
+    rows.seconds = time.perf_counter() - started
+    return rows
