@@ -38,7 +38,11 @@ async def test_migrations_apply_once_even_from_several_servers_at_once(postgres:
             "SELECT indexname FROM pg_indexes WHERE tablename = 'outrig_entries'"
         )
         # The owner layout: no match indexes (matching never runs in SQL), the taker's index.
-        assert {row[0] for row in await cursor.fetchall()} == {"outrig_entries_pkey", "outrig_entries_taken_by"}
+        assert {row[0] for row in await cursor.fetchall()} == {
+            "outrig_entries_pkey",
+            "outrig_entries_arrival",  # a load reads a space in arrival order
+            "outrig_entries_taken_by",
+        }
         cursor = await connection.execute("SELECT count(*) FROM outrig_tier WHERE key = 'peer_secret'")
         assert await cursor.fetchone() == (1,)
 
