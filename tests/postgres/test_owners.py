@@ -1,0 +1,258 @@
+"""The owner backend against a real PostgreSQL, several backends ("servers") of one tier in this
+process: one owner per space, claims, hand-over at a clean stop, takeover of a silent owner,
+fencing, idempotency and registrations across owners, and a database that is not there.
+
+(A call on a space another server owns is refused here with NotOwnerError: forwarding it is the
+transport's work, tested with real server processes in tests/postgres/test_servers.py.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import psycopg
+import pytest
+
+from outrig.service.backends.postgres.backend import PostgresBackend
+from outrig.service.backends.postgres.schema import MIGRATIONS
+from outrig.service.config import ServerConfig
+from outrig.service.engine import FakeClock
+from outrig.service.exceptions import NotOwnerError, StoreError
+from outrig.service.protocol import codec
+
+from ..conformance.test_backend_conformance import entry, ids, template
+from ..polling import wait_until_async
+from ..postgres_server import PostgresServer
+
+LEASE = 1.5
+CONFIG = ServerConfig(reap_interval=0.05, owner_lease=LEASE)
+
+
+@pytest.fixture
+async def database(postgres: PostgresServer) -> str:
+    name = f"o_{uuid.uuid4().hex[:12]}"
+    async with await psycopg.AsyncConnection.connect(postgres.dsn(), autocommit=True) as admin:
+        await admin.execute(f"CREATE DATABASE {name}")
+    return postgres.dsn(name)
+
+
+def server(dsn: str, number: int) -> PostgresBackend:
+    backend = PostgresBackend(CONFIG, dsn, FakeClock())
+    backend.serving_at(f"server-{number}:7480")
+    return backend
+
+
+@asynccontextmanager
+async def tier(dsn: str, count: int) -> AsyncIterator[list[PostgresBackend]]:
+    started = [server(dsn, i) for i in range(count)]
+    for backend in started:
+        await backend.start()
+    try:
+        yield started
+    finally:
+        for backend in started:
+            await backend.close()
+            await backend.shutdown()
+
+
+async def owner_is(backend: PostgresBackend, space: str, address: str) -> bool:
+    placements = {p.space: p for p in await backend.placements()}
+    found = placements.get(space)
+    return found is not None and found.address == address and found.expires_in is not None
+
+
+async def peek(backend: PostgresBackend, space: str, most: int = 1000) -> list[int]:
+    found = await backend.match(space, [template()], take=False, max_entries=most, timeout=0, if_exists=False)
+    return ids(found)
+
+
+def silence(backend: PostgresBackend) -> None:
+    """Stop the backend renewing its ownership, as a paused or cut-off server stops: it does not
+    release anything, it just goes quiet."""
+    assert backend._tending is not None
+    backend._tending.cancel()
+
+
+async def test_a_space_has_one_owner_and_the_others_are_told_where(database: str) -> None:
+    async with tier(database, 2) as (a, b):
+        (grant,) = await a.write("s", [entry(n=1)], 600.0)
+        with pytest.raises(NotOwnerError) as refused:
+            await b.write("s", [entry(n=2)], 600.0)
+        assert refused.value.owner == "server-0:7480"
+        assert await a.locate("s") is None
+        assert await b.locate("s") == "server-0:7480"
+        (placement,) = await b.placements()
+        assert (placement.space, placement.address, placement.epoch, placement.here) == (
+            "s",
+            "server-0:7480",
+            1,
+            False,
+        )
+        assert (await a.placements())[0].here
+        assert ids(
+            await a.match("s", [template()], take=False, max_entries=5, timeout=0, if_exists=False)
+        ) == [grant.id]
+
+
+async def test_concurrent_first_calls_from_several_servers_make_one_owner(database: str) -> None:
+    async with tier(database, 3) as backends:
+        results = await asyncio.gather(
+            *(backend.write("fresh", [entry(n=i)], 600.0) for i, backend in enumerate(backends)),
+            return_exceptions=True,
+        )
+        won = [r for r in results if not isinstance(r, BaseException)]
+        lost = [r for r in results if isinstance(r, BaseException)]
+        assert len(won) == 1 and all(isinstance(r, NotOwnerError) for r in lost)
+        epochs = {p.epoch for backend in backends for p in await backend.placements()}
+        assert epochs == {1}
+
+
+async def test_a_stopped_owner_hands_its_spaces_over_and_nothing_is_lost(database: str) -> None:
+    async with tier(database, 1) as (survivor,):
+        doomed = server(database, 9)
+        await doomed.start()
+        written = await doomed.write("s", [entry(n=i) for i in range(100)], 600.0)
+        first = await doomed.write("s", [entry(n=100)], 600.0, request_id="r-1")
+        registration = await doomed.subscribe("s", [template()], 600.0)
+        taken = await doomed.match(
+            "s", [template()], take=True, max_entries=10, timeout=0, if_exists=False, request_id="t-1"
+        )
+        await doomed.close()
+        await doomed.shutdown()  # a clean stop releases the space at once
+        await wait_until_async(lambda: owner_is(survivor, "s", "server-0:7480"), what="the survivor's claim")
+        left = await survivor.match(
+            "s", [template()], take=False, max_entries=1000, timeout=0, if_exists=False
+        )
+        assert sorted(ids(left)) == sorted({g.id for g in written + first} - set(ids(taken)))
+        # A retried write and a retried take get the first call's answers from the new owner.
+        assert await survivor.write("s", [entry(n=100)], 600.0, request_id="r-1") == first
+        retried = await survivor.match(
+            "s", [template()], take=True, max_entries=10, timeout=0, if_exists=False, request_id="t-1"
+        )
+        assert ids(retried) == ids(taken)
+        # The registration resumes at the new owner, its sequence numbers jumped (events may be missed).
+        resumed = await survivor.subscribe("s", [], None, resume=registration.lease.id)
+        (new,) = await survivor.write("s", [entry(n=7)], 60.0)
+        async with asyncio.timeout(10):
+            event = await anext(aiter(resumed))
+        assert event.entry.id == new.id and event.sequence > 2**31
+        assert new.id > max(g.id for g in written + first)  # ids go on above the old owner's
+
+
+async def test_a_silent_owner_is_taken_over_and_can_no_longer_serve(database: str) -> None:
+    async with tier(database, 2) as (a, b):
+        written = await a.write("s", [entry(n=i) for i in range(20)], 600.0)
+        silence(a)
+        await wait_until_async(lambda: owner_is(b, "s", "server-1:7480"), what="b's takeover")
+        # a can no longer prove it owns the space: it refuses reads as well as changes.
+        with pytest.raises(NotOwnerError):
+            await a.match("s", [template()], take=False, max_entries=1, timeout=0, if_exists=False)
+        got = await b.match("s", [template()], take=True, max_entries=100, timeout=0, if_exists=False)
+        assert sorted(ids(got)) == sorted(g.id for g in written)
+
+
+async def test_a_late_owner_is_fenced_by_the_database(database: str) -> None:
+    """Even an owner whose own clock wrongly says it still owns the space (the fence's case: a
+    paused process, a clock that jumped) acknowledges nothing once another has claimed it."""
+    async with tier(database, 2) as (a, b):
+        acknowledged = await a.write("s", [entry(n=i) for i in range(10)], 600.0)
+        silence(a)
+        await wait_until_async(lambda: owner_is(b, "s", "server-1:7480"), what="b's takeover")
+        a.owners._trust(["s"], time.monotonic())  # a believes it still owns "s"
+        with pytest.raises(NotOwnerError):
+            await a.write("s", [entry(n=99)], 600.0)
+        with pytest.raises(NotOwnerError):  # a dropped the space when the fence refused it
+            await a.match("s", [template()], take=True, max_entries=1, timeout=0, if_exists=False)
+        got = await b.match("s", [template()], take=True, max_entries=100, timeout=0, if_exists=False)
+        assert sorted(ids(got)) == sorted(g.id for g in acknowledged)  # all of a's, none refused
+
+
+async def test_takes_through_a_takeover_return_each_entry_once(database: str) -> None:
+    async with tier(database, 2) as (a, b):
+        written = {g.id for g in await a.write("s", [entry(n=i) for i in range(300)], 600.0)}
+        taken: list[int] = []
+
+        async def taker() -> None:
+            while True:
+                for backend in (a, b):
+                    try:
+                        found = await backend.match(
+                            "s", [template()], take=True, max_entries=3, timeout=0, if_exists=False
+                        )
+                    except NotOwnerError:
+                        await asyncio.sleep(0.01)
+                        continue
+                    if not found and backend is b:
+                        return
+                    taken.extend(ids(found))
+
+        takers = [asyncio.create_task(taker()) for _ in range(4)]
+        await wait_until_async(lambda: len(taken) > 30, what="some takes at a")
+        silence(a)
+        async with asyncio.timeout(30):
+            await asyncio.gather(*takers)
+        assert Counter(taken).most_common(1)[0][1] == 1
+        assert set(taken) == written
+
+
+async def test_an_unreachable_database_at_start_is_named_without_its_password(
+    postgres: PostgresServer,
+) -> None:
+    with socket_closed() as port:
+        dsn = f"postgresql://outrig:sekrit@127.0.0.1:{port}/nothing"
+        backend = PostgresBackend(CONFIG, dsn, FakeClock())
+        with pytest.raises(StoreError) as refused:
+            await backend.start()
+    assert f"127.0.0.1:{port}/nothing" in str(refused.value)
+    assert "sekrit" not in str(refused.value)
+
+
+async def test_a_version_1_database_keeps_its_committed_entries(postgres: PostgresServer) -> None:
+    name = f"v1_{uuid.uuid4().hex[:12]}"
+    async with await psycopg.AsyncConnection.connect(postgres.dsn(), autocommit=True) as admin:
+        await admin.execute(f"CREATE DATABASE {name}")
+    dsn = postgres.dsn(name)
+    kept = codec.entry_bytes(entry(n=1).payload)
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as connection:
+        await connection.execute(
+            "CREATE TABLE outrig_schema (version integer PRIMARY KEY, applied_at timestamptz NOT NULL "
+            "DEFAULT now())"
+        )
+        await connection.execute(MIGRATIONS[0][1])
+        await connection.execute("INSERT INTO outrig_schema (version) VALUES (1)")
+        await connection.execute("SELECT setval('outrig_ids', 40)")
+        row = "INSERT INTO outrig_entries (space, id, arrival, lineage, fields, payload, size{}) VALUES "
+        await connection.execute(row.format("") + "('old', 7, 7, ARRAY['Thing'], '{}', %s, 10)", (kept,))
+        await connection.execute(  # a transaction's uncommitted write: it aborted
+            row.format(", written_by") + "('old', 8, 8, ARRAY['Thing'], '{}', %s, 10, 30)", (kept,)
+        )
+    async with tier(dsn, 1) as (backend,):
+        found = await backend.match(
+            "old", [template()], take=False, max_entries=10, timeout=0, if_exists=False
+        )
+        assert ids(found) == [7]
+        (grant,) = await backend.write("old", [entry(n=2)], 60.0)
+        assert grant.id > 40  # above every id the old layout handed out
+
+
+def socket_closed() -> _PortGuard:
+    return _PortGuard()
+
+
+class _PortGuard:
+    """A loopback port nothing listens on (bound, not listening, for the test's duration)."""
+
+    def __enter__(self) -> int:
+        import socket
+
+        self._socket = socket.socket()
+        self._socket.bind(("127.0.0.1", 0))
+        return int(self._socket.getsockname()[1])
+
+    def __exit__(self, *exc: object) -> None:
+        self._socket.close()
