@@ -27,7 +27,7 @@ program that makes its own channel and wraps it in a `Space`.
 from importlib.metadata import PackageNotFoundError, version
 
 from outrig import aio as aio  # `import outrig` makes `outrig.aio` available
-from outrig._base import ANY, FOREVER, Event, LeaseResult, channel_options
+from outrig._base import ANY, FOREVER, Event, LeaseResult, Location, Placement, channel_options
 from outrig._codec import entry_from_bytes, entry_to_bytes
 from outrig._entry import Entry, GenericEntry
 from outrig._exceptions import (
@@ -41,6 +41,7 @@ from outrig._exceptions import (
     InvalidArgumentError,
     LeaseNotFoundError,
     NotFoundError,
+    NotOwnerError,
     OutOfRangeError,
     OutrigError,
     PermissionDeniedError,
@@ -84,11 +85,14 @@ __all__ = [
     "Lease",
     "LeaseNotFoundError",
     "LeaseResult",
+    "Location",
     "NotFoundError",
+    "NotOwnerError",
     "Notification",
     "OutOfRangeError",
     "OutrigError",
     "PermissionDeniedError",
+    "Placement",
     "QuotaExceededError",
     "RegistrationBusyError",
     "RequestConflictError",

@@ -38,12 +38,16 @@ __all__ = [
     "LeaseArg",
     "LeaseResult",
     "LeaseTerm",
+    "Location",
+    "Placement",
     "Templates",
     "channel_options",
     "check_connect_args",
     "event_of",
     "first_entry",
     "lease_results",
+    "location_of",
+    "placements_of",
     "registration_of",
     "rpc_errors",
 ]
@@ -85,6 +89,43 @@ class Event:
 
     sequence: int
     entry: AnyEntry
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    """Where a space is served (`Space.locate`).
+
+    Attributes:
+        address: the advertised ``"host:port"`` of the server that serves it: its owner, or, when
+            ``here``, the server this connection reached. ``""`` when the server knows none.
+        here: whether the server this connection reached serves the space itself (a lone server
+            serves every space; in a tier, a call reaching another server is forwarded to it).
+    """
+
+    address: str
+    here: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """One space of a server's tier and its owner (`Space.list_spaces`).
+
+    Attributes:
+        space: the space's name.
+        owner: the owner's server id (``""``: no owner, or a lone server).
+        address: the owner's advertised ``"host:port"`` (``""``: none known).
+        epoch: the ownership's epoch, which grows each time the space changes owner.
+        expires_in: seconds left on the owner's lease of the space; None when it has no owner or
+            the ownership does not expire (a lone server).
+        here: whether the owner is the server this connection reached.
+    """
+
+    space: str
+    owner: str
+    address: str
+    epoch: int
+    expires_in: float | None
+    here: bool
 
 
 class BaseLease:
@@ -445,6 +486,9 @@ class BaseSpace:
     def _cancel_request(self, leases: Sequence[BaseLease]) -> pb.CancelLeasesRequest:
         return pb.CancelLeasesRequest(space=self._name, ids=[self._own_lease_id(lease) for lease in leases])
 
+    def _locate_request(self) -> pb.LocateRequest:
+        return pb.LocateRequest(space=self._name)
+
     def _own_lease_id(self, lease: BaseLease) -> int:
         # Lease ids are only unique within a space, so a lease must go back to its own space.
         if not isinstance(lease, BaseLease):
@@ -483,6 +527,24 @@ def registration_of(reply: pb.NotifyReply | None) -> pb.Lease:
 def event_of(reply: pb.NotifyReply) -> Event:
     """The event carried by a notify message after the first."""
     return Event(reply.sequence, decode_entry(reply.entry))
+
+
+def location_of(reply: pb.LocateReply) -> Location:
+    return Location(reply.address, reply.here)
+
+
+def placements_of(reply: pb.ListSpacesReply) -> list[Placement]:
+    return [
+        Placement(
+            item.space,
+            item.owner,
+            item.address,
+            item.epoch,
+            item.expires_in if item.HasField("expires_in") else None,
+            item.here,
+        )
+        for item in reply.spaces
+    ]
 
 
 def lease_results(

@@ -26,6 +26,7 @@
      ├── UnavailableError            UNAVAILABLE
      │   ├── ShuttingDownError       the server is stopping
      │   └── StoreUnavailableError   a change could not be made durable (nothing acknowledged)
+     │       └── NotOwnerError       the server does not own the space (nothing acknowledged)
      ├── DataLossError               DATA_LOSS
      └── UnauthenticatedError        UNAUTHENTICATED
 
@@ -44,12 +45,12 @@ raise the builtin ``TypeError`` or ``ValueError`` instead, naming the field.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
 import grpc
 
-from outrig._protocol import reason_in
+from outrig._protocol import error_info
 from outrig.v1 import space_pb2 as pb
 
 __all__ = [
@@ -63,6 +64,7 @@ __all__ = [
     "InvalidArgumentError",
     "LeaseNotFoundError",
     "NotFoundError",
+    "NotOwnerError",
     "OutOfRangeError",
     "OutrigError",
     "PermissionDeniedError",
@@ -263,6 +265,21 @@ class StoreUnavailableError(UnavailableError):
     _reason = pb.STORE_UNAVAILABLE
 
 
+class NotOwnerError(StoreUnavailableError):
+    """The server does not own the space (any more, or not yet) and could not forward the call to
+    its owner: it acknowledged nothing, and may be retried (through any server of the tier).
+
+    Attributes:
+        owner: the owner's address as the server knows it (``"host:port"``), or ``""``.
+    """
+
+    _reason = pb.NOT_OWNER
+
+    def __init__(self, details: str = "", *, code: Any = None, reason: str = "", owner: str = "") -> None:
+        super().__init__(details, code=code, reason=reason)
+        self.owner = owner
+
+
 # The one table from gRPC status to error class (OK is not an error, so it maps to nothing).
 _BY_STATUS: dict[Any, type[OutrigError]] = {
     cls.code: cls
@@ -299,6 +316,7 @@ _BY_REASON: dict[int, type[OutrigError]] = {
         RegistrationBusyError,
         ShuttingDownError,
         StoreUnavailableError,
+        NotOwnerError,
     )
 }
 
@@ -306,10 +324,13 @@ _BY_REASON: dict[int, type[OutrigError]] = {
 _STATUS_BY_NUMBER: dict[int, Any] = {status.value[0]: status for status in grpc.StatusCode}
 
 
-def error_from_status(code: Any, details: str, reason: int = 0) -> OutrigError:
+def error_from_status(
+    code: Any, details: str, reason: int = 0, metadata: Mapping[str, str] | None = None
+) -> OutrigError:
     """Return the error for a ``grpc.StatusCode``, message and ``ErrorReason`` (UnknownStatusError
-    if the status is unmapped). A reason names a subclass of the status's class only if it is one:
-    a reason that does not belong to its status is kept in ``.reason`` but picks no class."""
+    if the status is unmapped), with what the ErrorInfo's `metadata` says (NotOwnerError's
+    ``owner``). A reason names a subclass of the status's class only if it is one: a reason that
+    does not belong to its status is kept in ``.reason`` but picks no class."""
     cls = _BY_STATUS.get(code)
     name = pb.ErrorReason.Name(reason) if reason in pb.ErrorReason.values() and reason else ""
     if cls is None:
@@ -319,16 +340,20 @@ def error_from_status(code: Any, details: str, reason: int = 0) -> OutrigError:
     domain = _BY_REASON.get(reason)
     if domain is not None and issubclass(domain, cls):
         cls = domain
+    if cls is NotOwnerError:
+        return NotOwnerError(details, reason=name, owner=(metadata or {}).get("owner", ""))
     return cls(details, reason=name)
 
 
-def error_from_code(number: int, details: str, reason: int = 0) -> OutrigError:
+def error_from_code(
+    number: int, details: str, reason: int = 0, metadata: Mapping[str, str] | None = None
+) -> OutrigError:
     """Return the error for a gRPC status given as its number, as Mux results and batch lease
     results carry it."""
     status = _STATUS_BY_NUMBER.get(number)
     if status is None:
         return UnknownStatusError(f"status {number}: {details}")
-    return error_from_status(status, details, reason)
+    return error_from_status(status, details, reason, metadata)
 
 
 def error_from_rpc(err: grpc.RpcError) -> OutrigError:
@@ -337,7 +362,8 @@ def error_from_rpc(err: grpc.RpcError) -> OutrigError:
     code = err.code() if callable(getattr(err, "code", None)) else None
     details = err.details() if callable(getattr(err, "details", None)) else None
     trailing = err.trailing_metadata() if callable(getattr(err, "trailing_metadata", None)) else None
-    return error_from_status(code, details or "", reason_in(_pairs(trailing)))
+    reason, metadata = error_info(_pairs(trailing))
+    return error_from_status(code, details or "", reason, metadata)
 
 
 def _pairs(metadata: Any) -> Iterable[tuple[str, Any]] | None:

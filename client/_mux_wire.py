@@ -84,7 +84,8 @@ def outcome(result: pb.MuxResult) -> Any:
     """The reply a MuxResult carries; its error raised as the unary call would have raised it."""
     kind = result.WhichOneof("result")
     if kind == "error":
-        raise error_from_code(result.error.code, result.error.message, result.error.reason)
+        error = result.error
+        raise error_from_code(error.code, error.message, error.reason, dict(error.metadata))
     if kind is None:
         raise UnavailableError(f"the server sent an empty result for operation {result.id}")
     return getattr(result, kind)

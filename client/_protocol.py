@@ -15,7 +15,7 @@ numbers and tags for that are here too, read from the descriptors.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -39,6 +39,7 @@ __all__ = [
     "Method",
     "encode_cancel",
     "encode_op",
+    "error_info",
     "reason_in",
     "request_message",
     "status_details",
@@ -200,30 +201,39 @@ def request_message(ops: Sequence[bytes]) -> bytes:
     return b"".join(parts)
 
 
-def status_details(code: int, message: str, reason: int) -> bytes:
+def status_details(code: int, message: str, reason: int, metadata: Mapping[str, str] | None = None) -> bytes:
     """The google.rpc.Status (for the `grpc-status-details-bin` trailer) of a call that failed
-    with status `code`, `message` and an `ErrorReason`."""
+    with status `code`, `message` and an `ErrorReason`, and the ErrorInfo's `metadata` (NOT_OWNER
+    names the owner's address under "owner")."""
     status = status_pb2.Status(code=code, message=message)
     status.details.add().Pack(
-        error_details_pb2.ErrorInfo(reason=pb.ErrorReason.Name(reason), domain=REASON_DOMAIN)
+        error_details_pb2.ErrorInfo(
+            reason=pb.ErrorReason.Name(reason), domain=REASON_DOMAIN, metadata=dict(metadata or {})
+        )
     )
     encoded: bytes = status.SerializeToString()
     return encoded
 
 
-def reason_in(metadata: Iterable[tuple[str, Any]] | None) -> int:
-    """The `ErrorReason` a failed call's trailing metadata carries; 0 (unspecified) if none, or
-    one this client does not know."""
+def error_info(metadata: Iterable[tuple[str, Any]] | None) -> tuple[int, dict[str, str]]:
+    """The `ErrorReason` a failed call's trailing metadata carries, and its ErrorInfo's metadata;
+    (0, {}) if none, and reason 0 (unspecified) for one this client does not know."""
     for key, value in metadata or ():
         if key != DETAILS_KEY or not isinstance(value, bytes):
             continue
         try:
             status = status_pb2.Status.FromString(value)
         except DecodeError:  # a peer's bytes: anything unreadable is no reason
-            return 0
+            return 0, {}
         for detail in status.details:
             info = error_details_pb2.ErrorInfo()
             if detail.Unpack(info) and info.domain == REASON_DOMAIN:
                 known = pb.ErrorReason.DESCRIPTOR.values_by_name.get(info.reason)
-                return 0 if known is None else known.number
-    return 0
+                return (0 if known is None else known.number), dict(info.metadata)
+    return 0, {}
+
+
+def reason_in(metadata: Iterable[tuple[str, Any]] | None) -> int:
+    """The `ErrorReason` a failed call's trailing metadata carries; 0 (unspecified) if none, or
+    one this client does not know."""
+    return error_info(metadata)[0]

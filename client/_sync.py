@@ -24,12 +24,16 @@ from outrig._base import (
     Event,
     LeaseArg,
     LeaseResult,
+    Location,
+    Placement,
     Templates,
     channel_options,
     check_connect_args,
     event_of,
     first_entry,
     lease_results,
+    location_of,
+    placements_of,
     registration_of,
     rpc_errors,
 )
@@ -268,6 +272,19 @@ class Space(BaseSpace):
         """Return how many entries match now."""
         reply: pb.CountReply = self._call(self._ops["Count"], self._count_request(templates))
         return reply.count
+
+    def locate(self) -> Location:
+        """Return where this space is served: the address of its owner in a tier of servers (or of
+        the server reached, when it is the owner), and whether the server reached is the owner.
+        Calls through any server of a tier reach the owner anyway (forwarded), one hop longer."""
+        reply: pb.LocateReply = self._call(self._ops["Locate"], self._locate_request())
+        return location_of(reply)
+
+    def list_spaces(self) -> list[Placement]:
+        """Return every space of the server's tier and its owner, by name (a lone server: its own
+        spaces, all ``here``). Needs the ``admin`` action on ``outrig://*`` under a policy."""
+        reply: pb.ListSpacesReply = self._call(self._ops["ListSpaces"], pb.ListSpacesRequest())
+        return placements_of(reply)
 
     def notify(self, templates: Templates, lease: LeaseArg = ANY) -> Notification:
         """Register for an event each time a matching entry is written.

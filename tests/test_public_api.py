@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 OUTRIG = {
     # connecting and the space
     "connect", "Space", "Lease", "Notification", "Transaction", "Event", "LeaseResult", "TLS",
+    "Location", "Placement",
     "ANY", "FOREVER", "channel_options",
     # entries
     "Entry", "GenericEntry", "entry_to_bytes", "entry_from_bytes",
@@ -27,7 +28,7 @@ OUTRIG = {
     "UnimplementedError", "InternalError", "UnavailableError", "DataLossError",
     "UnauthenticatedError", "LeaseNotFoundError", "TransactionNotFoundError", "QuotaExceededError",
     "TypeConflictError", "TransactionAbortedError", "RequestConflictError", "RegistrationBusyError",
-    "ShuttingDownError", "StoreUnavailableError",
+    "ShuttingDownError", "StoreUnavailableError", "NotOwnerError",
     "__version__",
 }  # fmt: skip
 AIO = {"connect", "AsyncSpace", "AsyncLease", "AsyncNotification", "AsyncTransaction"}
@@ -55,6 +56,7 @@ def test_domain_errors_subclass_their_status_class() -> None:
         outrig.RegistrationBusyError: outrig.FailedPreconditionError,
         outrig.ShuttingDownError: outrig.UnavailableError,
         outrig.StoreUnavailableError: outrig.UnavailableError,
+        outrig.NotOwnerError: outrig.StoreUnavailableError,
     }
     for cls, parent in parents.items():
         assert cls.__bases__ == (parent,), cls

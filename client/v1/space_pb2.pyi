@@ -24,6 +24,7 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     STORE_UNAVAILABLE: _ClassVar[ErrorReason]
     UNAUTHENTICATED: _ClassVar[ErrorReason]
     PERMISSION_DENIED: _ClassVar[ErrorReason]
+    NOT_OWNER: _ClassVar[ErrorReason]
 
 class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -48,6 +49,7 @@ SHUTTING_DOWN: ErrorReason
 STORE_UNAVAILABLE: ErrorReason
 UNAUTHENTICATED: ErrorReason
 PERMISSION_DENIED: ErrorReason
+NOT_OWNER: ErrorReason
 DTYPE_UNSPECIFIED: DType
 DTYPE_INT8: DType
 DTYPE_INT16: DType
@@ -67,10 +69,12 @@ class Access(_message.Message):
         ENTRIES: _ClassVar[Access.Resource]
         TEMPLATES: _ClassVar[Access.Resource]
         SPACE: _ClassVar[Access.Resource]
+        TIER: _ClassVar[Access.Resource]
     RESOURCE_UNSPECIFIED: Access.Resource
     ENTRIES: Access.Resource
     TEMPLATES: Access.Resource
     SPACE: Access.Resource
+    TIER: Access.Resource
     ACTION_FIELD_NUMBER: _ClassVar[int]
     RESOURCE_FIELD_NUMBER: _ClassVar[int]
     action: str
@@ -379,8 +383,48 @@ class EndReply(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class LocateRequest(_message.Message):
+    __slots__ = ("space",)
+    SPACE_FIELD_NUMBER: _ClassVar[int]
+    space: str
+    def __init__(self, space: _Optional[str] = ...) -> None: ...
+
+class LocateReply(_message.Message):
+    __slots__ = ("address", "here")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    HERE_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    here: bool
+    def __init__(self, address: _Optional[str] = ..., here: _Optional[bool] = ...) -> None: ...
+
+class ListSpacesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SpacePlacement(_message.Message):
+    __slots__ = ("space", "owner", "address", "epoch", "expires_in", "here")
+    SPACE_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_IN_FIELD_NUMBER: _ClassVar[int]
+    HERE_FIELD_NUMBER: _ClassVar[int]
+    space: str
+    owner: str
+    address: str
+    epoch: int
+    expires_in: float
+    here: bool
+    def __init__(self, space: _Optional[str] = ..., owner: _Optional[str] = ..., address: _Optional[str] = ..., epoch: _Optional[int] = ..., expires_in: _Optional[float] = ..., here: _Optional[bool] = ...) -> None: ...
+
+class ListSpacesReply(_message.Message):
+    __slots__ = ("spaces",)
+    SPACES_FIELD_NUMBER: _ClassVar[int]
+    spaces: _containers.RepeatedCompositeFieldContainer[SpacePlacement]
+    def __init__(self, spaces: _Optional[_Iterable[_Union[SpacePlacement, _Mapping]]] = ...) -> None: ...
+
 class MuxOp(_message.Message):
-    __slots__ = ("id", "write", "write_many", "read", "take", "read_many", "take_many", "renew_leases", "cancel_leases", "count", "begin", "commit", "abort", "cancel")
+    __slots__ = ("id", "write", "write_many", "read", "take", "read_many", "take_many", "renew_leases", "cancel_leases", "count", "begin", "commit", "abort", "locate", "list_spaces", "cancel")
     ID_FIELD_NUMBER: _ClassVar[int]
     WRITE_FIELD_NUMBER: _ClassVar[int]
     WRITE_MANY_FIELD_NUMBER: _ClassVar[int]
@@ -394,6 +438,8 @@ class MuxOp(_message.Message):
     BEGIN_FIELD_NUMBER: _ClassVar[int]
     COMMIT_FIELD_NUMBER: _ClassVar[int]
     ABORT_FIELD_NUMBER: _ClassVar[int]
+    LOCATE_FIELD_NUMBER: _ClassVar[int]
+    LIST_SPACES_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
     id: int
     write: WriteRequest
@@ -408,8 +454,10 @@ class MuxOp(_message.Message):
     begin: BeginRequest
     commit: EndRequest
     abort: EndRequest
+    locate: LocateRequest
+    list_spaces: ListSpacesRequest
     cancel: bool
-    def __init__(self, id: _Optional[int] = ..., write: _Optional[_Union[WriteRequest, _Mapping]] = ..., write_many: _Optional[_Union[WriteManyRequest, _Mapping]] = ..., read: _Optional[_Union[MatchRequest, _Mapping]] = ..., take: _Optional[_Union[MatchRequest, _Mapping]] = ..., read_many: _Optional[_Union[MatchRequest, _Mapping]] = ..., take_many: _Optional[_Union[MatchRequest, _Mapping]] = ..., renew_leases: _Optional[_Union[RenewLeasesRequest, _Mapping]] = ..., cancel_leases: _Optional[_Union[CancelLeasesRequest, _Mapping]] = ..., count: _Optional[_Union[CountRequest, _Mapping]] = ..., begin: _Optional[_Union[BeginRequest, _Mapping]] = ..., commit: _Optional[_Union[EndRequest, _Mapping]] = ..., abort: _Optional[_Union[EndRequest, _Mapping]] = ..., cancel: _Optional[bool] = ...) -> None: ...
+    def __init__(self, id: _Optional[int] = ..., write: _Optional[_Union[WriteRequest, _Mapping]] = ..., write_many: _Optional[_Union[WriteManyRequest, _Mapping]] = ..., read: _Optional[_Union[MatchRequest, _Mapping]] = ..., take: _Optional[_Union[MatchRequest, _Mapping]] = ..., read_many: _Optional[_Union[MatchRequest, _Mapping]] = ..., take_many: _Optional[_Union[MatchRequest, _Mapping]] = ..., renew_leases: _Optional[_Union[RenewLeasesRequest, _Mapping]] = ..., cancel_leases: _Optional[_Union[CancelLeasesRequest, _Mapping]] = ..., count: _Optional[_Union[CountRequest, _Mapping]] = ..., begin: _Optional[_Union[BeginRequest, _Mapping]] = ..., commit: _Optional[_Union[EndRequest, _Mapping]] = ..., abort: _Optional[_Union[EndRequest, _Mapping]] = ..., locate: _Optional[_Union[LocateRequest, _Mapping]] = ..., list_spaces: _Optional[_Union[ListSpacesRequest, _Mapping]] = ..., cancel: _Optional[bool] = ...) -> None: ...
 
 class MuxRequest(_message.Message):
     __slots__ = ("ops",)
@@ -418,17 +466,26 @@ class MuxRequest(_message.Message):
     def __init__(self, ops: _Optional[_Iterable[_Union[MuxOp, _Mapping]]] = ...) -> None: ...
 
 class MuxError(_message.Message):
-    __slots__ = ("code", "message", "reason")
+    __slots__ = ("code", "message", "reason", "metadata")
+    class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
     code: int
     message: str
     reason: ErrorReason
-    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., reason: _Optional[_Union[ErrorReason, str]] = ...) -> None: ...
+    metadata: _containers.ScalarMap[str, str]
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., reason: _Optional[_Union[ErrorReason, str]] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class MuxResult(_message.Message):
-    __slots__ = ("id", "write", "write_many", "match", "renew_leases", "cancel_leases", "count", "begin", "end", "error")
+    __slots__ = ("id", "write", "write_many", "match", "renew_leases", "cancel_leases", "count", "begin", "end", "locate", "list_spaces", "error")
     ID_FIELD_NUMBER: _ClassVar[int]
     WRITE_FIELD_NUMBER: _ClassVar[int]
     WRITE_MANY_FIELD_NUMBER: _ClassVar[int]
@@ -438,6 +495,8 @@ class MuxResult(_message.Message):
     COUNT_FIELD_NUMBER: _ClassVar[int]
     BEGIN_FIELD_NUMBER: _ClassVar[int]
     END_FIELD_NUMBER: _ClassVar[int]
+    LOCATE_FIELD_NUMBER: _ClassVar[int]
+    LIST_SPACES_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     id: int
     write: WriteReply
@@ -448,8 +507,10 @@ class MuxResult(_message.Message):
     count: CountReply
     begin: BeginReply
     end: EndReply
+    locate: LocateReply
+    list_spaces: ListSpacesReply
     error: MuxError
-    def __init__(self, id: _Optional[int] = ..., write: _Optional[_Union[WriteReply, _Mapping]] = ..., write_many: _Optional[_Union[WriteManyReply, _Mapping]] = ..., match: _Optional[_Union[MatchReply, _Mapping]] = ..., renew_leases: _Optional[_Union[RenewLeasesReply, _Mapping]] = ..., cancel_leases: _Optional[_Union[CancelLeasesReply, _Mapping]] = ..., count: _Optional[_Union[CountReply, _Mapping]] = ..., begin: _Optional[_Union[BeginReply, _Mapping]] = ..., end: _Optional[_Union[EndReply, _Mapping]] = ..., error: _Optional[_Union[MuxError, _Mapping]] = ...) -> None: ...
+    def __init__(self, id: _Optional[int] = ..., write: _Optional[_Union[WriteReply, _Mapping]] = ..., write_many: _Optional[_Union[WriteManyReply, _Mapping]] = ..., match: _Optional[_Union[MatchReply, _Mapping]] = ..., renew_leases: _Optional[_Union[RenewLeasesReply, _Mapping]] = ..., cancel_leases: _Optional[_Union[CancelLeasesReply, _Mapping]] = ..., count: _Optional[_Union[CountReply, _Mapping]] = ..., begin: _Optional[_Union[BeginReply, _Mapping]] = ..., end: _Optional[_Union[EndReply, _Mapping]] = ..., locate: _Optional[_Union[LocateReply, _Mapping]] = ..., list_spaces: _Optional[_Union[ListSpacesReply, _Mapping]] = ..., error: _Optional[_Union[MuxError, _Mapping]] = ...) -> None: ...
 
 class MuxReply(_message.Message):
     __slots__ = ("results",)

@@ -107,6 +107,16 @@ class SpaceStub:
                 request_serializer=outrig_dot_v1_dot_space__pb2.EndRequest.SerializeToString,
                 response_deserializer=outrig_dot_v1_dot_space__pb2.EndReply.FromString,
                 _registered_method=True)
+        self.Locate = channel.unary_unary(
+                '/outrig.v1.Space/Locate',
+                request_serializer=outrig_dot_v1_dot_space__pb2.LocateRequest.SerializeToString,
+                response_deserializer=outrig_dot_v1_dot_space__pb2.LocateReply.FromString,
+                _registered_method=True)
+        self.ListSpaces = channel.unary_unary(
+                '/outrig.v1.Space/ListSpaces',
+                request_serializer=outrig_dot_v1_dot_space__pb2.ListSpacesRequest.SerializeToString,
+                response_deserializer=outrig_dot_v1_dot_space__pb2.ListSpacesReply.FromString,
+                _registered_method=True)
         self.Mux = channel.stream_stream(
                 '/outrig.v1.Space/Mux',
                 request_serializer=outrig_dot_v1_dot_space__pb2.MuxRequest.SerializeToString,
@@ -205,6 +215,20 @@ class SpaceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Locate(self, request, context):
+        """Where the space is served. Like a read of the space itself (`outrig://S`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSpaces(self, request, context):
+        """Every space of the tier and its owner: an administrative read of every space.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Mux(self, request_iterator, context):
         """Many operations in flight over one stream: every MuxOp runs as its unary method would (the
         same checks, quotas, idempotency and durability), and its MuxResult comes back when it
@@ -290,6 +314,16 @@ def add_SpaceServicer_to_server(servicer, server):
                     servicer.Abort,
                     request_deserializer=outrig_dot_v1_dot_space__pb2.EndRequest.FromString,
                     response_serializer=outrig_dot_v1_dot_space__pb2.EndReply.SerializeToString,
+            ),
+            'Locate': grpc.unary_unary_rpc_method_handler(
+                    servicer.Locate,
+                    request_deserializer=outrig_dot_v1_dot_space__pb2.LocateRequest.FromString,
+                    response_serializer=outrig_dot_v1_dot_space__pb2.LocateReply.SerializeToString,
+            ),
+            'ListSpaces': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSpaces,
+                    request_deserializer=outrig_dot_v1_dot_space__pb2.ListSpacesRequest.FromString,
+                    response_serializer=outrig_dot_v1_dot_space__pb2.ListSpacesReply.SerializeToString,
             ),
             'Mux': grpc.stream_stream_rpc_method_handler(
                     servicer.Mux,
@@ -677,6 +711,60 @@ class Space:
             '/outrig.v1.Space/Abort',
             outrig_dot_v1_dot_space__pb2.EndRequest.SerializeToString,
             outrig_dot_v1_dot_space__pb2.EndReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Locate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/outrig.v1.Space/Locate',
+            outrig_dot_v1_dot_space__pb2.LocateRequest.SerializeToString,
+            outrig_dot_v1_dot_space__pb2.LocateReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSpaces(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/outrig.v1.Space/ListSpaces',
+            outrig_dot_v1_dot_space__pb2.ListSpacesRequest.SerializeToString,
+            outrig_dot_v1_dot_space__pb2.ListSpacesReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -62,6 +62,10 @@ class SpaceStub:
     """
     Commit: _grpc.UnaryUnaryMultiCallable[_space_pb2.EndRequest, _space_pb2.EndReply]
     Abort: _grpc.UnaryUnaryMultiCallable[_space_pb2.EndRequest, _space_pb2.EndReply]
+    Locate: _grpc.UnaryUnaryMultiCallable[_space_pb2.LocateRequest, _space_pb2.LocateReply]
+    """Where the space is served. Like a read of the space itself (`outrig://S`)."""
+    ListSpaces: _grpc.UnaryUnaryMultiCallable[_space_pb2.ListSpacesRequest, _space_pb2.ListSpacesReply]
+    """Every space of the tier and its owner: an administrative read of every space."""
     Mux: _grpc.StreamStreamMultiCallable[_space_pb2.MuxRequest, _space_pb2.MuxReply]
     """Many operations in flight over one stream: every MuxOp runs as its unary method would (the
     same checks, quotas, idempotency and durability), and its MuxResult comes back when it
@@ -94,6 +98,10 @@ class SpaceAsyncStub(SpaceStub):
     """
     Commit: _aio.UnaryUnaryMultiCallable[_space_pb2.EndRequest, _space_pb2.EndReply]  # type: ignore[assignment]
     Abort: _aio.UnaryUnaryMultiCallable[_space_pb2.EndRequest, _space_pb2.EndReply]  # type: ignore[assignment]
+    Locate: _aio.UnaryUnaryMultiCallable[_space_pb2.LocateRequest, _space_pb2.LocateReply]  # type: ignore[assignment]
+    """Where the space is served. Like a read of the space itself (`outrig://S`)."""
+    ListSpaces: _aio.UnaryUnaryMultiCallable[_space_pb2.ListSpacesRequest, _space_pb2.ListSpacesReply]  # type: ignore[assignment]
+    """Every space of the tier and its owner: an administrative read of every space."""
     Mux: _aio.StreamStreamMultiCallable[_space_pb2.MuxRequest, _space_pb2.MuxReply]  # type: ignore[assignment]
     """Many operations in flight over one stream: every MuxOp runs as its unary method would (the
     same checks, quotas, idempotency and durability), and its MuxResult comes back when it
@@ -193,6 +201,20 @@ class SpaceServicer:
         request: _space_pb2.EndRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_space_pb2.EndReply, _abc.Awaitable[_space_pb2.EndReply]]: ...
+
+    def Locate(
+        self,
+        request: _space_pb2.LocateRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_space_pb2.LocateReply, _abc.Awaitable[_space_pb2.LocateReply]]:
+        """Where the space is served. Like a read of the space itself (`outrig://S`)."""
+
+    def ListSpaces(
+        self,
+        request: _space_pb2.ListSpacesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_space_pb2.ListSpacesReply, _abc.Awaitable[_space_pb2.ListSpacesReply]]:
+        """Every space of the tier and its owner: an administrative read of every space."""
 
     def Mux(
         self,

@@ -1,4 +1,4 @@
-"""`outrig stats` and `outrig dump`: what a running server holds, for an operator.
+"""`outrig stats`, `outrig dump` and `outrig spaces`: what a running server holds, for an operator.
 
 - `outrig stats METRICS` reads a server's Prometheus endpoint (`--metrics-listen`) and prints
   each space's figures and the calls so far, as a table.
@@ -6,6 +6,10 @@
   types (and their subtypes) through the SDK, one JSON object per line: `{"type": ...,
   "supertypes": [...], "fields": {...}}`. Bytes and arrays are written as base64 (arrays with
   their typecode), so that a dump can be read back by any language.
+- `outrig spaces --address HOST:PORT` lists every space of the server's tier and its owner (the
+  ListSpaces RPC, through the SDK), as a table: space, owner, address, epoch, lease left, here.
+  `--tls-ca`, `--tls-cert`/`--tls-key` and `--server-name` as `outrig health` takes them, and
+  `--token-file` for a bearer token (over TLS only, as the SDK sends one).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import sys
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 __all__ = ["add_parsers", "run"]
@@ -59,10 +64,33 @@ def add_parsers(commands: Any) -> None:
         "--type", dest="types", action="append", required=True, metavar="TYPE", help="a type name; repeatable"
     )
     dump.add_argument("--max-entries", type=int, default=0, metavar="N", help="at most N entries (0: all)")
+    spaces = commands.add_parser(
+        "spaces",
+        help="list the spaces of a server's tier and their owners",
+        description="List every space of the tier of the server at --address and its owner, as a table: "
+        "space, owner (server id), address, epoch, lease left (seconds) and here (owned by the server "
+        "asked). A lone server lists its own spaces, all here. Under a policy it needs the admin action on "
+        "outrig://*. Exit status 2 if the server cannot be reached or refuses.",
+    )
+    spaces.add_argument("--address", required=True, metavar="HOST:PORT", help="the server's gRPC address")
+    spaces.add_argument("--tls-ca", metavar="PEM", type=Path, help="connect with TLS, trusting this CA")
+    spaces.add_argument("--tls-cert", metavar="PEM", type=Path, help="client certificate (mutual TLS)")
+    spaces.add_argument("--tls-key", metavar="PEM", type=Path, help="the client certificate's private key")
+    spaces.add_argument(
+        "--server-name",
+        metavar="NAME",
+        help="the name to check the server's certificate against (when HOST is an IP the certificate "
+        "does not name)",
+    )
+    spaces.add_argument(
+        "--token-file", metavar="PATH", type=Path, help="a file holding a bearer token (needs TLS)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    return _stats(args.metrics) if args.command == "stats" else _dump(args)
+    if args.command == "stats":
+        return _stats(args.metrics)
+    return _spaces(args) if args.command == "spaces" else _dump(args)
 
 
 def _stats(address: str) -> int:
@@ -138,4 +166,60 @@ def _dump(args: argparse.Namespace) -> int:
     except outrig.OutrigError as err:
         print(f"outrig dump: {type(err).__name__}: {err}", file=sys.stderr)
         return 2
+    return 0
+
+
+def _connect_args(args: argparse.Namespace) -> dict[str, Any]:
+    """`outrig.connect`'s tls= and token= from the TLS and token options; ValueError if unusable."""
+    import outrig
+
+    tls = None
+    if args.tls_ca is not None or args.tls_cert is not None or args.tls_key is not None:
+        tls = outrig.TLS(ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key, server_name=args.server_name)
+    elif args.server_name is not None:
+        raise ValueError("--server-name needs TLS (--tls-ca)")
+    token = None
+    if args.token_file is not None:
+        try:
+            token = args.token_file.read_text().strip()
+        except OSError as err:
+            raise ValueError(f"--token-file: cannot read {args.token_file}: {err}") from err
+    return {"tls": tls, "token": token}
+
+
+def _lease_left(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:.1f}s"
+
+
+def spaces_table(placements: Sequence[Any]) -> list[str]:
+    """The lines `outrig spaces` prints for `outrig.Placement`s: a header, then one per space."""
+    rows = [("space", "owner", "address", "epoch", "lease left", "here")]
+    rows += [
+        (
+            p.space,
+            p.owner or "-",
+            p.address or "-",
+            str(p.epoch),
+            _lease_left(p.expires_in),
+            "yes" if p.here else "no",
+        )
+        for p in placements
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows
+    ]
+
+
+def _spaces(args: argparse.Namespace) -> int:
+    import outrig
+
+    try:
+        with outrig.connect(args.address, retry_deadline=5.0, mux=False, **_connect_args(args)) as space:
+            placements = space.list_spaces()
+    except (outrig.OutrigError, ValueError, TypeError) as err:
+        print(f"outrig spaces: {type(err).__name__}: {err}", file=sys.stderr)
+        return 2
+    for line in spaces_table(placements):
+        print(line)
     return 0

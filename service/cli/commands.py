@@ -2,8 +2,8 @@
 verify a data dir's store, also while a server is using it; `outrig health` probes a server's
 gRPC health service (service/cli/health.py); `outrig certs dev`, `outrig keys ed25519` and `outrig
 token issue` make what TLS and tokens need (service/cli/security.py); `outrig stress` runs a
-Locust campaign (outrig.loadtest.runner); `outrig stats` and `outrig dump` show what a running
-server holds (service/cli/admin.py)."""
+Locust campaign (outrig.loadtest.runner); `outrig stats`, `outrig dump` and `outrig spaces` show
+what a running server holds (service/cli/admin.py)."""
 
 from __future__ import annotations
 
@@ -187,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return security_commands.run(args)
     if args.command == "health":
         return health.run(args)
-    if args.command in ("stats", "dump"):
+    if args.command in ("stats", "dump", "spaces"):
         return admin.run(args)
     if args.command != "serve":
         return _store_command(args)

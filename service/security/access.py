@@ -12,8 +12,10 @@ visible as each of them, so writing it needs `write` on all); TEMPLATES, a read,
 contents or notify, names each template's type (a grant on a type covers the subtypes a template
 of it matches: see docs/security.md); SPACE names the space itself (type None): renew and cancel
 name leases, not types, as do Begin, Commit (both `renew`: a transaction is a lease of the space)
-and Abort (`cancel`). Resuming a notify registration names the registration, so it too is checked
-against the space itself.
+and Abort (`cancel`), and Locate (`read`). Resuming a notify registration names the registration,
+so it too is checked against the space itself. TIER, ListSpaces (`admin`), is about every space of
+the tier: it is checked as `outrig://*`, which only a grant whose space part is `*` covers (no
+space is named `*`).
 """
 
 from __future__ import annotations
@@ -141,10 +143,25 @@ def _space(method: Method) -> AccessOf:
     return access
 
 
+#: The space part of the resource of a call about every space of the tier (TIER).
+EVERY_SPACE = "*"
+
+
+def _tier(method: Method) -> AccessOf:
+    """TIER: every space of the tier, `outrig://*` (the request names none)."""
+    every = Access(method.action, EVERY_SPACE, _SPACE_ITSELF)
+
+    def access(request: Any, limits: Limits) -> Access:
+        return every
+
+    return access
+
+
 _RULES: dict[int, Callable[[Method], AccessOf]] = {
     pb.Access.ENTRIES: _entries,
     pb.Access.TEMPLATES: _templates,
     pb.Access.SPACE: _space,
+    pb.Access.TIER: _tier,
 }
 
 

@@ -60,6 +60,22 @@ def server_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
         raise ConfigError(f"tls_cert/tls_key: cannot use them: {err}") from err
 
 
+def peer_credentials(config: ServerConfig) -> grpc.ChannelCredentials | None:
+    """The credentials of a call this server forwards to another of its tier (the transport's
+    peers.py), or None for plaintext: a server that serves TLS calls its peers over TLS, trusting
+    `tls_client_ca` if it has one (the tier's CA) and else its own certificate (servers of a tier
+    share their certificate, or a CA whose chain it includes), and presents its own certificate
+    and key as a client's, which a peer that requires client certificates asks for."""
+    if config.tls_cert is None or config.tls_key is None:
+        return None
+    cert, key = _read(config.tls_cert, "tls_cert"), _read(config.tls_key, "tls_key")
+    roots = cert if config.tls_client_ca is None else _read(config.tls_client_ca, "tls_client_ca")
+    try:
+        return grpc.ssl_channel_credentials(root_certificates=roots, private_key=key, certificate_chain=cert)
+    except Exception as err:  # gRPC raises plain errors for unusable PEM
+        raise ConfigError(f"tls_cert/tls_key: cannot use them to call peers: {err}") from err
+
+
 def build_guard(config: ServerConfig) -> Guard:
     """The guard for this configuration; ConfigError (or PolicyError) if a file cannot be used."""
     tokens = None

@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, NamedTuple
 
 import grpc
@@ -62,6 +62,10 @@ _ERROR = _MUX_RESULT.fields_by_name["error"].number
 _CODE = tag(_MUX_ERROR["code"])
 _MESSAGE = tag(_MUX_ERROR["message"])
 _REASON = tag(_MUX_ERROR["reason"])
+_METADATA = tag(_MUX_ERROR["metadata"])
+_METADATA_ENTRY = pb.MuxError.MetadataEntry.DESCRIPTOR.fields_by_name  # the map's entry message
+_METADATA_KEY = tag(_METADATA_ENTRY["key"])
+_METADATA_VALUE = tag(_METADATA_ENTRY["value"])
 _RESULTS = tag(pb.MuxReply.DESCRIPTOR.fields_by_name["results"])
 
 
@@ -110,14 +114,33 @@ class Result:
         return len(self.head) + len(self.body)
 
 
-def error_result(op_id: int, status: grpc.StatusCode, message: str, reason: int = 0) -> Result:
-    """A MuxResult carrying a MuxError: the status (its number), the message (`bounded`) and the
-    `ErrorReason`, as the unary call would have ended."""
+def error_result(
+    op_id: int,
+    status: grpc.StatusCode,
+    message: str,
+    reason: int = 0,
+    metadata: Mapping[str, str] | None = None,
+) -> Result:
+    """A MuxResult carrying a MuxError: the status (its number), the message (`bounded`), the
+    `ErrorReason` and the ErrorInfo's metadata, as the unary call would have ended."""
     text = bounded(message).encode()
     code: int = status.value[0]
     parts = [_CODE, varint(code), _MESSAGE, varint(len(text)), text]
     if reason:
         parts += (_REASON, varint(reason))
+    for key, value in (metadata or {}).items():
+        key_bytes, value_bytes = key.encode(), value.encode()
+        entry = b"".join(
+            (
+                _METADATA_KEY,
+                varint(len(key_bytes)),
+                key_bytes,
+                _METADATA_VALUE,
+                varint(len(value_bytes)),
+                value_bytes,
+            )
+        )
+        parts += (_METADATA, varint(len(entry)), entry)
     return Result(op_id, _ERROR, b"".join(parts))
 
 
@@ -326,7 +349,9 @@ class MuxStream:
         outcome = await self._servicer.perform(name, self._methods[name], request, self._context)
         self._running.pop(op_id, None)
         if isinstance(outcome, Failure):
-            self._finish(error_result(op_id, outcome.status, outcome.message, outcome.reason))
+            self._finish(
+                error_result(op_id, outcome.status, outcome.message, outcome.reason, outcome.metadata)
+            )
             return
         result = Result(
             op_id, reply_field, outcome if isinstance(outcome, bytes) else outcome.SerializeToString()

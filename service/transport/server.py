@@ -23,6 +23,7 @@ from outrig.service.security.settings import build_guard, check_listen, server_c
 from outrig.service.transport import handlers
 from outrig.service.transport.metrics import Metrics
 from outrig.service.transport.mux import MuxService
+from outrig.service.transport.peers import Peers
 from outrig.service.transport.servicer import SpaceServicer
 from outrig.v1 import space_pb2
 
@@ -69,7 +70,10 @@ class OutrigServer:
         self.metrics = Metrics() if config.metrics_listen else None
         if self.metrics is not None:
             self.guard.on_denied = self.metrics.denied
-        servicer = SpaceServicer(self.backend, config.limits, self.guard, self.metrics)
+        # The channels to the tier's other servers, for the calls this one forwards (peers.py).
+        self.peers = Peers(config)
+        servicer = SpaceServicer(self.backend, config.limits, self.guard, self.metrics, self.peers)
+        self._servicer = servicer
         self._mux = MuxService(servicer, config.limits.max_stream_ops, limit)
         handlers.add_to_server(servicer, self._server, self._mux.handle)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
@@ -111,6 +115,7 @@ class OutrigServer:
         except RuntimeError as err:
             raise ConfigError(f"listen: cannot bind {self.config.listen}: {err}") from err
         self.backend.serving_at(self.advertised)
+        self._servicer.advertised = self.advertised
         await self.backend.start()
         if self.metrics is not None:
             self._serve_metrics(self.metrics)
@@ -153,6 +158,7 @@ class OutrigServer:
         await self.backend.close()
         self._mux.close()
         await self._server.stop(self.config.grace_seconds if grace is None else grace)
+        await self.peers.close()
         await self.backend.shutdown()
         if self.metrics is not None:
             self.metrics.close()

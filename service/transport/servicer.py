@@ -3,10 +3,14 @@
 It holds no logic of its own beyond translation. Every method is wrapped by `unary` or
 `streaming`, which first refuses a request whose bytes could not be decoded (`refusal`), then
 passes the call through the security `Guard` (the one check point: see
-outrig.service.security.guard). Errors the service raises on purpose map to
-status codes through one table; anything else is logged and answered INTERNAL, and the server
-keeps serving. What a client can make the server log is throttled (`logs.Throttle`: a line per
-method every LOG_INTERVAL seconds), and no status message exceeds MAX_STATUS_MESSAGE.
+outrig.service.security.guard), then asks the backend where the call's space is served
+(`SpaceBackend.locate`) and forwards it to that server when it is another
+(service/transport/peers.py). A call that presents the tier's secret in `outrig-peer` was
+forwarded by a peer, which checked it already: it skips the guard and is never forwarded again
+(`SpaceServicer.admit`). Errors the service raises on purpose map to status codes through one
+table; anything else is logged and answered INTERNAL, and the server keeps serving. What a client
+can make the server log is throttled (`logs.Throttle`: a line per method every LOG_INTERVAL
+seconds), and no status message exceeds MAX_STATUS_MESSAGE.
 """
 
 from __future__ import annotations
@@ -20,14 +24,15 @@ from typing import Any, NoReturn, TypeVar
 
 import grpc
 
-from outrig._protocol import DETAILS_KEY, status_details
+from outrig._protocol import DETAILS_KEY, METHODS, error_info, status_details
 from outrig.service.backends.base import SpaceBackend
-from outrig.service.config import Limits
+from outrig.service.config import Limits, ServerConfig
 from outrig.service.engine.model import StoredEntry
 from outrig.service.exceptions import (
     ConfigError,
     InvalidArgumentError,
     LeaseNotFoundError,
+    NotOwnerError,
     PermissionDeniedError,
     QuotaExceededError,
     RegistrationBusyError,
@@ -47,6 +52,7 @@ from outrig.service.security.access import ACCESS
 from outrig.service.security.guard import Authenticator, Guard
 from outrig.service.transport import handlers
 from outrig.service.transport.metrics import Metrics
+from outrig.service.transport.peers import PEER_KEY, Peers
 from outrig.v1 import space_pb2 as pb
 from outrig.v1 import space_pb2_grpc
 
@@ -66,6 +72,7 @@ STATUS_BY_ERROR: dict[type[SpaceError], tuple[grpc.StatusCode, pb.ErrorReason]] 
     TransactionAbortedError: (grpc.StatusCode.FAILED_PRECONDITION, pb.TRANSACTION_ABORTED),
     ShuttingDownError: (grpc.StatusCode.UNAVAILABLE, pb.SHUTTING_DOWN),
     StoreUnavailableError: (grpc.StatusCode.UNAVAILABLE, pb.STORE_UNAVAILABLE),
+    NotOwnerError: (grpc.StatusCode.UNAVAILABLE, pb.NOT_OWNER),  # ErrorInfo metadata "owner"
     RequestConflictError: (grpc.StatusCode.FAILED_PRECONDITION, pb.REQUEST_CONFLICT),
     RegistrationBusyError: (grpc.StatusCode.FAILED_PRECONDITION, pb.REGISTRATION_BUSY),
     UnauthenticatedError: (grpc.StatusCode.UNAUTHENTICATED, pb.UNAUTHENTICATED),
@@ -73,6 +80,9 @@ STATUS_BY_ERROR: dict[type[SpaceError], tuple[grpc.StatusCode, pb.ErrorReason]] 
     ConfigError: (grpc.StatusCode.INTERNAL, pb.ERROR_REASON_UNSPECIFIED),
 }
 
+
+#: The methods the server called answers itself, whoever serves the space: never forwarded.
+ANSWERED_HERE = frozenset({"Locate", "ListSpaces"})
 
 #: The most bytes (UTF-8) of any status message the service sends, whatever made it: gRPC carries
 #: it in the call's trailing metadata, which a client refuses beyond its limit (8 KiB by
@@ -150,23 +160,28 @@ def unary(method: Unary[R]) -> Unary[R]:
 
 class Failure:
     """How an operation failed: the status, message (`bounded`) and `ErrorReason` its call ends
-    with."""
+    with, and what its ErrorInfo's metadata says (NOT_OWNER: "owner", the owner's address)."""
 
-    __slots__ = ("message", "reason", "status")
+    __slots__ = ("message", "metadata", "reason", "status")
 
     def __init__(
-        self, status: grpc.StatusCode, message: str, reason: int = pb.ERROR_REASON_UNSPECIFIED
+        self,
+        status: grpc.StatusCode,
+        message: str,
+        reason: int = pb.ERROR_REASON_UNSPECIFIED,
+        metadata: dict[str, str] | None = None,
     ) -> None:
         self.status = status
         self.message = bounded(message)
         self.reason = reason
+        self.metadata = metadata
 
     async def abort(self, context: handlers.Context) -> NoReturn:
         """End the call with this failure: its status and message, and its reason as a
         google.rpc.ErrorInfo in the status details (the `grpc-status-details-bin` trailer)."""
         trailer: tuple[tuple[str, str | bytes], ...] = ()
         if self.reason:
-            details = status_details(self.status.value[0], self.message, self.reason)
+            details = status_details(self.status.value[0], self.message, self.reason, self.metadata)
             trailer = ((DETAILS_KEY, details),)
         await context.abort(self.status, self.message, trailer)
         raise AssertionError("unreachable: abort raises")
@@ -179,9 +194,20 @@ class Failure:
         every LOG_INTERVAL seconds."""
         if isinstance(err, SpaceError):
             status, reason = status_for(err)
-            return cls(status, str(err), reason)
+            owner = err.owner if isinstance(err, NotOwnerError) else ""
+            return cls(status, str(err), reason, {"owner": owner} if owner else None)
+        if isinstance(err, grpc.aio.AioRpcError):  # a forwarded call (peers.py): as the owner ended it
+            return cls.forwarded(err)
         _throttle.log(log, logging.ERROR, (method, type(err)), "unexpected error in %s", method, exc_info=err)
         return cls(grpc.StatusCode.INTERNAL, f"internal error in {method}")
+
+    @classmethod
+    def forwarded(cls, err: grpc.aio.AioRpcError) -> Failure:
+        """How a call this server forwarded ended: the owner's status, message, reason and
+        ErrorInfo metadata, passed on as they are."""
+        trailing = err.trailing_metadata()
+        reason, metadata = error_info(None if trailing is None else [(key, value) for key, value in trailing])
+        return cls(err.code(), err.details() or "", reason, metadata or None)
 
 
 def streaming(method: Streaming[R]) -> Streaming[R]:
@@ -195,9 +221,19 @@ def streaming(method: Streaming[R]) -> Streaming[R]:
         try:
             if isinstance(request, handlers.Undecodable):
                 raise refusal(request, name, self._limits)
-            self._guard.check(context, name, request)
-            async for reply in method(self, request, context):
-                yield reply
+            address = await self.admit(name, request, context)
+            if address is None:
+                async for reply in method(self, request, context):
+                    yield reply
+            else:
+                call = self._peers.stream(
+                    address, METHODS[name], request, self._backend.peer_secret, context.time_remaining()
+                )
+                try:
+                    async for reply in call:
+                        yield reply
+                finally:
+                    call.cancel()  # the caller's stream ended first (a no-op once the call has)
         except (asyncio.CancelledError, GeneratorExit):
             code = "CANCELLED"
             raise
@@ -229,25 +265,68 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
         limits: Limits,
         guard: Guard | None = None,
         metrics: Metrics | None = None,
+        peers: Peers | None = None,
     ) -> None:
         self._backend = backend
         self._limits = limits
         self._metrics = metrics
         self._guard = guard or Guard(Authenticator(None, client_certificates=False), None, limits)
+        self._peers = peers or Peers(ServerConfig(limits=limits))
+        #: This server's advertised address (OutrigServer sets it once bound): what Locate and
+        #: ListSpaces name for a space served here when the backend names no address.
+        self.advertised = ""
+
+    async def admit(self, name: str, request: Any, context: handlers.Context) -> str | None:
+        """Let a decoded call in, and say where it is served: None here, else the address to
+        forward it to. A call that presents `outrig-peer` (PEER_KEY) was forwarded by a server
+        of the tier if the backend accepts its secret: it skips the guard (the forwarding server
+        checked the caller's credentials and grants) and is served here, never forwarded again
+        (a backend that does not own its space refuses it: NotOwnerError). A wrong secret is
+        UnauthenticatedError. Any other call passes the guard, then asks the backend
+        (`SpaceBackend.locate`) about its space, unless its method is ANSWERED_HERE."""
+        secret = _peer_secret(context)
+        if secret is not None:
+            if not self._backend.accepts_peer(secret):
+                _throttle.log(
+                    log,
+                    logging.WARNING,
+                    ("peer", name),
+                    "unauthenticated: %s from %s: %s presents no secret of this tier",
+                    name,
+                    context.peer(),
+                    PEER_KEY,
+                )
+                raise UnauthenticatedError(
+                    f"{PEER_KEY}: not the secret of this server's tier (only a server of the tier "
+                    "forwards calls to another)"
+                )
+            return None
+        self._guard.check(context, name, request)
+        if name in ANSWERED_HERE:
+            return None
+        message = request.message if isinstance(request, handlers.Received) else request
+        return await self._backend.locate(codec.space_name(message.space, self._limits))
 
     async def perform(
         self, name: str, method: Unary[R], request: Any, context: handlers.Context
     ) -> R | Failure:
-        """Run one operation, through the guard, as a unary call or a Mux stream's operation: its
-        reply, or how it failed (`Failure.of`)."""
+        """Run one operation, through the guard, as a unary call or a Mux stream's operation, here
+        or forwarded to the server that serves its space (`admit`): its reply, or how it failed
+        (`Failure.of`; a forwarded call's as the owner ended it)."""
         metrics = self._metrics
         started = time.perf_counter() if metrics is not None else 0.0
         code = "OK"
         try:
             if isinstance(request, handlers.Undecodable):
                 raise refusal(request, name, self._limits)
-            self._guard.check(context, name, request)
-            return await method(self, request, context)
+            address = await self.admit(name, request, context)
+            if address is None:
+                return await method(self, request, context)
+            # The owner's reply, as the method would return it: bytes or the reply message.
+            reply: R = await self._peers.unary(
+                address, METHODS[name], request, self._backend.peer_secret, context.time_remaining()
+            )
+            return reply
         except asyncio.CancelledError:
             code = "CANCELLED"
             raise
@@ -421,6 +500,38 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
     async def Abort(self, request: pb.EndRequest, context: handlers.Context) -> pb.EndReply:
         await self._backend.abort(self._space(request), _transaction_id(request))
         return pb.EndReply()
+
+    @unary
+    async def Locate(self, request: pb.LocateRequest, context: handlers.Context) -> pb.LocateReply:
+        address = await self._backend.locate(self._space(request))
+        if address is None:
+            return pb.LocateReply(address=self.advertised, here=True)
+        return pb.LocateReply(address=address, here=False)
+
+    @unary
+    async def ListSpaces(
+        self, request: pb.ListSpacesRequest, context: handlers.Context
+    ) -> pb.ListSpacesReply:
+        reply = pb.ListSpacesReply()
+        for placement in sorted(await self._backend.placements(), key=lambda p: p.space):
+            item = reply.spaces.add(
+                space=placement.space,
+                owner=placement.owner,
+                address=placement.address or (self.advertised if placement.here else ""),
+                epoch=placement.epoch,
+                here=placement.here,
+            )
+            if placement.expires_in is not None:
+                item.expires_in = placement.expires_in
+        return reply
+
+
+def _peer_secret(context: handlers.Context) -> str | None:
+    """The secret a call presents in `outrig-peer` (PEER_KEY), or None if it presents none."""
+    for key, value in context.invocation_metadata() or ():
+        if key == PEER_KEY:
+            return value if isinstance(value, str) else value.decode("utf-8", "replace")
+    return None
 
 
 def _transaction_id(request: pb.EndRequest) -> int:

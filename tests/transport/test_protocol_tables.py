@@ -28,12 +28,12 @@ from outrig.service.transport.servicer import SpaceServicer, unary
 from outrig.v1 import space_pb2 as pb
 from outrig.v1 import space_pb2_grpc
 
-ENTRIES, TEMPLATES, SPACE = pb.Access.ENTRIES, pb.Access.TEMPLATES, pb.Access.SPACE
+ENTRIES, TEMPLATES, SPACE, TIER = pb.Access.ENTRIES, pb.Access.TEMPLATES, pb.Access.SPACE, pb.Access.TIER
 
 # The hand-kept tables as they were: wire._METHODS and wire._RECEIVED (method: kind, request type,
 # answers with encoded bytes; requests arrive as a Received), mux.OPERATIONS (MuxOp field: method,
 # request type, MuxResult field) and security/access.ACCESS (method: action, resource).
-OLD_METHODS = {
+OLD_METHODS: dict[str, tuple[str, Any, bool]] = {
     "Write": ("unary", pb.WriteRequest, False),
     "WriteMany": ("unary", pb.WriteManyRequest, False),
     "Read": ("unary", pb.MatchRequest, True),
@@ -48,6 +48,9 @@ OLD_METHODS = {
     "Begin": ("unary", pb.BeginRequest, False),
     "Commit": ("unary", pb.EndRequest, False),
     "Abort": ("unary", pb.EndRequest, False),
+    # Added with the owner design (placement): answered by the server called, on the Mux too.
+    "Locate": ("unary", pb.LocateRequest, False),
+    "ListSpaces": ("unary", pb.ListSpacesRequest, False),
 }
 OLD_RECEIVED = {"Write", "WriteMany"}
 OLD_OPERATIONS: dict[int, tuple[str, type[Any], int]] = {
@@ -63,6 +66,8 @@ OLD_OPERATIONS: dict[int, tuple[str, type[Any], int]] = {
     11: ("Begin", pb.BeginRequest, 8),
     12: ("Commit", pb.EndRequest, 9),
     13: ("Abort", pb.EndRequest, 9),
+    14: ("Locate", pb.LocateRequest, 10),
+    16: ("ListSpaces", pb.ListSpacesRequest, 11),
 }
 OLD_ACCESS = {
     "Write": ("write", ENTRIES),
@@ -79,6 +84,8 @@ OLD_ACCESS = {
     "Begin": ("renew", SPACE),
     "Commit": ("renew", SPACE),
     "Abort": ("cancel", SPACE),
+    "Locate": ("read", SPACE),
+    "ListSpaces": ("admin", TIER),
 }
 
 SPACE_SERVICE = pb.DESCRIPTOR.services_by_name["Space"]
@@ -156,7 +163,10 @@ def test_handlers_registers_exactly_the_methods_and_mux() -> None:
         assert not handler.request_streaming
         assert handler.response_streaming == (kind == "stream")
         assert handler.request_deserializer is not None and handler.response_serializer is not None
-        request = handler.request_deserializer(request_type(space="s").SerializeToString())
+        sample = (
+            request_type(space="s") if "space" in request_type.DESCRIPTOR.fields_by_name else request_type()
+        )
+        request = handler.request_deserializer(sample.SerializeToString())
         if name in OLD_RECEIVED:
             assert isinstance(request, handlers.Received) and isinstance(request.message, request_type)
         else:
@@ -193,6 +203,9 @@ def test_a_servicer_method_the_proto_does_not_declare_is_refused() -> None:
 def test_the_derived_mux_operations_are_the_old_ones() -> None:
     assert {f: (op.name, op.request, op.result_field) for f, op in mux.OPERATIONS.items()} == OLD_OPERATIONS
     for field, (name, request_type, _) in OLD_OPERATIONS.items():
+        if "space" not in request_type.DESCRIPTOR.fields_by_name:  # ListSpaces: about every space
+            assert isinstance(mux.OPERATIONS[field].decode(memoryview(b"")), request_type)
+            continue
         decoded = mux.OPERATIONS[field].decode(memoryview(request_type(space="s").SerializeToString()))
         if name in OLD_RECEIVED:
             assert isinstance(decoded, handlers.Received) and decoded.message.space == "s"
@@ -215,6 +228,11 @@ def test_the_mux_vocabulary_is_the_old_one() -> None:
     assert decoded.results[0].id == 300 and decoded.results[0].WhichOneof("result") == "match"
     assert (decoded.results[1].error.code, decoded.results[1].error.message) == (5, "gone")
     assert decoded.results[1].error.reason == pb.LEASE_NOT_FOUND
+    # MuxError.metadata 0x22, a map entry: key 0x0a, value 0x12 (NOT_OWNER's owner).
+    owned = mux.error_result(8, grpc.StatusCode.UNAVAILABLE, "moved", pb.NOT_OWNER, {"owner": "h:1"})
+    assert owned.body.endswith(b"\x18\x0d\x22\x0c\x0a\x05owner\x12\x03h:1")
+    error_message = pb.MuxReply.FromString(mux.reply_message([owned])).results[0].error
+    assert (error_message.reason, dict(error_message.metadata)) == (pb.NOT_OWNER, {"owner": "h:1"})
     # MuxRequest.ops 0x0a, MuxOp.id 0x08, MuxOp.cancel 15, read as the SDK writes them.
     take = pb.MatchRequest(space="s").SerializeToString()
     raw = request_message([encode_op(3, 5, take), encode_cancel(3)])
@@ -244,15 +262,20 @@ def _sample(request_type: Any) -> Any:
         return handlers.Received(pb.WriteManyRequest(space="s", entries=[entry, entry]), b"")
     if "templates" in request_type.DESCRIPTOR.fields_by_name:
         return request_type(space="s", templates=[pb.Template(type_name="T")])
+    if "space" not in request_type.DESCRIPTOR.fields_by_name:
+        return request_type()
     return request_type(space="s")
 
 
 def test_access_covers_exactly_the_methods_as_the_old_table_did() -> None:
     assert set(ACCESS) == set(METHODS) == set(OLD_ACCESS)
-    types = {ENTRIES: ("T", "S"), TEMPLATES: ("T",), SPACE: (None,)}
+    types = {ENTRIES: ("T", "S"), TEMPLATES: ("T",), SPACE: (None,), TIER: (None,)}
     for name, (action, resource) in OLD_ACCESS.items():
         assert (METHODS[name].action, METHODS[name].resource) == (action, resource)
-        assert ACCESS[name](_sample(METHODS[name].request), Limits()) == Access(action, "s", types[resource])
+        space = "*" if resource == TIER else "s"  # TIER: every space, outrig://*
+        assert ACCESS[name](_sample(METHODS[name].request), Limits()) == Access(
+            action, space, types[resource]
+        )
     # A notify registration resumed by its id is checked against the space itself.
     resumed = pb.NotifyRequest(space="s", templates=[pb.Template(type_name="T")], resume=7)
     assert ACCESS["Notify"](resumed, Limits()) == Access("notify", "s", (None,))
