@@ -41,6 +41,8 @@ from outrig.service.exceptions import NotOwnerError, StoreUnavailableError
 
 log = logging.getLogger("outrig.service.backends.postgres")
 
+# The SQLSTATE outrig_fence fails a batch with (schema.py).
+FENCED = "OR001"
 # Request ids deleted per batch at most (their window has passed).
 PRUNE_LIMIT = 5000
 
@@ -446,34 +448,61 @@ class PgJournal:
             self._idle.set()
 
     async def _commit(self, batch: _Batch) -> tuple[list[_Change], list[_Change]]:
-        """Write the batch's changes whose epoch is still current: (written, refused)."""
+        """Write the batch's changes whose epoch is still current: (written, refused).
+
+        The usual case is one round trip: BEGIN, the fence (`outrig_fence`, which fails the
+        transaction if any space has moved on), the statements and COMMIT, pipelined. Only when
+        the fence fails does a second transaction find which spaces were lost and write the rest.
+        """
         connection = self._connection
         if connection is None or connection.closed:
             raise psycopg.OperationalError("no connection")
-        spaces = sorted({change.space for change in batch.changes if change.space is not None})
-        async with connection.transaction():
-            current: dict[str, int] = {}
+        epochs = self._epochs
+        written: list[_Change] = []
+        refused: list[_Change] = []
+        for change in batch.changes:  # made under an epoch this server has since left: stale
+            stale = change.space is not None and epochs.get(change.space) != change.epoch
+            (refused if stale else written).append(change)
+        try:
+            await self._transaction(connection, written, {c.space: c.epoch for c in written if c.space})
+        except psycopg.Error as err:
+            if err.sqlstate != FENCED:
+                raise
+        else:
+            return written, refused
+        # Fenced: which spaces are still this server's?
+        spaces = sorted({change.space for change in written if change.space is not None})
+        cursor = await connection.execute(
+            "SELECT space, epoch FROM outrig_spaces WHERE space = ANY(%s) AND owner = %s",
+            (spaces, self._server_id),
+        )
+        current = dict(await cursor.fetchall())
+        kept: list[_Change] = []
+        for change in written:
+            fenced = change.space is not None and current.get(change.space) != change.epoch
+            (refused if fenced else kept).append(change)
+        await self._transaction(connection, kept, {c.space: c.epoch for c in kept if c.space})
+        return kept, refused
+
+    async def _transaction(
+        self,
+        connection: psycopg.AsyncConnection[Any],
+        changes: list[_Change],
+        fence: dict[str | None, int | None],
+    ) -> None:
+        folded = Changes(self._dump)
+        for change in changes:
+            folded.add(change.records)
+        statements = folded.statements([space for space in self._epochs])
+        spaces = sorted(str(space) for space in fence)
+        async with connection.pipeline(), connection.transaction(), connection.cursor() as cursor:
             if spaces:
-                cursor = await connection.execute(
-                    "SELECT space, epoch FROM outrig_spaces WHERE space = ANY(%s) AND owner = %s "
-                    "ORDER BY space FOR SHARE",
-                    (spaces, self._server_id),
+                await cursor.execute(
+                    "SELECT outrig_fence(%s, %s, %s)",
+                    (self._server_id, spaces, [fence[space] for space in spaces]),
                 )
-                current = dict(await cursor.fetchall())
-            written: list[_Change] = []
-            refused: list[_Change] = []
-            for change in batch.changes:
-                fenced = change.space is not None and current.get(change.space) != change.epoch
-                (refused if fenced else written).append(change)
-            changes = Changes(self._dump)
-            for change in written:
-                changes.add(change.records)
-            statements = changes.statements(list(self._epochs))
-            if statements:
-                async with connection.pipeline(), connection.cursor() as cursor:
-                    for sql, rows in statements:
-                        await cursor.executemany(sql, rows)
-        return written, refused
+            for sql, rows in statements:
+                await cursor.executemany(sql, rows)
 
     def _fail(self, batch: _Batch, err: Exception) -> None:
         self._failure = StoreUnavailableError(

@@ -130,6 +130,25 @@ MIGRATIONS: Final[tuple[tuple[int, str], ...]] = (
             owner_expires_at timestamptz,
             created_at timestamptz NOT NULL DEFAULT now()
         );
+        -- The fence of every batch: lock the rows of the batch's spaces FOR SHARE (a claim waits
+        -- for the batch to commit) and fail the transaction, with SQLSTATE OR001, unless each
+        -- is still owned by `me` under the epoch the batch's changes were made in.
+        CREATE FUNCTION outrig_fence(me text, spaces text[], epochs bigint[]) RETURNS void
+        LANGUAGE plpgsql AS $fence$
+        DECLARE
+            held integer;
+        BEGIN
+            SELECT count(*) INTO held FROM (
+                SELECT 1 FROM outrig_spaces s
+                JOIN unnest(spaces, epochs) AS f (space, epoch) ON s.space = f.space AND s.epoch = f.epoch
+                WHERE s.owner = me FOR SHARE OF s
+            ) AS locked;
+            IF held <> cardinality(spaces) THEN
+                RAISE EXCEPTION 'outrig: a space of this batch is no longer owned by %', me
+                    USING ERRCODE = 'OR001';
+            END IF;
+        END
+        $fence$;
         -- The servers of the tier: where each is reached, how many spaces it owns, and its last
         -- heartbeat (a server whose heartbeat is older than an owner lease is not live).
         CREATE TABLE outrig_servers (
