@@ -145,6 +145,11 @@ class SpaceBackend(Protocol):
     async def space_figures(self) -> dict[str, SpaceFigures]:
         """What each space holds, for the metrics (called on the event loop, at a scrape)."""
 
+    @property
+    def serving(self) -> bool:
+        """Whether this server can serve calls now (a tier's server: its link to the database
+        works). The health of outrig.v1.Space follows it."""
+
     async def locate(self, space: str) -> str | None:
         """Where a call on `space` is served: None here, else the address of the server to forward
         it to (the owner, or the server that will claim it). May claim the space for this one."""

@@ -29,6 +29,11 @@ from outrig.v1 import space_pb2
 
 log = logging.getLogger("outrig.service")
 
+_SERVING = health_pb2.HealthCheckResponse.SERVING
+_NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+#: Seconds between two looks at whether the backend can serve (the health of outrig.v1.Space).
+HEALTH_INTERVAL = 0.5
+
 SERVICE_NAME = space_pb2.DESCRIPTOR.services_by_name["Space"].full_name
 
 
@@ -52,6 +57,7 @@ class OutrigServer:
         self.backend = backend or backend_for(config, clock)
         self.port = 0
         self._watch: asyncio.Task[None] | None = None
+        self._serving: asyncio.Task[None] | None = None
         self._health = HealthServicer()
         limit = config.max_message_bytes
         pending = max(1000, config.limits.max_waiters)
@@ -122,6 +128,7 @@ class OutrigServer:
         await self._server.start()
         for service in ("", SERVICE_NAME):
             await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        self._serving = asyncio.create_task(self._report_serving(), name="outrig-health")
         if self.guard.policy is not None:
             self._watch = asyncio.create_task(self.guard.policy.watch(self.config.policy_poll_interval))
         return self.port
@@ -143,6 +150,20 @@ class OutrigServer:
             ) from err
         log.info("metrics on http://%s/metrics", self.config.metrics_listen)
 
+    async def _report_serving(self) -> None:
+        """Keep outrig.v1.Space's health in step with whether the backend can serve (a tier's
+        server cut off from PostgreSQL is NOT_SERVING, so a readiness probe takes it out of the
+        load balancer). The server's own health ("") stays SERVING: the process is alive, and a
+        liveness probe must not restart it for a database that is away."""
+        reported = True
+        while True:
+            await asyncio.sleep(HEALTH_INTERVAL)
+            serving = self.backend.serving
+            if serving != reported:
+                reported = serving
+                await self._health.set(SERVICE_NAME, _SERVING if serving else _NOT_SERVING)
+                log.warning("outrig.v1.Space health: %s", "SERVING" if serving else "NOT_SERVING")
+
     async def reload_policy(self) -> bool:
         """Reload the policy file now (SIGHUP does this); False if it was rejected or there is none."""
         if self.guard.policy is None:
@@ -154,6 +175,8 @@ class OutrigServer:
         """Stop taking calls, end notify streams, give in-flight calls `grace` seconds, then stop."""
         if self._watch is not None:
             self._watch.cancel()
+        if self._serving is not None:
+            self._serving.cancel()
         await self._health.enter_graceful_shutdown()
         await self.backend.close()
         self._mux.close()

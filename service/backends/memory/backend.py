@@ -636,6 +636,11 @@ class MemoryBackend:
             )
         return figures
 
+    @property
+    def serving(self) -> bool:
+        """A lone server serves while it runs (its store refusing changes still serves reads)."""
+        return True
+
     async def locate(self, space: str) -> str | None:
         """A lone server serves every space itself."""
         return None

@@ -22,6 +22,7 @@ import contextlib
 import hmac
 import logging
 import socket
+import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -33,6 +34,7 @@ from psycopg_pool import AsyncConnectionPool
 from outrig.service.backends.base import Placement
 from outrig.service.backends.memory.backend import MemoryBackend
 from outrig.service.backends.memory.subscription import MemorySubscription
+from outrig.service.backends.postgres.deadlines import within
 from outrig.service.backends.postgres.journal import PgJournal
 from outrig.service.backends.postgres.loading import load_space
 from outrig.service.backends.postgres.ownership import Ownership
@@ -101,6 +103,7 @@ class PostgresBackend(MemoryBackend):
         self._claims: dict[str, asyncio.Lock] = {}
         self._located: dict[str, tuple[float, str]] = {}
         self._tending: asyncio.Task[None] | None = None
+        self._renewed_at = time.monotonic()  # when the last renewal got its answer
 
     # ------------------------------------------------------------------ life cycle
 
@@ -174,6 +177,11 @@ class PostgresBackend(MemoryBackend):
         """Whether this server can record changes (its link to PostgreSQL works)."""
         return self._pg_journal is not None and self._pg_journal.healthy
 
+    @property
+    def serving(self) -> bool:
+        """Whether this server can record changes and a renewal got through within a lease."""
+        return self.healthy and time.monotonic() - self._renewed_at < self.lease
+
     # ------------------------------------------------------------------ ownership
 
     def _lost(self, spaces: set[str]) -> None:
@@ -222,20 +230,20 @@ class PostgresBackend(MemoryBackend):
                 self.engine(space)  # loaded meanwhile; or loaded but not provably ours: refused
                 return
             try:
-                async with asyncio.timeout(2 * self.lease):
-                    epoch = await self.owners.claim(space)
-                    if epoch is None:
-                        owner = await self.owners.owner_of(space)
-                        address = owner.address if owner is not None else ""
-                        raise NotOwnerError(
-                            f"space {space!r} is served by {address or 'another server'}", address
-                        )
-                    await self._load(space, epoch)
+                await within(2 * self.lease, self._claim(space))
             except (psycopg.Error, OSError, TimeoutError) as err:
                 self.owners.forget(space)
                 raise StoreUnavailableError(
                     f"space {space!r}: PostgreSQL at {self.where} did not answer a claim ({err})"
                 ) from None
+
+    async def _claim(self, space: str) -> None:
+        epoch = await self.owners.claim(space)
+        if epoch is None:
+            owner = await self.owners.owner_of(space)
+            address = owner.address if owner is not None else ""
+            raise NotOwnerError(f"space {space!r} is served by {address or 'another server'}", address)
+        await self._load(space, epoch)
 
     async def _load(self, space: str, epoch: int) -> None:
         now = self.clock.time()
@@ -281,9 +289,10 @@ class PostgresBackend(MemoryBackend):
                 log.exception("tending ownership failed")
 
     async def _tend(self) -> None:
-        async with asyncio.timeout(self.lease / 2):
-            served = sorted(self._spaces)
-            lost = await self.owners.renew(served)
+        if self._pg_journal is not None:
+            self._pg_journal.keepalive()
+        lost = await within(self.lease / 2, self.owners.renew(sorted(self._spaces)))
+        self._renewed_at = time.monotonic()
         if lost:
             self._lost(lost)
         if self.closing or not self.healthy:

@@ -37,6 +37,7 @@ from typing import Any
 import psycopg
 
 from outrig.service.backends.memory.journal import Record, TakenRow, WriteAnswer
+from outrig.service.backends.postgres.deadlines import within
 from outrig.service.exceptions import NotOwnerError, StoreUnavailableError
 
 log = logging.getLogger("outrig.service.backends.postgres")
@@ -383,6 +384,12 @@ class PgJournal:
         if self._failure is None:
             self.submit(records, own=False)
 
+    def keepalive(self) -> None:
+        """While idle, send an empty batch: a connection that died while nothing was written is
+        noticed (and replaced) before a change depends on it."""
+        if self._failure is None and self._open is None and self._writing is None and self._loop:
+            self.submit([], own=False)
+
     @property
     def pending(self) -> asyncio.Future[None] | None:
         batch = self._open or self._writing
@@ -415,8 +422,7 @@ class PgJournal:
         written: list[_Change] = []
         refused: list[_Change] = []
         try:
-            async with asyncio.timeout(self._deadline):
-                written, refused = await self._commit(batch)
+            written, refused = await within(self._deadline, self._commit(batch))
         except Exception as err:  # psycopg.Error, OSError, TimeoutError: the outcome is unknown
             error = err
         self._writing = None
@@ -505,21 +511,25 @@ class PgJournal:
                 await cursor.executemany(sql, rows)
 
     def _fail(self, batch: _Batch, err: Exception) -> None:
+        later, self._open = self._open, None
+        failed = [each for each in (batch, later) if each is not None]
+        uncertain = any(change.records for each in failed for change in each.changes)
         self._failure = StoreUnavailableError(
             f"PostgreSQL at {self._where} did not confirm a commit ({type(err).__name__}: {err}); "
             "nothing of it was acknowledged. This server serves no space until it reaches the "
             "database again."
         )
-        log.error("commit to PostgreSQL at %s failed; dropping every space: %s", self._where, err)
-        later, self._open = self._open, None
-        for each in (batch, later):
-            if each is None:
-                continue
+        if uncertain:
+            log.error("commit to PostgreSQL at %s failed; dropping every space: %s", self._where, err)
+        else:
+            log.warning("the journal's link to PostgreSQL at %s failed while idle: %s", self._where, err)
+        for each in failed:
             for change in each.changes:
                 _resolve(change.waiter, self._failure)
             _resolve(each.future, self._failure)
         self._idle.set()
-        self.on_uncertain()
+        if uncertain:  # memory may differ from the database: forget it all
+            self.on_uncertain()
         connection, self._connection = self._connection, None
         if connection is not None:
             self._spawn_close(connection)
@@ -535,13 +545,16 @@ class PgJournal:
         assert self._loop is not None
         self._loop.create_task(close())
 
+    async def _connect_and_probe(self) -> psycopg.AsyncConnection[Any]:
+        connection = await self._connect()
+        await connection.execute("SELECT 1")
+        return connection
+
     async def _probe(self) -> None:
         while self._failure is not None and not self._closing:
             await asyncio.sleep(self._probe_interval)
             try:
-                async with asyncio.timeout(self._deadline):
-                    connection = await self._connect()
-                    await connection.execute("SELECT 1")
+                connection = await within(self._deadline, self._connect_and_probe())
             except Exception as err:
                 log.warning("PostgreSQL at %s still unreachable: %s", self._where, err)
                 continue
