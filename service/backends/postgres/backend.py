@@ -310,6 +310,8 @@ class PostgresBackend(MemoryBackend):
                     await self._ensure(space)
 
     async def locate(self, space: str) -> str | None:
+        """None when this server serves `space` (claiming it first if nobody does and this
+        server is the least loaded), else the address of the server to forward the call to."""
         if space in self._spaces or self.closing:
             return None  # here (refused here if it cannot be proved: see engine())
         cached = self._located.get(space)
@@ -318,20 +320,28 @@ class PostgresBackend(MemoryBackend):
             return cached[1]
         try:
             owner = await self.owners.owner_of(space)
-            if owner is not None and owner.expires_in > 0:
-                if owner.server == self.server_id:
-                    return None  # ours in the database, not loaded yet: claimed again here
+            if owner is not None and owner.expires_in > 0 and owner.server != self.server_id:
                 self._located[space] = (loop.time() + min(_LOCATION_TTL, owner.expires_in), owner.address)
                 return owner.address
-            servers = await self.owners.live_servers()
+            if owner is None or owner.server != self.server_id:
+                servers = await self.owners.live_servers()
+                least = servers[0] if servers else None
+                if (
+                    least
+                    and least.server != self.server_id
+                    and least.address
+                    and len(self._spaces) > least.spaces
+                ):
+                    return least.address  # a less loaded server claims it
         except (psycopg.Error, OSError) as err:
             raise StoreUnavailableError(f"PostgreSQL at {self.where} is unreachable: {err}") from None
-        if not servers or servers[0].server == self.server_id or not servers[0].address:
-            return None  # this server claims it
-        mine = len(self._spaces)
-        if mine <= servers[0].spaces:
-            return None
-        return servers[0].address
+        try:
+            await self._ensure(space)  # this server claims it
+        except NotOwnerError as lost:
+            if lost.owner:
+                return lost.owner  # another server claimed it first: forward there
+            raise
+        return None
 
     async def placements(self) -> list[Placement]:
         try:
