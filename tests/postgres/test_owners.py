@@ -22,7 +22,11 @@ from outrig.service.backends.postgres.backend import PostgresBackend
 from outrig.service.backends.postgres.schema import MIGRATIONS
 from outrig.service.config import ServerConfig
 from outrig.service.engine import FakeClock
-from outrig.service.exceptions import NotOwnerError, StoreError
+from outrig.service.exceptions import (
+    NotOwnerError,
+    StoreError,
+    TransactionAbortedError,
+)
 from outrig.service.protocol import codec
 
 from ..conformance.test_backend_conformance import entry, ids, template
@@ -256,3 +260,26 @@ class _PortGuard:
 
     def __exit__(self, *exc: object) -> None:
         self._socket.close()
+
+
+async def test_a_transaction_open_at_a_hand_over_aborted_and_a_late_commit_is_told(database: str) -> None:
+    async with tier(database, 1) as (survivor,):
+        doomed = server(database, 9)
+        await doomed.start()
+        await doomed.write("s", [entry(n=1)], 600.0)
+        txn = await doomed.begin("s", 600.0)
+        await doomed.write("s", [entry(n=2)], 600.0, transaction=txn.id)
+        taken = await doomed.match(
+            "s", [template(n=1)], take=True, max_entries=1, timeout=0, if_exists=False, transaction=txn.id
+        )
+        assert len(taken) == 1
+        ended = await doomed.begin("s", 600.0)
+        await doomed.commit("s", ended.id)
+        await doomed.close()
+        await doomed.shutdown()
+        await wait_until_async(lambda: owner_is(survivor, "s", "server-0:7480"), what="the survivor's claim")
+        with pytest.raises(TransactionAbortedError, match="moved to another server"):
+            await survivor.commit("s", txn.id)
+        await survivor.abort("s", txn.id)  # an abort of an aborted transaction is a retry: fine
+        assert len(await peek(survivor, "s")) == 1  # the take is undone, the write never was
+        await survivor.commit("s", ended.id)  # a retry of a commit that happened is answered OK

@@ -748,8 +748,8 @@ class MemoryBackend:
                 return None
             if ended is TransactionState.ABORTED:
                 raise TransactionAbortedError(
-                    f"transaction {transaction} in space {space!r} has aborted (cancelled, or its lease "
-                    "ran out): it cannot commit"
+                    f"transaction {transaction} in space {space!r} has aborted (cancelled, its lease "
+                    "ran out, or its space moved to another server): it cannot commit"
                 ) from None
             if ended is TransactionState.COMMITTED:
                 raise TransactionAbortedError(

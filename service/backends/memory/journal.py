@@ -29,6 +29,9 @@ Record = tuple[Any, ...]
     sequence(space, id, seq)                           a registration's event sequence number
     request(request_id, space, kind, expires_at, first_id, count, lease_expires_at, granted)
     prune_requests(now)                                request ids whose window ended may go
+    transaction(space, id), transaction_end(space, id) a transaction opened, ended (recorded by
+                                                       the postgres backend only: a new owner
+                                                       knows which ones aborted with the move)
 """
 
 WriteAnswer = tuple[int, int, float | None, float | None]

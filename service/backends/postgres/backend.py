@@ -41,7 +41,7 @@ from outrig.service.backends.postgres.ownership import Ownership
 from outrig.service.backends.postgres.schema import migrate
 from outrig.service.config import ServerConfig
 from outrig.service.engine.clock import Clock
-from outrig.service.engine.model import LeaseGrant, NewEntry, StoredEntry, Template
+from outrig.service.engine.model import LeaseGrant, NewEntry, StoredEntry, Template, TransactionState
 from outrig.service.engine.space import SpaceEngine
 from outrig.service.exceptions import (
     NotOwnerError,
@@ -264,6 +264,8 @@ class PostgresBackend(MemoryBackend):
             )
         for request_id, kind, expires_at in rows.requests:
             self.restore_request(request_id, space, kind, expires_at)
+        for transaction in rows.transactions:
+            super()._ended(space, transaction, TransactionState.ABORTED)
         self._located.pop(space, None)
         log.info(
             "space %r claimed (epoch %d): %d entries, %d registrations, %d request ids loaded in "
@@ -429,7 +431,14 @@ class PostgresBackend(MemoryBackend):
 
     async def begin(self, space: str, lease: float | None) -> LeaseGrant:
         await self._ensure(space)
-        return await super().begin(space, lease)
+        grant = await super().begin(space, lease)
+        self.note([("transaction", space, grant.id)])
+        return grant
+
+    def _ended(self, space: str, transaction: int, state: TransactionState) -> None:
+        super()._ended(space, transaction, state)
+        if space in self._spaces:
+            self.note([("transaction_end", space, transaction)])
 
     async def commit(self, space: str, transaction: int) -> None:
         await self._ensure(space)

@@ -70,6 +70,7 @@ class Changes:
         self.types: dict[tuple[str, str], list[str]] = {}
         self.next_ids: dict[str, int] = {}
         self.requests: dict[str, tuple[Any, ...]] = {}
+        self.transactions: dict[tuple[str, int], bool] = {}  # True: open, False: ended
         self.prune_before: float | None = None
 
     def add(self, records: Iterable[Record]) -> None:
@@ -125,6 +126,12 @@ class Changes:
 
     def _request(self, request_id: str, space: str, kind: str, *answer: Any) -> None:
         self.requests[request_id] = (request_id, space, kind, *answer)
+
+    def _transaction(self, space: str, transaction: int) -> None:
+        self.transactions[(space, transaction)] = True
+
+    def _transaction_end(self, space: str, transaction: int) -> None:
+        self.transactions[(space, transaction)] = False
 
     def _prune_requests(self, now: float) -> None:
         self.prune_before = now
@@ -248,6 +255,17 @@ class Changes:
                     list(self.requests.values()),
                 )
             )
+        opened = [key for key, open_ in self.transactions.items() if open_]
+        ended = [key for key, open_ in self.transactions.items() if not open_]
+        if opened:
+            out.append(
+                (
+                    "INSERT INTO outrig_open_transactions (space, id) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+                    opened,
+                )
+            )
+        if ended:
+            out.append(("DELETE FROM outrig_open_transactions WHERE space = %s AND id = %s", ended))
         if self.prune_before is not None and spaces:
             expired = (
                 "SELECT id FROM outrig_requests WHERE space = ANY(%s) AND expires_at <= %s "

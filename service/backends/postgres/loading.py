@@ -3,9 +3,10 @@
 The load runs in one transaction that first checks the claim's epoch is still current (FOR
 SHARE, as every batch does), so it reads the space exactly as its last owner left it: every
 change that owner had acknowledged committed before the claim could. Entries and registrations
-whose leases have run out are deleted rather than loaded; registrations' sequence numbers jump
-by 2**31 (stored at once), so that a listener resuming sees the gap and knows events may be
-missing; request ids still in their window come back (their answers stay in the database).
+whose leases have run out are deleted rather than loaded; transactions the last owner had open
+lived in its memory only, so they aborted with it (a late commit is told so); registrations'
+sequence numbers jump by 2**31 (stored at once), so that a listener resuming sees the gap and
+knows events may be missing; request ids still in their window come back (their answers stay in the database).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class SpaceRows:
     )  # id, arrival, expiry, payload
     registrations: list[tuple[int, float | None, bytes, int]] = field(default_factory=list)
     requests: list[tuple[str, str, float]] = field(default_factory=list)  # id, kind, expiry
+    transactions: list[int] = field(default_factory=list)  # open on the last owner: aborted
     expired: int = 0
     seconds: float = 0.0
 
@@ -88,5 +90,9 @@ async def load_space(
             (space, now),
         )
         rows.requests = list(await cursor.fetchall())
+        cursor = await connection.execute(
+            "DELETE FROM outrig_open_transactions WHERE space = %s RETURNING id", (space,)
+        )
+        rows.transactions = [int(transaction) for (transaction,) in await cursor.fetchall()]
     rows.seconds = time.perf_counter() - started
     return rows

@@ -194,6 +194,13 @@ MIGRATIONS: Final[tuple[tuple[int, str], ...]] = (
             FROM (SELECT space FROM outrig_entries UNION SELECT space FROM outrig_registrations
                   UNION SELECT space FROM outrig_types) AS named;
         DROP TABLE outrig_transactions, outrig_read_locks, outrig_space_counts;
+        -- Transactions open on their space's owner (they live in its memory): a server that
+        -- claims the space knows they existed, and that they aborted with the hand-over.
+        CREATE TABLE outrig_open_transactions (
+            space text NOT NULL,
+            id bigint NOT NULL,
+            PRIMARY KEY (space, id)
+        );
         DROP SEQUENCE outrig_ids;
         """,
     ),
