@@ -11,7 +11,9 @@ from __future__ import annotations
 import copy
 import enum
 import functools
-from collections.abc import Iterable, Sequence
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final, Generic, Self, TypeAlias, TypeVar
@@ -20,7 +22,15 @@ import grpc
 from google.protobuf.message import Message
 
 from outrig._codec import AnyEntry, decode_entry, encode_entry_into, encode_template_into, iter_templates
-from outrig._exceptions import InternalError, OutrigError, error_from_code, error_from_rpc
+from outrig._exceptions import (
+    InternalError,
+    NotOwnerError,
+    OutrigError,
+    PermissionDeniedError,
+    UnauthenticatedError,
+    error_from_code,
+    error_from_rpc,
+)
 from outrig._mux_wire import OP_FIELDS, closed
 from outrig._protocol import METHODS
 from outrig._retry import DEFAULT_RETRY_DEADLINE, Attempts, RetryCounter, RetryPolicy, new_request_id
@@ -32,6 +42,8 @@ __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
     "DEFAULT_RETRY_DEADLINE",
     "FOREVER",
+    "LOCATE_TIMEOUT",
+    "RELOCATE_AFTER",
     "BaseLease",
     "BaseSpace",
     "Event",
@@ -47,6 +59,7 @@ __all__ = [
     "first_entry",
     "lease_results",
     "location_of",
+    "owner_of",
     "placements_of",
     "registration_of",
     "rpc_errors",
@@ -297,13 +310,178 @@ class _StubWithMetadata:
             setattr(self, name, functools.partial(getattr(stub, name), metadata=bound))
 
 
-class _Connection:
-    """What the spaces on one connection share: whether it has been closed."""
+#: Seconds a space's calls go to the address given to `connect` after its owner could not be
+#: reached, before the SDK asks that server again where the space lives (doubling, up to
+#: `RELOCATE_MAX`, while the same owner keeps failing).
+RELOCATE_AFTER: Final = 1.0
+RELOCATE_MAX: Final = 30.0
+#: The longest the SDK waits for a Locate before it sends the call to the given address anyway.
+LOCATE_TIMEOUT: Final = 5.0
 
-    __slots__ = ("closed",)
+#: The refusals a call sent straight to an owner is sent again for, to the given address: the
+#: owner checked the caller's credentials before doing anything, and the given server, which
+#: forwards the call, may accept what the owner does not (its own policy, or issuers).
+_REFUSALS: Final = (PermissionDeniedError, UnauthenticatedError)
+
+
+class _Link:
+    """One channel of a connection: its stub, its Mux stream (if any) and the ops over them."""
+
+    __slots__ = ("address", "channel", "mux", "ops", "stub")
+
+    def __init__(self, address: str, channel: Any, metadata: Sequence[tuple[str, str]], new_mux: Any) -> None:
+        self.address = address
+        self.channel = channel
+        stub = SpaceStub(channel)
+        self.stub: Any = _StubWithMetadata(stub, metadata) if metadata else stub
+        self.mux: Any = new_mux(channel, metadata) if new_mux is not None else None
+        # The unary operations: over the channel's Mux stream, or as unary calls.
+        self.ops: dict[str, Any] = {
+            name: getattr(self.stub, name) if self.mux is None else functools.partial(self.mux.call, name)
+            for name in OP_FIELDS
+        }
+
+
+class _Route:
+    """Where one space's calls go: `address` (None: the home link, the address given)."""
+
+    __slots__ = ("address", "due", "failed", "locating", "strikes")
 
     def __init__(self) -> None:
+        self.address: str | None = None
+        self.due: float | None = 0.0  # when to ask Locate next (monotonic); None: settled
+        self.locating = False  # a thread or task is asking
+        self.failed: str | None = None  # the owner that last failed, and how many times in a row
+        self.strikes = 0
+
+
+class _Connection:
+    """What the spaces on one connection share: whether it has been closed, its channels, and
+    where each space's calls go (direct routing).
+
+    The home link is the channel the space was made with. With direct routing on (`route_via`,
+    which `connect` calls unless ``direct=False``), each space name has a `_Route`: the first call
+    of a space asks the home server where it lives (Locate, `locate_due`/`located`); a space served
+    elsewhere gets its calls sent over a link of its owner's address, opened by `dial` with the
+    connection's credentials and options. A call that fails there moves the route (`reroute`):
+    NOT_OWNER naming an owner moves it to that owner; any other UNAVAILABLE moves it back home
+    (which forwards) and asks again after `RELOCATE_AFTER`; a refusal (`refused`) moves it home for
+    good. Routes and links change under a lock: the sync client's calls come from any thread.
+    """
+
+    __slots__ = ("_dial", "_links", "_lock", "_metadata", "_new_mux", "_routes", "closed", "home")
+
+    def __init__(self, home: _Link, metadata: Sequence[tuple[str, str]], new_mux: Any) -> None:
         self.closed = False
+        self.home = home
+        self._metadata = tuple(metadata)
+        self._new_mux = new_mux
+        self._dial: Callable[[str], Any] | None = None
+        self._links: dict[str, _Link] = {}
+        self._routes: dict[str, _Route] = {}
+        self._lock = threading.Lock()
+
+    def route_via(self, dial: Callable[[str], Any]) -> None:
+        """Turn direct routing on: `dial` opens a channel to an owner's address."""
+        self._dial = dial
+
+    def op(self, name: str, request: Message) -> Any:
+        """Run the op `name` on the link of the request's space (ListSpaces: the home link)."""
+        return self.link(getattr(request, "space", None)).ops[name](request)
+
+    def route_of(self, space: str) -> str | None:
+        """The address the space's calls go to now; None: the home link."""
+        route = self._routes.get(space)
+        return None if route is None else route.address
+
+    def address_of(self, space: str) -> str:
+        address = self.route_of(space)
+        return self.home.address if address is None else address
+
+    def link(self, space: str | None) -> _Link:
+        """The link the space's calls go over now, opened on first use."""
+        address = None if space is None or self._dial is None else self.route_of(space)
+        if address is None:
+            return self.home
+        link = self._links.get(address)
+        if link is not None:
+            return link
+        with self._lock:
+            if self.closed:
+                raise closed()
+            link = self._links.get(address)
+            if link is None:
+                assert self._dial is not None
+                link = _Link(address, self._dial(address), self._metadata, self._new_mux)
+                self._links[address] = link
+            return link
+
+    def locate_due(self, space: str) -> bool:
+        """Whether the caller should ask where `space` lives now (then it must call `located`)."""
+        if self._dial is None:
+            return False
+        route = self._routes.get(space)
+        if route is not None and (route.due is None or route.locating):
+            return False  # the usual case, without the lock
+        with self._lock:
+            route = self._routes.setdefault(space, _Route())
+            if route.due is None or route.locating or time.monotonic() < route.due:
+                return False
+            route.locating = True
+            return True
+
+    def located(self, space: str, owner: str | None, *, again: bool) -> None:
+        """What Locate said: the owner's address if not the home server (None: home, or no
+        answer); with `again`, no answer came, so ask again after a while."""
+        with self._lock:
+            route = self._routes[space]
+            route.locating = False
+            route.address = None if owner is None or owner == self.home.address else owner
+            route.due = time.monotonic() + self._pause(route) if again else None
+
+    def reroute(self, space: str, used: str | None, err: OutrigError) -> None:
+        """A call of `space` sent to `used` (None: home) failed with UNAVAILABLE `err`: go to the
+        owner it names, or back home, before the retry. A route another call moved meanwhile is
+        left alone."""
+        if self._dial is None:
+            return
+        with self._lock:
+            route = self._routes.get(space)
+            if route is None or route.address != used:
+                return
+            owner = err.owner if isinstance(err, NotOwnerError) else ""
+            here = self.home.address if used is None else used
+            if owner and owner != here:
+                route.address = None if owner == self.home.address else owner
+                route.due = None
+            elif used is not None:
+                route.strikes = route.strikes + 1 if route.failed == used else 1
+                route.failed = used
+                route.address = None
+                route.due = time.monotonic() + self._pause(route)
+
+    def refused(self, space: str, used: str | None, err: OutrigError) -> bool:
+        """A call sent to the owner `used` was refused (`_REFUSALS`): whether to send it again,
+        home, where its space's calls go from now on. A refusal at home stands."""
+        if used is None or not isinstance(err, _REFUSALS):
+            return False
+        with self._lock:
+            route = self._routes.get(space)
+            if route is not None and route.address == used:
+                route.address = None
+                route.due = None
+        return True
+
+    @staticmethod
+    def _pause(route: _Route) -> float:
+        return min(RELOCATE_MAX, RELOCATE_AFTER * 2.0 ** max(0, route.strikes - 1))
+
+    def close(self) -> list[_Link]:
+        """Mark the connection closed; every link it has, the home link first, to close."""
+        with self._lock:
+            self.closed = True
+            links, self._links = list(self._links.values()), {}
+        return [self.home, *links]
 
 
 class BaseSpace:
@@ -319,22 +497,17 @@ class BaseSpace:
         metadata: Sequence[tuple[str, str]] = (),
         mux: bool = True,
     ) -> None:
-        self._channel = channel
-        stub = SpaceStub(channel)
-        self._stub: Any = _StubWithMetadata(stub, metadata) if metadata else stub
-        self._mux: Any = self._new_mux(channel, metadata) if mux else None
-        # The unary operations: over the connection's Mux stream, or as unary calls.
-        self._ops: dict[str, Any] = {
-            name: getattr(self._stub, name) if self._mux is None else functools.partial(self._mux.call, name)
-            for name in OP_FIELDS
-        }
+        new_mux = self._new_mux if mux else None
+        home = _Link("", channel, metadata, new_mux)
+        # Shared by every space made from this one (`with_space`, transactions): once the
+        # connection is closed, their calls fail alike, over the Mux stream or unary.
+        self._connection = _Connection(home, metadata, new_mux)
+        # The unary operations, by method name: the home link's, until `_route_directly`.
+        self._ops: dict[str, Any] = home.ops
         self._name = _check_name(name)
         self._owns_channel = owns_channel
         self._retry_policy = RetryPolicy.with_deadline(retry_deadline)
         self._retry_counter = RetryCounter()
-        # Shared by every space made from this one (`with_space`, transactions): once the
-        # connection is closed, their calls fail alike, over the Mux stream or unary.
-        self._connection = _Connection()
         self._transaction = 0  # the transaction a view made by `_under` acts under; 0: none
 
     def _check_open(self) -> None:
@@ -343,9 +516,31 @@ class BaseSpace:
         if self._connection.closed:
             raise closed()
 
-    def _new_mux(self, channel: Any, metadata: Sequence[tuple[str, str]]) -> Any:
-        """The connection's Mux stream (`outrig._mux.Mux` or its asyncio twin)."""
+    @staticmethod
+    def _new_mux(channel: Any, metadata: Sequence[tuple[str, str]]) -> Any:
+        """A channel's Mux stream (`outrig._mux.Mux` or its asyncio twin)."""
         raise NotImplementedError
+
+    def _route_directly(self, target: str, dial: Callable[[str], Any] | None) -> None:
+        """Say that the home channel reaches `target`; with `dial` (which opens a channel to an
+        address), send each space's calls to its owner (see `_Connection`)."""
+        connection = self._connection
+        connection.home.address = target
+        if dial is not None:
+            connection.route_via(dial)
+            self._ops = {name: functools.partial(connection.op, name) for name in OP_FIELDS}
+
+    @property
+    def _stub(self) -> Any:
+        """The stub of the link this space's calls go over now (for its streams)."""
+        return self._connection.link(self._name).stub
+
+    @property
+    def target(self) -> str | None:
+        """The address this space's calls go to now: the address given to `connect`, or, once the
+        SDK found the space is served by another server of a tier, its owner's (None for a space
+        on a channel of your own making, which is never routed)."""
+        return self._connection.address_of(self._name) or None
 
     @property
     def name(self) -> str:
@@ -531,6 +726,12 @@ def event_of(reply: pb.NotifyReply) -> Event:
 
 def location_of(reply: pb.LocateReply) -> Location:
     return Location(reply.address, reply.here)
+
+
+def owner_of(reply: pb.LocateReply) -> str | None:
+    """Where to send a space's calls, from a Locate reply: its owner's address, or None when the
+    server asked serves it (or knows no owner)."""
+    return None if reply.here or not reply.address else reply.address
 
 
 def placements_of(reply: pb.ListSpacesReply) -> list[Placement]:

@@ -19,6 +19,7 @@ from outrig._base import (
     ANY,
     DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_RETRY_DEADLINE,
+    LOCATE_TIMEOUT,
     BaseLease,
     BaseSpace,
     Event,
@@ -33,12 +34,13 @@ from outrig._base import (
     first_entry,
     lease_results,
     location_of,
+    owner_of,
     placements_of,
     registration_of,
     rpc_errors,
 )
 from outrig._codec import AnyEntry, decode_entries
-from outrig._exceptions import CallCancelledError, OutrigError, UnavailableError
+from outrig._exceptions import CallCancelledError, DeadlineExceededError, OutrigError, UnavailableError
 from outrig._mux import Mux
 from outrig._tls import TLS, channel_credentials, token_metadata
 from outrig.v1 import space_pb2 as pb
@@ -59,6 +61,7 @@ def connect(
     tls: TLS | None = None,
     token: str | None = None,
     mux: bool = True,
+    direct: bool = True,
 ) -> Space:
     """Open a connection to an outrig server and return the named space.
 
@@ -80,6 +83,17 @@ def connect(
             A server that does not know the caller answers `UnauthenticatedError`, one whose policy
             does not allow the call `PermissionDeniedError`; neither is retried. A failed TLS
             handshake shows up as `UnavailableError` (retried like any unreachable server).
+        mux: send the operations over one Mux stream per server (the default), or each as a
+            unary call.
+        direct: in a tier of servers (``outrig serve --backend postgres``), send each space's
+            calls straight to the server that owns it, rather than through ``target``, which
+            would forward them (one hop longer). The first call of a space asks ``target`` where
+            it lives (`Space.locate`); a space served elsewhere gets a second channel, to its
+            owner's address, with the same TLS, token and options. A server that answers
+            `NotOwnerError` naming another owner moves the space's calls there before the retry;
+            an owner that cannot be reached sends them back to ``target`` (which forwards), which
+            is asked again after a second. `Space.target` says where a space's calls go now.
+            False: every call goes to ``target``.
 
     The returned `Space` owns the connection: use it as a context manager, or call
     ``close()``. Connecting is lazy, so an unreachable server shows up at the first call, as
@@ -88,19 +102,26 @@ def connect(
     check_connect_args(space, retry_deadline)
     credentials = channel_credentials(tls, token)
     if credentials is None:
-        channel = grpc.insecure_channel(target, options=channel_options(max_message_bytes, options))
+        all_options = channel_options(max_message_bytes, options)
     else:
         assert tls is not None
         all_options = channel_options(max_message_bytes, [*tls.options(), *options])
-        channel = grpc.secure_channel(target, credentials, options=all_options)
-    return Space(
-        channel,
+
+    def dial(address: str) -> grpc.Channel:
+        if credentials is None:
+            return grpc.insecure_channel(address, options=all_options)
+        return grpc.secure_channel(address, credentials, options=all_options)
+
+    opened = Space(
+        dial(target),
         space,
         owns_channel=True,
         retry_deadline=retry_deadline,
         metadata=token_metadata(token),
         mux=mux,
     )
+    opened._route_directly(target, dial if direct else None)
+    return opened
 
 
 class Space(BaseSpace):
@@ -133,21 +154,24 @@ class Space(BaseSpace):
     ) -> None:
         self.close()
 
-    def _new_mux(self, channel: Any, metadata: Sequence[tuple[str, str]]) -> Mux:
+    @staticmethod
+    def _new_mux(channel: Any, metadata: Sequence[tuple[str, str]]) -> Mux:
         return Mux(channel, metadata)
 
     def close(self) -> None:
-        """Close the connection, if this space owns it. Calls in flight fail."""
+        """Close the connection, if this space owns it: every channel it opened (to the owners
+        of its spaces, too). Calls in flight fail."""
         if self._owns_channel:
-            self._connection.closed = True
-            if self._mux is not None:
-                self._mux.close()
-            self._channel.close()
+            for link in self._connection.close():
+                if link.mux is not None:
+                    link.mux.close()
+                link.channel.close()
 
     def with_space(self, name: str) -> Space:
         """Return the space ``name`` on the same connection (closing it leaves the connection open).
 
-        It shares this space's retry deadline and `retries` counter.
+        It shares this space's retry deadline and `retries` counter; its calls are routed to
+        its own owner (see ``direct`` in `connect`).
         """
         return self._on_same_connection(name)
 
@@ -276,14 +300,20 @@ class Space(BaseSpace):
     def locate(self) -> Location:
         """Return where this space is served: the address of its owner in a tier of servers (or of
         the server reached, when it is the owner), and whether the server reached is the owner.
-        Calls through any server of a tier reach the owner anyway (forwarded), one hop longer."""
-        reply: pb.LocateReply = self._call(self._ops["Locate"], self._locate_request())
+        The server asked is always the one given to `connect`, wherever `target` says the
+        space's calls go now. Calls through any server of a tier reach the owner anyway
+        (forwarded, one hop longer), and `connect`'s ``direct`` routing sends them to it."""
+        reply: pb.LocateReply = self._call(
+            self._connection.home.ops["Locate"], self._locate_request(), home=True
+        )
         return location_of(reply)
 
     def list_spaces(self) -> list[Placement]:
         """Return every space of the server's tier and its owner, by name (a lone server: its own
         spaces, all ``here``). Needs the ``admin`` action on ``outrig://*`` under a policy."""
-        reply: pb.ListSpacesReply = self._call(self._ops["ListSpaces"], pb.ListSpacesRequest())
+        reply: pb.ListSpacesReply = self._call(
+            self._connection.home.ops["ListSpaces"], pb.ListSpacesRequest(), home=True
+        )
         return placements_of(reply)
 
     def notify(self, templates: Templates, lease: LeaseArg = ANY) -> Notification:
@@ -336,19 +366,49 @@ class Space(BaseSpace):
         grant: pb.BeginReply = self._call(self._ops["Begin"], self._begin_request(lease))
         return Transaction(self, Lease(self, grant.transaction))
 
-    def _call(self, method: Callable[[Request], Reply], request: Request) -> Reply:
-        """Make a unary call, retrying it on UNAVAILABLE as long as the retry policy allows."""
+    def _call(self, method: Callable[[Request], Reply], request: Request, *, home: bool = False) -> Reply:
+        """Make a unary call, retrying it on UNAVAILABLE as long as the retry policy allows.
+
+        Each attempt goes where the space's calls go now (`_Connection`): the first of a space
+        asks where it lives first, and a failure moves the route before the retry, which sends
+        the same request (its request id, and what remains of a take's timeout)."""
         attempts = self._attempts(request)
+        connection = self._connection
         while True:
             self._check_open()
+            if not home and connection.locate_due(self._name):
+                self._relocate()
+            used = None if home else connection.route_of(self._name)
             try:
                 with rpc_errors:
                     return method(attempts.request)
-            except UnavailableError:
+            except UnavailableError as err:
+                if not home:
+                    connection.reroute(self._name, used, err)
                 delay = attempts.backoff()
                 if delay is None:
                     raise
                 time.sleep(delay)
+            except OutrigError as err:
+                if not connection.refused(self._name, used, err):
+                    raise
+
+    def _relocate(self) -> None:
+        """Ask the home server where this space lives, and route its calls there (`located`).
+        No answer (unreachable, too slow) leaves them home, to ask again later; a refusal or an
+        older server without Locate, for good."""
+        owner: str | None = None
+        again = True
+        try:
+            with rpc_errors:
+                reply = self._connection.home.stub.Locate(self._locate_request(), timeout=LOCATE_TIMEOUT)
+            owner, again = owner_of(reply), False
+        except (UnavailableError, DeadlineExceededError):
+            pass
+        except OutrigError:
+            again = False
+        finally:
+            self._connection.located(self._name, owner, again=again)
 
 
 class Lease(BaseLease):
@@ -401,6 +461,7 @@ class Notification:
         self._call: Any = None
         self._lease: Lease | None = None
         self._closed = False
+        self._used: str | None = None  # where the stream went (None: home), for `reroute`
 
     @property
     def lease(self) -> Lease:
@@ -432,7 +493,9 @@ class Notification:
 
     def _open(self, request: pb.NotifyRequest) -> pb.NotifyReply | None:
         """Open a notify stream and return its first message, which carries the registration."""
-        self._call = call = self._space._stub.Notify(request)
+        space = self._space
+        self._used = space._connection.route_of(space.name)
+        self._call = call = space._stub.Notify(request)
         if self._closed:  # close() from another thread may have cancelled the previous call only
             call.cancel()
         try:
@@ -454,7 +517,8 @@ class Notification:
                 if self._closed:  # close() from another thread ends the iteration quietly
                     break
                 raise
-            except UnavailableError:
+            except UnavailableError as err:
+                self._space._connection.reroute(self._space.name, self._used, err)
                 if not self._space._may_reattach():
                     raise
                 self._resume()

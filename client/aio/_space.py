@@ -20,6 +20,7 @@ from outrig._base import (
     ANY,
     DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_RETRY_DEADLINE,
+    LOCATE_TIMEOUT,
     BaseLease,
     BaseSpace,
     Event,
@@ -34,12 +35,13 @@ from outrig._base import (
     first_entry,
     lease_results,
     location_of,
+    owner_of,
     placements_of,
     registration_of,
     rpc_errors,
 )
 from outrig._codec import AnyEntry, decode_entries
-from outrig._exceptions import CallCancelledError, OutrigError, UnavailableError
+from outrig._exceptions import CallCancelledError, DeadlineExceededError, OutrigError, UnavailableError
 from outrig._tls import TLS, channel_credentials, token_metadata
 from outrig.aio._mux import AsyncMux
 from outrig.v1 import space_pb2 as pb
@@ -60,30 +62,39 @@ def connect(
     tls: TLS | None = None,
     token: str | None = None,
     mux: bool = True,
+    direct: bool = True,
 ) -> AsyncSpace:
     """Open an asyncio connection to an outrig server and return the named space.
 
     Call it from a running event loop. The arguments are those of `outrig.connect`, including
-    ``tls`` and ``token`` (an `outrig.TLS` and a bearer token), ``mux`` and ``retry_deadline``: for how
+    ``tls`` and ``token`` (an `outrig.TLS` and a bearer token), ``mux``, ``direct`` (send each
+    space's calls straight to its owner in a tier of servers) and ``retry_deadline``: for how
     many seconds from its first failure a call that fails with `UnavailableError` is retried
     (0: never). Use the result with ``async with``, or ``await space.close()`` when done.
     """
     check_connect_args(space, retry_deadline)
     credentials = channel_credentials(tls, token)
     if credentials is None:
-        channel = grpc.aio.insecure_channel(target, options=channel_options(max_message_bytes, options))
+        all_options = channel_options(max_message_bytes, options)
     else:
         assert tls is not None
         all_options = channel_options(max_message_bytes, [*tls.options(), *options])
-        channel = grpc.aio.secure_channel(target, credentials, options=all_options)
-    return AsyncSpace(
-        channel,
+
+    def dial(address: str) -> grpc.aio.Channel:
+        if credentials is None:
+            return grpc.aio.insecure_channel(address, options=all_options)
+        return grpc.aio.secure_channel(address, credentials, options=all_options)
+
+    opened = AsyncSpace(
+        dial(target),
         space,
         owns_channel=True,
         retry_deadline=retry_deadline,
         metadata=token_metadata(token),
         mux=mux,
     )
+    opened._route_directly(target, dial if direct else None)
+    return opened
 
 
 class AsyncSpace(BaseSpace):
@@ -103,21 +114,24 @@ class AsyncSpace(BaseSpace):
     ) -> None:
         await self.close()
 
-    def _new_mux(self, channel: Any, metadata: Sequence[tuple[str, str]]) -> AsyncMux:
+    @staticmethod
+    def _new_mux(channel: Any, metadata: Sequence[tuple[str, str]]) -> AsyncMux:
         return AsyncMux(channel, metadata)
 
     async def close(self) -> None:
-        """Close the connection, if this space owns it. Calls in flight are cancelled."""
+        """Close the connection, if this space owns it: every channel it opened (to the owners
+        of its spaces, too). Calls in flight are cancelled."""
         if self._owns_channel:
-            self._connection.closed = True
-            if self._mux is not None:
-                self._mux.close()
-            await self._channel.close()
+            for link in self._connection.close():
+                if link.mux is not None:
+                    link.mux.close()
+                await link.channel.close()
 
     def with_space(self, name: str) -> AsyncSpace:
         """Return the space ``name`` on the same connection (closing it leaves the connection open).
 
-        It shares this space's retry deadline and `retries` counter.
+        It shares this space's retry deadline and `retries` counter; its calls are routed to
+        its own owner (see ``direct`` in `outrig.connect`).
         """
         return self._on_same_connection(name)
 
@@ -224,14 +238,20 @@ class AsyncSpace(BaseSpace):
     async def locate(self) -> Location:
         """Return where this space is served: the address of its owner in a tier of servers (or of
         the server reached, when it is the owner), and whether the server reached is the owner.
-        Calls through any server of a tier reach the owner anyway (forwarded), one hop longer."""
-        reply: pb.LocateReply = await self._call(self._ops["Locate"], self._locate_request())
+        The server asked is always the one given to `connect`, wherever `target` says the
+        space's calls go now. Calls through any server of a tier reach the owner anyway
+        (forwarded, one hop longer), and `connect`'s ``direct`` routing sends them to it."""
+        reply: pb.LocateReply = await self._call(
+            self._connection.home.ops["Locate"], self._locate_request(), home=True
+        )
         return location_of(reply)
 
     async def list_spaces(self) -> list[Placement]:
         """Return every space of the server's tier and its owner, by name (a lone server: its own
         spaces, all ``here``). Needs the ``admin`` action on ``outrig://*`` under a policy."""
-        reply: pb.ListSpacesReply = await self._call(self._ops["ListSpaces"], pb.ListSpacesRequest())
+        reply: pb.ListSpacesReply = await self._call(
+            self._connection.home.ops["ListSpaces"], pb.ListSpacesRequest(), home=True
+        )
         return placements_of(reply)
 
     def notify(self, templates: Templates, lease: LeaseArg = ANY) -> AsyncNotification:
@@ -273,19 +293,48 @@ class AsyncSpace(BaseSpace):
         `outrig.Space.transaction`. It begins when entered (``async with``) or awaited."""
         return AsyncTransaction(self, lease)
 
-    async def _call(self, method: Callable[[Request], Awaitable[Reply]], request: Request) -> Reply:
-        """Make a unary call, retrying it on UNAVAILABLE as long as the retry policy allows."""
+    async def _call(
+        self, method: Callable[[Request], Awaitable[Reply]], request: Request, *, home: bool = False
+    ) -> Reply:
+        """Make a unary call, retrying it on UNAVAILABLE as long as the retry policy allows; each
+        attempt goes where the space's calls go now (see `outrig.Space._call`)."""
         attempts = self._attempts(request)
+        connection = self._connection
         while True:
             self._check_open()
+            if not home and connection.locate_due(self._name):
+                await self._relocate()
+            used = None if home else connection.route_of(self._name)
             try:
                 with rpc_errors:
                     return await method(attempts.request)
-            except UnavailableError:
+            except UnavailableError as err:
+                if not home:
+                    connection.reroute(self._name, used, err)
                 delay = attempts.backoff()
                 if delay is None:
                     raise
                 await asyncio.sleep(delay)
+            except OutrigError as err:
+                if not connection.refused(self._name, used, err):
+                    raise
+
+    async def _relocate(self) -> None:
+        """Ask the home server where this space lives (see `outrig.Space._relocate`)."""
+        owner: str | None = None
+        again = True
+        try:
+            with rpc_errors:
+                reply = await self._connection.home.stub.Locate(
+                    self._locate_request(), timeout=LOCATE_TIMEOUT
+                )
+            owner, again = owner_of(reply), False
+        except (UnavailableError, DeadlineExceededError):
+            pass
+        except OutrigError:
+            again = False
+        finally:
+            self._connection.located(self._name, owner, again=again)
 
 
 class AsyncLease(BaseLease):
@@ -328,6 +377,7 @@ class AsyncNotification:
         self._call: Any = None
         self._lease: AsyncLease | None = None
         self._closed = False
+        self._used: str | None = None  # where the stream went (None: home), for `reroute`
 
     @property
     def lease(self) -> AsyncLease:
@@ -361,7 +411,9 @@ class AsyncNotification:
         """Open a notify stream and return its first message, which carries the registration."""
         if self._closed:  # close() from another task while a retry slept
             raise CallCancelledError("the notification was closed")
-        self._call = call = self._space._stub.Notify(request)
+        space = self._space
+        self._used = space._connection.route_of(space.name)
+        self._call = call = space._stub.Notify(request)
         try:
             first = await call.read()
         except BaseException:
@@ -384,7 +436,8 @@ class AsyncNotification:
                 if self._closed and not _being_cancelled():
                     break
                 raise
-            except UnavailableError:
+            except UnavailableError as err:
+                self._space._connection.reroute(self._space.name, self._used, err)
                 if not self._space._may_reattach():
                     raise
                 await self._resume()
