@@ -18,7 +18,8 @@
      │   ├── TypeConflictError       an entry type declared with other supertypes than it has
      │   ├── TransactionAbortedError a commit of an aborted transaction
      │   ├── RequestConflictError    a request id used again for another call
-     │   └── RegistrationBusyError   resuming a notify registration another stream holds
+     │   ├── RegistrationBusyError   resuming a notify registration another stream holds
+     │   └── NoOtherServerError      moving a space or draining a server with no other server
      ├── AbortedError                ABORTED
      ├── OutOfRangeError             OUT_OF_RANGE
      ├── UnimplementedError          UNIMPLEMENTED
@@ -63,6 +64,7 @@ __all__ = [
     "InternalError",
     "InvalidArgumentError",
     "LeaseNotFoundError",
+    "NoOtherServerError",
     "NotFoundError",
     "NotOwnerError",
     "OutOfRangeError",
@@ -253,6 +255,12 @@ class RegistrationBusyError(FailedPreconditionError):
     _reason = pb.REGISTRATION_BUSY
 
 
+class NoOtherServerError(FailedPreconditionError):
+    """Moving a space or draining a server needs another live server in the tier."""
+
+    _reason = pb.NO_OTHER_SERVER
+
+
 class ShuttingDownError(UnavailableError):
     """The server is stopping; the call may be retried (on another server, or after a restart)."""
 
@@ -314,6 +322,7 @@ _BY_REASON: dict[int, type[OutrigError]] = {
         TransactionAbortedError,
         RequestConflictError,
         RegistrationBusyError,
+        NoOtherServerError,
         ShuttingDownError,
         StoreUnavailableError,
         NotOwnerError,

@@ -119,6 +119,10 @@ class NotOwnerError(StoreUnavailableError):
         self.owner = owner
 
 
+class NoOtherServerError(SpaceError):
+    """An operation of the tier (moving a space, draining a server) needs another live server."""
+
+
 class StoreLockedError(StoreError):
     """Another server is using the data dir."""
 

@@ -28,7 +28,7 @@ OUTRIG = {
     "UnimplementedError", "InternalError", "UnavailableError", "DataLossError",
     "UnauthenticatedError", "LeaseNotFoundError", "TransactionNotFoundError", "QuotaExceededError",
     "TypeConflictError", "TransactionAbortedError", "RequestConflictError", "RegistrationBusyError",
-    "ShuttingDownError", "StoreUnavailableError", "NotOwnerError",
+    "ShuttingDownError", "StoreUnavailableError", "NotOwnerError", "NoOtherServerError",
     "__version__",
 }  # fmt: skip
 AIO = {"connect", "AsyncSpace", "AsyncLease", "AsyncNotification", "AsyncTransaction"}
@@ -57,6 +57,7 @@ def test_domain_errors_subclass_their_status_class() -> None:
         outrig.ShuttingDownError: outrig.UnavailableError,
         outrig.StoreUnavailableError: outrig.UnavailableError,
         outrig.NotOwnerError: outrig.StoreUnavailableError,
+        outrig.NoOtherServerError: outrig.FailedPreconditionError,
     }
     for cls, parent in parents.items():
         assert cls.__bases__ == (parent,), cls

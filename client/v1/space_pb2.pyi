@@ -25,6 +25,7 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     UNAUTHENTICATED: _ClassVar[ErrorReason]
     PERMISSION_DENIED: _ClassVar[ErrorReason]
     NOT_OWNER: _ClassVar[ErrorReason]
+    NO_OTHER_SERVER: _ClassVar[ErrorReason]
 
 class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -50,6 +51,7 @@ STORE_UNAVAILABLE: ErrorReason
 UNAUTHENTICATED: ErrorReason
 PERMISSION_DENIED: ErrorReason
 NOT_OWNER: ErrorReason
+NO_OTHER_SERVER: ErrorReason
 DTYPE_UNSPECIFIED: DType
 DTYPE_INT8: DType
 DTYPE_INT16: DType
@@ -423,8 +425,32 @@ class ListSpacesReply(_message.Message):
     spaces: _containers.RepeatedCompositeFieldContainer[SpacePlacement]
     def __init__(self, spaces: _Optional[_Iterable[_Union[SpacePlacement, _Mapping]]] = ...) -> None: ...
 
+class MoveSpaceRequest(_message.Message):
+    __slots__ = ("space", "to")
+    SPACE_FIELD_NUMBER: _ClassVar[int]
+    TO_FIELD_NUMBER: _ClassVar[int]
+    space: str
+    to: str
+    def __init__(self, space: _Optional[str] = ..., to: _Optional[str] = ...) -> None: ...
+
+class MoveSpaceReply(_message.Message):
+    __slots__ = ("address",)
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    def __init__(self, address: _Optional[str] = ...) -> None: ...
+
+class DrainRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DrainReply(_message.Message):
+    __slots__ = ("moved",)
+    MOVED_FIELD_NUMBER: _ClassVar[int]
+    moved: _containers.RepeatedCompositeFieldContainer[SpacePlacement]
+    def __init__(self, moved: _Optional[_Iterable[_Union[SpacePlacement, _Mapping]]] = ...) -> None: ...
+
 class MuxOp(_message.Message):
-    __slots__ = ("id", "write", "write_many", "read", "take", "read_many", "take_many", "renew_leases", "cancel_leases", "count", "begin", "commit", "abort", "locate", "list_spaces", "cancel")
+    __slots__ = ("id", "write", "write_many", "read", "take", "read_many", "take_many", "renew_leases", "cancel_leases", "count", "begin", "commit", "abort", "locate", "list_spaces", "move_space", "drain", "cancel")
     ID_FIELD_NUMBER: _ClassVar[int]
     WRITE_FIELD_NUMBER: _ClassVar[int]
     WRITE_MANY_FIELD_NUMBER: _ClassVar[int]
@@ -440,6 +466,8 @@ class MuxOp(_message.Message):
     ABORT_FIELD_NUMBER: _ClassVar[int]
     LOCATE_FIELD_NUMBER: _ClassVar[int]
     LIST_SPACES_FIELD_NUMBER: _ClassVar[int]
+    MOVE_SPACE_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
     id: int
     write: WriteRequest
@@ -456,8 +484,10 @@ class MuxOp(_message.Message):
     abort: EndRequest
     locate: LocateRequest
     list_spaces: ListSpacesRequest
+    move_space: MoveSpaceRequest
+    drain: DrainRequest
     cancel: bool
-    def __init__(self, id: _Optional[int] = ..., write: _Optional[_Union[WriteRequest, _Mapping]] = ..., write_many: _Optional[_Union[WriteManyRequest, _Mapping]] = ..., read: _Optional[_Union[MatchRequest, _Mapping]] = ..., take: _Optional[_Union[MatchRequest, _Mapping]] = ..., read_many: _Optional[_Union[MatchRequest, _Mapping]] = ..., take_many: _Optional[_Union[MatchRequest, _Mapping]] = ..., renew_leases: _Optional[_Union[RenewLeasesRequest, _Mapping]] = ..., cancel_leases: _Optional[_Union[CancelLeasesRequest, _Mapping]] = ..., count: _Optional[_Union[CountRequest, _Mapping]] = ..., begin: _Optional[_Union[BeginRequest, _Mapping]] = ..., commit: _Optional[_Union[EndRequest, _Mapping]] = ..., abort: _Optional[_Union[EndRequest, _Mapping]] = ..., locate: _Optional[_Union[LocateRequest, _Mapping]] = ..., list_spaces: _Optional[_Union[ListSpacesRequest, _Mapping]] = ..., cancel: _Optional[bool] = ...) -> None: ...
+    def __init__(self, id: _Optional[int] = ..., write: _Optional[_Union[WriteRequest, _Mapping]] = ..., write_many: _Optional[_Union[WriteManyRequest, _Mapping]] = ..., read: _Optional[_Union[MatchRequest, _Mapping]] = ..., take: _Optional[_Union[MatchRequest, _Mapping]] = ..., read_many: _Optional[_Union[MatchRequest, _Mapping]] = ..., take_many: _Optional[_Union[MatchRequest, _Mapping]] = ..., renew_leases: _Optional[_Union[RenewLeasesRequest, _Mapping]] = ..., cancel_leases: _Optional[_Union[CancelLeasesRequest, _Mapping]] = ..., count: _Optional[_Union[CountRequest, _Mapping]] = ..., begin: _Optional[_Union[BeginRequest, _Mapping]] = ..., commit: _Optional[_Union[EndRequest, _Mapping]] = ..., abort: _Optional[_Union[EndRequest, _Mapping]] = ..., locate: _Optional[_Union[LocateRequest, _Mapping]] = ..., list_spaces: _Optional[_Union[ListSpacesRequest, _Mapping]] = ..., move_space: _Optional[_Union[MoveSpaceRequest, _Mapping]] = ..., drain: _Optional[_Union[DrainRequest, _Mapping]] = ..., cancel: _Optional[bool] = ...) -> None: ...
 
 class MuxRequest(_message.Message):
     __slots__ = ("ops",)
@@ -485,7 +515,7 @@ class MuxError(_message.Message):
     def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., reason: _Optional[_Union[ErrorReason, str]] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class MuxResult(_message.Message):
-    __slots__ = ("id", "write", "write_many", "match", "renew_leases", "cancel_leases", "count", "begin", "end", "locate", "list_spaces", "error")
+    __slots__ = ("id", "write", "write_many", "match", "renew_leases", "cancel_leases", "count", "begin", "end", "locate", "list_spaces", "move_space", "drain", "error")
     ID_FIELD_NUMBER: _ClassVar[int]
     WRITE_FIELD_NUMBER: _ClassVar[int]
     WRITE_MANY_FIELD_NUMBER: _ClassVar[int]
@@ -497,6 +527,8 @@ class MuxResult(_message.Message):
     END_FIELD_NUMBER: _ClassVar[int]
     LOCATE_FIELD_NUMBER: _ClassVar[int]
     LIST_SPACES_FIELD_NUMBER: _ClassVar[int]
+    MOVE_SPACE_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     id: int
     write: WriteReply
@@ -509,8 +541,10 @@ class MuxResult(_message.Message):
     end: EndReply
     locate: LocateReply
     list_spaces: ListSpacesReply
+    move_space: MoveSpaceReply
+    drain: DrainReply
     error: MuxError
-    def __init__(self, id: _Optional[int] = ..., write: _Optional[_Union[WriteReply, _Mapping]] = ..., write_many: _Optional[_Union[WriteManyReply, _Mapping]] = ..., match: _Optional[_Union[MatchReply, _Mapping]] = ..., renew_leases: _Optional[_Union[RenewLeasesReply, _Mapping]] = ..., cancel_leases: _Optional[_Union[CancelLeasesReply, _Mapping]] = ..., count: _Optional[_Union[CountReply, _Mapping]] = ..., begin: _Optional[_Union[BeginReply, _Mapping]] = ..., end: _Optional[_Union[EndReply, _Mapping]] = ..., locate: _Optional[_Union[LocateReply, _Mapping]] = ..., list_spaces: _Optional[_Union[ListSpacesReply, _Mapping]] = ..., error: _Optional[_Union[MuxError, _Mapping]] = ...) -> None: ...
+    def __init__(self, id: _Optional[int] = ..., write: _Optional[_Union[WriteReply, _Mapping]] = ..., write_many: _Optional[_Union[WriteManyReply, _Mapping]] = ..., match: _Optional[_Union[MatchReply, _Mapping]] = ..., renew_leases: _Optional[_Union[RenewLeasesReply, _Mapping]] = ..., cancel_leases: _Optional[_Union[CancelLeasesReply, _Mapping]] = ..., count: _Optional[_Union[CountReply, _Mapping]] = ..., begin: _Optional[_Union[BeginReply, _Mapping]] = ..., end: _Optional[_Union[EndReply, _Mapping]] = ..., locate: _Optional[_Union[LocateReply, _Mapping]] = ..., list_spaces: _Optional[_Union[ListSpacesReply, _Mapping]] = ..., move_space: _Optional[_Union[MoveSpaceReply, _Mapping]] = ..., drain: _Optional[_Union[DrainReply, _Mapping]] = ..., error: _Optional[_Union[MuxError, _Mapping]] = ...) -> None: ...
 
 class MuxReply(_message.Message):
     __slots__ = ("results",)

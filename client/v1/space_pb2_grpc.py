@@ -117,6 +117,16 @@ class SpaceStub:
                 request_serializer=outrig_dot_v1_dot_space__pb2.ListSpacesRequest.SerializeToString,
                 response_deserializer=outrig_dot_v1_dot_space__pb2.ListSpacesReply.FromString,
                 _registered_method=True)
+        self.MoveSpace = channel.unary_unary(
+                '/outrig.v1.Space/MoveSpace',
+                request_serializer=outrig_dot_v1_dot_space__pb2.MoveSpaceRequest.SerializeToString,
+                response_deserializer=outrig_dot_v1_dot_space__pb2.MoveSpaceReply.FromString,
+                _registered_method=True)
+        self.Drain = channel.unary_unary(
+                '/outrig.v1.Space/Drain',
+                request_serializer=outrig_dot_v1_dot_space__pb2.DrainRequest.SerializeToString,
+                response_deserializer=outrig_dot_v1_dot_space__pb2.DrainReply.FromString,
+                _registered_method=True)
         self.Mux = channel.stream_stream(
                 '/outrig.v1.Space/Mux',
                 request_serializer=outrig_dot_v1_dot_space__pb2.MuxRequest.SerializeToString,
@@ -229,6 +239,20 @@ class SpaceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def MoveSpace(self, request, context):
+        """Move a space to another server of the tier (run by its owner, wherever it is called).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Drain(self, request, context):
+        """Drain the server called (not forwarded): an administrative change of the whole tier.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Mux(self, request_iterator, context):
         """Many operations in flight over one stream: every MuxOp runs as its unary method would (the
         same checks, quotas, idempotency and durability), and its MuxResult comes back when it
@@ -324,6 +348,16 @@ def add_SpaceServicer_to_server(servicer, server):
                     servicer.ListSpaces,
                     request_deserializer=outrig_dot_v1_dot_space__pb2.ListSpacesRequest.FromString,
                     response_serializer=outrig_dot_v1_dot_space__pb2.ListSpacesReply.SerializeToString,
+            ),
+            'MoveSpace': grpc.unary_unary_rpc_method_handler(
+                    servicer.MoveSpace,
+                    request_deserializer=outrig_dot_v1_dot_space__pb2.MoveSpaceRequest.FromString,
+                    response_serializer=outrig_dot_v1_dot_space__pb2.MoveSpaceReply.SerializeToString,
+            ),
+            'Drain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Drain,
+                    request_deserializer=outrig_dot_v1_dot_space__pb2.DrainRequest.FromString,
+                    response_serializer=outrig_dot_v1_dot_space__pb2.DrainReply.SerializeToString,
             ),
             'Mux': grpc.stream_stream_rpc_method_handler(
                     servicer.Mux,
@@ -765,6 +799,60 @@ class Space:
             '/outrig.v1.Space/ListSpaces',
             outrig_dot_v1_dot_space__pb2.ListSpacesRequest.SerializeToString,
             outrig_dot_v1_dot_space__pb2.ListSpacesReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MoveSpace(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/outrig.v1.Space/MoveSpace',
+            outrig_dot_v1_dot_space__pb2.MoveSpaceRequest.SerializeToString,
+            outrig_dot_v1_dot_space__pb2.MoveSpaceReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Drain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/outrig.v1.Space/Drain',
+            outrig_dot_v1_dot_space__pb2.DrainRequest.SerializeToString,
+            outrig_dot_v1_dot_space__pb2.DrainReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -66,6 +66,10 @@ class SpaceStub:
     """Where the space is served. Like a read of the space itself (`outrig://S`)."""
     ListSpaces: _grpc.UnaryUnaryMultiCallable[_space_pb2.ListSpacesRequest, _space_pb2.ListSpacesReply]
     """Every space of the tier and its owner: an administrative read of every space."""
+    MoveSpace: _grpc.UnaryUnaryMultiCallable[_space_pb2.MoveSpaceRequest, _space_pb2.MoveSpaceReply]
+    """Move a space to another server of the tier (run by its owner, wherever it is called)."""
+    Drain: _grpc.UnaryUnaryMultiCallable[_space_pb2.DrainRequest, _space_pb2.DrainReply]
+    """Drain the server called (not forwarded): an administrative change of the whole tier."""
     Mux: _grpc.StreamStreamMultiCallable[_space_pb2.MuxRequest, _space_pb2.MuxReply]
     """Many operations in flight over one stream: every MuxOp runs as its unary method would (the
     same checks, quotas, idempotency and durability), and its MuxResult comes back when it
@@ -102,6 +106,10 @@ class SpaceAsyncStub(SpaceStub):
     """Where the space is served. Like a read of the space itself (`outrig://S`)."""
     ListSpaces: _aio.UnaryUnaryMultiCallable[_space_pb2.ListSpacesRequest, _space_pb2.ListSpacesReply]  # type: ignore[assignment]
     """Every space of the tier and its owner: an administrative read of every space."""
+    MoveSpace: _aio.UnaryUnaryMultiCallable[_space_pb2.MoveSpaceRequest, _space_pb2.MoveSpaceReply]  # type: ignore[assignment]
+    """Move a space to another server of the tier (run by its owner, wherever it is called)."""
+    Drain: _aio.UnaryUnaryMultiCallable[_space_pb2.DrainRequest, _space_pb2.DrainReply]  # type: ignore[assignment]
+    """Drain the server called (not forwarded): an administrative change of the whole tier."""
     Mux: _aio.StreamStreamMultiCallable[_space_pb2.MuxRequest, _space_pb2.MuxReply]  # type: ignore[assignment]
     """Many operations in flight over one stream: every MuxOp runs as its unary method would (the
     same checks, quotas, idempotency and durability), and its MuxResult comes back when it
@@ -215,6 +223,20 @@ class SpaceServicer:
         context: _ServicerContext,
     ) -> _typing.Union[_space_pb2.ListSpacesReply, _abc.Awaitable[_space_pb2.ListSpacesReply]]:
         """Every space of the tier and its owner: an administrative read of every space."""
+
+    def MoveSpace(
+        self,
+        request: _space_pb2.MoveSpaceRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_space_pb2.MoveSpaceReply, _abc.Awaitable[_space_pb2.MoveSpaceReply]]:
+        """Move a space to another server of the tier (run by its owner, wherever it is called)."""
+
+    def Drain(
+        self,
+        request: _space_pb2.DrainRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_space_pb2.DrainReply, _abc.Awaitable[_space_pb2.DrainReply]]:
+        """Drain the server called (not forwarded): an administrative change of the whole tier."""
 
     def Mux(
         self,

@@ -157,6 +157,13 @@ class SpaceBackend(Protocol):
     async def placements(self) -> list[Placement]:
         """Every space of the tier and its owner (a lone server: its spaces, all here)."""
 
+    async def move(self, space: str, to: str) -> str:
+        """Hand `space` (served here) to the server `to` names (id or address; "": the least loaded
+        other one): the address it moved to."""
+
+    async def drain(self) -> list[tuple[str, str]]:
+        """Take no new spaces and hand every one served here to others: (space, address) each."""
+
     @property
     def peer_secret(self) -> str:
         """What this server presents on a call it forwards to another ("" : it forwards none)."""

@@ -72,17 +72,41 @@ def add_parsers(commands: Any) -> None:
         "asked). A lone server lists its own spaces, all here. Under a policy it needs the admin action on "
         "outrig://*. Exit status 2 if the server cannot be reached or refuses.",
     )
-    spaces.add_argument("--address", required=True, metavar="HOST:PORT", help="the server's gRPC address")
-    spaces.add_argument("--tls-ca", metavar="PEM", type=Path, help="connect with TLS, trusting this CA")
-    spaces.add_argument("--tls-cert", metavar="PEM", type=Path, help="client certificate (mutual TLS)")
-    spaces.add_argument("--tls-key", metavar="PEM", type=Path, help="the client certificate's private key")
-    spaces.add_argument(
+    _connection_options(spaces)
+    move = commands.add_parser(
+        "move",
+        help="move a space to another server of its tier",
+        description="Hand SPACE over to another server of the tier (its owner does it, whichever server "
+        "--address names): the owner stops serving it, lets what it acknowledged commit, and passes the "
+        "ownership on; clients retry into the new owner. --to names the server (its id or address, as "
+        "`outrig spaces` lists them); without it, the least loaded other server. Needs the admin action on "
+        "outrig://SPACE. Prints the address it moved to. Exit status 2 if it could not be moved.",
+    )
+    move.add_argument("space", metavar="SPACE", help="the space to move")
+    move.add_argument("--to", default="", metavar="SERVER", help="the server to move it to (id or address)")
+    _connection_options(move)
+    drain = commands.add_parser(
+        "drain",
+        help="hand every space of a server to the others of its tier (before stopping it)",
+        description="Drain the server at --address: it takes no new spaces and hands each of its own to the "
+        "least loaded other server, then prints each space and where it went. Stop it afterwards. Needs the "
+        "admin action on outrig://*. Exit status 2 if it could not drain.",
+    )
+    _connection_options(drain)
+
+
+def _connection_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--address", required=True, metavar="HOST:PORT", help="the server's gRPC address")
+    parser.add_argument("--tls-ca", metavar="PEM", type=Path, help="connect with TLS, trusting this CA")
+    parser.add_argument("--tls-cert", metavar="PEM", type=Path, help="client certificate (mutual TLS)")
+    parser.add_argument("--tls-key", metavar="PEM", type=Path, help="the client certificate's private key")
+    parser.add_argument(
         "--server-name",
         metavar="NAME",
         help="the name to check the server's certificate against (when HOST is an IP the certificate "
         "does not name)",
     )
-    spaces.add_argument(
+    parser.add_argument(
         "--token-file", metavar="PATH", type=Path, help="a file holding a bearer token (needs TLS)"
     )
 
@@ -90,6 +114,8 @@ def add_parsers(commands: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.command == "stats":
         return _stats(args.metrics)
+    if args.command in ("move", "drain"):
+        return _tier_change(args)
     return _spaces(args) if args.command == "spaces" else _dump(args)
 
 
@@ -185,6 +211,53 @@ def _connect_args(args: argparse.Namespace) -> dict[str, Any]:
         except OSError as err:
             raise ValueError(f"--token-file: cannot read {args.token_file}: {err}") from err
     return {"tls": tls, "token": token}
+
+
+def _tier_change(args: argparse.Namespace) -> int:
+    """`outrig move` and `outrig drain`, through the generated stub (the SDK has no calls for an
+    operator's changes of the tier)."""
+    import grpc
+
+    from outrig._protocol import reason_in
+    from outrig._tls import channel_credentials, token_metadata
+    from outrig.v1 import space_pb2 as pb
+    from outrig.v1 import space_pb2_grpc
+
+    try:
+        options = _connect_args(args)
+    except ValueError as err:
+        print(f"outrig {args.command}: {err}", file=sys.stderr)
+        return 2
+    credentials = channel_credentials(options["tls"], options["token"])
+    target = args.address
+    tls = options["tls"]
+    channel = (
+        grpc.insecure_channel(target)
+        if credentials is None
+        else grpc.secure_channel(target, credentials, options=tls.options() if tls else None)
+    )
+    metadata = tuple(token_metadata(options["token"]))
+    with channel:
+        stub = space_pb2_grpc.SpaceStub(channel)
+        try:
+            if args.command == "move":
+                reply = stub.MoveSpace(
+                    pb.MoveSpaceRequest(space=args.space, to=args.to), timeout=60, metadata=metadata
+                )
+                print(f"{args.space} -> {reply.address}")
+            else:
+                drained = stub.Drain(pb.DrainRequest(), timeout=300, metadata=metadata)
+                for moved in drained.moved:
+                    print(f"{moved.space} -> {moved.address}")
+                print(f"drained: {len(drained.moved)} space(s) moved")
+        except grpc.RpcError as err:
+            code = err.code() if isinstance(err, grpc.Call) else None
+            details = err.details() if isinstance(err, grpc.Call) else str(err)
+            reason = reason_in(err.trailing_metadata()) if isinstance(err, grpc.Call) else 0
+            why = f" ({pb.ErrorReason.Name(reason)})" if reason else ""
+            print(f"outrig {args.command}: {code.name if code else 'error'}{why}: {details}", file=sys.stderr)
+            return 2
+    return 0
 
 
 def _lease_left(seconds: float | None) -> str:

@@ -187,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return security_commands.run(args)
     if args.command == "health":
         return health.run(args)
-    if args.command in ("stats", "dump", "spaces"):
+    if args.command in ("stats", "dump", "spaces", "move", "drain"):
         return admin.run(args)
     if args.command != "serve":
         return _store_command(args)

@@ -32,6 +32,7 @@ from outrig.service.exceptions import (
     ConfigError,
     InvalidArgumentError,
     LeaseNotFoundError,
+    NoOtherServerError,
     NotOwnerError,
     PermissionDeniedError,
     QuotaExceededError,
@@ -73,6 +74,7 @@ STATUS_BY_ERROR: dict[type[SpaceError], tuple[grpc.StatusCode, pb.ErrorReason]] 
     ShuttingDownError: (grpc.StatusCode.UNAVAILABLE, pb.SHUTTING_DOWN),
     StoreUnavailableError: (grpc.StatusCode.UNAVAILABLE, pb.STORE_UNAVAILABLE),
     NotOwnerError: (grpc.StatusCode.UNAVAILABLE, pb.NOT_OWNER),  # ErrorInfo metadata "owner"
+    NoOtherServerError: (grpc.StatusCode.FAILED_PRECONDITION, pb.NO_OTHER_SERVER),
     RequestConflictError: (grpc.StatusCode.FAILED_PRECONDITION, pb.REQUEST_CONFLICT),
     RegistrationBusyError: (grpc.StatusCode.FAILED_PRECONDITION, pb.REGISTRATION_BUSY),
     UnauthenticatedError: (grpc.StatusCode.UNAUTHENTICATED, pb.UNAUTHENTICATED),
@@ -82,7 +84,7 @@ STATUS_BY_ERROR: dict[type[SpaceError], tuple[grpc.StatusCode, pb.ErrorReason]] 
 
 
 #: The methods the server called answers itself, whoever serves the space: never forwarded.
-ANSWERED_HERE = frozenset({"Locate", "ListSpaces"})
+ANSWERED_HERE = frozenset({"Locate", "ListSpaces", "Drain"})
 
 #: The most bytes (UTF-8) of any status message the service sends, whatever made it: gRPC carries
 #: it in the call's trailing metadata, which a client refuses beyond its limit (8 KiB by
@@ -523,6 +525,20 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
             )
             if placement.expires_in is not None:
                 item.expires_in = placement.expires_in
+        return reply
+
+    @unary
+    async def MoveSpace(self, request: pb.MoveSpaceRequest, context: handlers.Context) -> pb.MoveSpaceReply:
+        if len(request.to) > self._limits.max_name_length:
+            raise InvalidArgumentError(f"to: longer than {self._limits.max_name_length} characters")
+        to = request.to
+        return pb.MoveSpaceReply(address=await self._backend.move(self._space(request), to))
+
+    @unary
+    async def Drain(self, request: pb.DrainRequest, context: handlers.Context) -> pb.DrainReply:
+        reply = pb.DrainReply()
+        for space, address in await self._backend.drain():
+            reply.moved.add(space=space, address=address)
         return reply
 
 

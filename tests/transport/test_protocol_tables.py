@@ -51,6 +51,8 @@ OLD_METHODS: dict[str, tuple[str, Any, bool]] = {
     # Added with the owner design (placement): answered by the server called, on the Mux too.
     "Locate": ("unary", pb.LocateRequest, False),
     "ListSpaces": ("unary", pb.ListSpacesRequest, False),
+    "MoveSpace": ("unary", pb.MoveSpaceRequest, False),
+    "Drain": ("unary", pb.DrainRequest, False),
 }
 OLD_RECEIVED = {"Write", "WriteMany"}
 OLD_OPERATIONS: dict[int, tuple[str, type[Any], int]] = {
@@ -68,6 +70,8 @@ OLD_OPERATIONS: dict[int, tuple[str, type[Any], int]] = {
     13: ("Abort", pb.EndRequest, 9),
     14: ("Locate", pb.LocateRequest, 10),
     16: ("ListSpaces", pb.ListSpacesRequest, 11),
+    17: ("MoveSpace", pb.MoveSpaceRequest, 12),
+    18: ("Drain", pb.DrainRequest, 13),
 }
 OLD_ACCESS = {
     "Write": ("write", ENTRIES),
@@ -86,6 +90,8 @@ OLD_ACCESS = {
     "Abort": ("cancel", SPACE),
     "Locate": ("read", SPACE),
     "ListSpaces": ("admin", TIER),
+    "MoveSpace": ("admin", SPACE),
+    "Drain": ("admin", TIER),
 }
 
 SPACE_SERVICE = pb.DESCRIPTOR.services_by_name["Space"]

@@ -43,6 +43,7 @@ from outrig.service.engine.model import (
 from outrig.service.engine.space import SpaceEngine
 from outrig.service.exceptions import (
     LeaseNotFoundError,
+    NoOtherServerError,
     QuotaExceededError,
     RegistrationBusyError,
     ShuttingDownError,
@@ -647,6 +648,12 @@ class MemoryBackend:
 
     async def placements(self) -> list[Placement]:
         return [Placement(name, "", "", 0, None, True) for name in self._spaces]
+
+    async def move(self, space: str, to: str) -> str:
+        raise NoOtherServerError("a lone server has no other server to move a space to")
+
+    async def drain(self) -> list[tuple[str, str]]:
+        raise NoOtherServerError("a lone server has no other server to hand its spaces to")
 
     @property
     def peer_secret(self) -> str:

@@ -37,13 +37,15 @@ from outrig.service.backends.memory.subscription import MemorySubscription
 from outrig.service.backends.postgres.deadlines import within
 from outrig.service.backends.postgres.journal import PgJournal
 from outrig.service.backends.postgres.loading import load_space
-from outrig.service.backends.postgres.ownership import Ownership
+from outrig.service.backends.postgres.ownership import LiveServer, Ownership
 from outrig.service.backends.postgres.schema import migrate
 from outrig.service.config import ServerConfig
 from outrig.service.engine.clock import Clock
 from outrig.service.engine.model import LeaseGrant, NewEntry, StoredEntry, Template, TransactionState
 from outrig.service.engine.space import SpaceEngine
 from outrig.service.exceptions import (
+    InvalidArgumentError,
+    NoOtherServerError,
     NotOwnerError,
     ShuttingDownError,
     SpaceError,
@@ -56,6 +58,8 @@ log = logging.getLogger("outrig.service.backends.postgres")
 
 # Seconds a server waits for PostgreSQL at start before it gives up.
 CONNECT_TIMEOUT = 10
+# Leases a space stays where it was claimed before rebalancing may move it.
+REBALANCE_AFTER = 4
 # Seconds a remote owner found in the database is remembered before it is looked up again.
 _LOCATION_TTL = 0.5
 
@@ -104,6 +108,11 @@ class PostgresBackend(MemoryBackend):
         self._located: dict[str, tuple[float, str]] = {}
         self._tending: asyncio.Task[None] | None = None
         self._renewed_at = time.monotonic()  # when the last renewal got its answer
+        self._started_at = time.monotonic()
+        self._draining = False
+        self._moving: dict[str, str] = {}  # space -> the address of the server it goes to
+        self._claiming: dict[str, asyncio.Task[None]] = {}  # orphans being claimed
+        self._claimed_at: dict[str, float] = {}
 
     # ------------------------------------------------------------------ life cycle
 
@@ -222,6 +231,9 @@ class PostgresBackend(MemoryBackend):
             return
         if self.closing:
             raise ShuttingDownError("the server is shutting down")
+        moving = self._moving.get(space)
+        if moving is not None:
+            raise NotOwnerError(f"space {space!r} is moving to {moving}", moving)
         assert self._pg_journal is not None
         self._pg_journal.check()
         lock = self._claims.setdefault(space, asyncio.Lock())
@@ -251,6 +263,8 @@ class PostgresBackend(MemoryBackend):
             rows = await load_space(connection, space, self.server_id, epoch, now)
         if space in self._spaces:
             return
+        if self.owners.epochs.get(space) != epoch:
+            raise NotOwnerError(f"space {space!r} was claimed by another server while this one loaded it")
         engine = MemoryBackend.engine(self, space)  # creates it (max_spaces applies)
         engine.resume_ids(rows.next_id)
         self.reserve_ids(space, rows.next_id)
@@ -267,6 +281,7 @@ class PostgresBackend(MemoryBackend):
         for transaction in rows.transactions:
             super()._ended(space, transaction, TransactionState.ABORTED)
         self._located.pop(space, None)
+        self._claimed_at[space] = time.monotonic()
         log.info(
             "space %r claimed (epoch %d): %d entries, %d registrations, %d request ids loaded in "
             "%.2f s (%d expired)",
@@ -291,31 +306,121 @@ class PostgresBackend(MemoryBackend):
                 log.exception("tending ownership failed")
 
     async def _tend(self) -> None:
+        """Renew every space claimed here (loaded or loading); claim orphans; rebalance."""
         if self._pg_journal is not None:
             self._pg_journal.keepalive()
-        lost = await within(self.lease / 2, self.owners.renew(sorted(self._spaces)))
+        lost = await within(self.lease / 2, self.owners.renew(sorted(self.owners.epochs)))
         self._renewed_at = time.monotonic()
+        self._located.clear()  # where others' spaces are: looked up afresh, at most a tend old
         if lost:
             self._lost(lost)
         if self.closing or not self.healthy:
             return
-        orphans = await self.owners.orphans()
-        if not orphans:
+        orphans = await within(self.lease / 2, self.owners.orphans())
+        servers = await within(self.lease / 2, self.owners.live_servers())
+        others = [server for server in servers if server.server != self.server_id]
+        least = min((server.spaces for server in others), default=None)
+        draining = self._draining
+        for space, since, given in orphans:
+            mine = len(self.owners.epochs)
+            if space in self._claiming or (draining and not given):
+                continue
+            # A space handed to this server is claimed; one nobody serves, by the least loaded
+            # server, or by anyone once it has waited two leases.
+            if given or least is None or mine <= least or since > 2 * self.lease:
+                self._claim_in_background(space)
+        if not self._claiming and not draining and others:
+            await self._rebalance(others)
+
+    def _claim_in_background(self, space: str) -> None:
+        async def claim() -> None:
+            try:
+                await self._ensure(space)
+            except SpaceError as err:
+                log.info("space %r: not claimed (%s)", space, err)
+            finally:
+                self._claiming.pop(space, None)
+
+        self._claiming[space] = asyncio.create_task(claim(), name=f"outrig-claim-{space}")
+
+    async def _rebalance(self, others: list[LiveServer]) -> None:
+        """Move one space to the least loaded server when this one serves two more than it: a
+        server that joins gets its share, a space at a time (each move is a short pause for that
+        space's clients, whose retries carry them to the new owner)."""
+        target = min(others, key=lambda server: (server.spaces, server.server))
+        now = time.monotonic()
+        settled = now - self._started_at > 2 * self.lease
+        if not settled or len(self.owners.epochs) <= target.spaces + 1 or not target.address:
             return
-        servers = await self.owners.live_servers()
-        for space, since in orphans:
-            mine = len(self._spaces)
-            others = [s.spaces for s in servers if s.server != self.server_id]
-            least = min(others, default=mine + 1)
-            if mine <= least or since > 2 * self.lease:
-                with contextlib.suppress(SpaceError):
-                    await self._ensure(space)
+        movable = [
+            space
+            for space in self._spaces
+            if now - self._claimed_at.get(space, 0.0) > REBALANCE_AFTER * self.lease
+        ]
+        if movable:
+            space = min(movable, key=lambda name: self._spaces[name].statistics().entries)
+            log.info("rebalancing: space %r to %s (%s)", space, target.server, target.address)
+            await self._hand_over(space, target)
+
+    async def _hand_over(self, space: str, target: LiveServer) -> None:
+        """Stop serving `space` here and give it to `target`: new calls are refused (naming the
+        target) at once; what is already in the journal commits; then the ownership passes under
+        a new epoch, so that nothing later from here can commit."""
+        self._moving[space] = target.address
+        epoch = self.owners.epochs.get(space)
+        try:
+            # Dropped from memory, but still this server's in the database (and renewed) until
+            # the changes already journaled have committed under its epoch.
+            self.drop_space(
+                space, NotOwnerError(f"space {space!r} moved to {target.address}", target.address)
+            )
+            if self._recorder is not None:
+                await self._recorder.caught_up()
+            if epoch is not None:
+                await within(self.lease, self.owners.hand_over(space, target.server, epoch))
+        finally:
+            self._located[space] = (asyncio.get_running_loop().time() + self.lease, target.address)
+            self._moving.pop(space, None)
+
+    async def move(self, space: str, to: str) -> str:
+        """Hand `space` over to the server `to` names (its id or address; empty: the least loaded
+        other live server): the address it moves to."""
+        await self._ensure(space)
+        if to:
+            target = await self.owners.server_named(to)
+            if target is None:
+                raise InvalidArgumentError(f"to: no live server of the tier is {to!r} (see `outrig spaces`)")
+        else:
+            others = [s for s in await self.owners.live_servers() if s.server != self.server_id]
+            if not others:
+                raise NoOtherServerError("to: the tier has no other live server to move the space to")
+            target = others[0]
+        if target.server == self.server_id:
+            return self.owners.address  # already here
+        await self._hand_over(space, target)
+        return target.address
+
+    async def drain(self) -> list[tuple[str, str]]:
+        """Take no new spaces, and hand every space served here to the others, least loaded
+        first: (space, address) per space moved."""
+        self._draining = True
+        await self.owners.set_draining(True)
+        moved = []
+        for space in sorted(self._spaces):
+            others = [s for s in await self.owners.live_servers() if s.server != self.server_id]
+            if not others:
+                raise NoOtherServerError("drain: the tier has no other live server to hand the spaces to")
+            await self._hand_over(space, others[0])
+            moved.append((space, others[0].address))
+        return moved
 
     async def locate(self, space: str) -> str | None:
         """None when this server serves `space` (claiming it first if nobody does and this
         server is the least loaded), else the address of the server to forward the call to."""
         if space in self._spaces or self.closing:
             return None  # here (refused here if it cannot be proved: see engine())
+        if space in self._moving:
+            return self._moving[space]
         cached = self._located.get(space)
         loop = asyncio.get_running_loop()
         if cached is not None and cached[0] > loop.time():

@@ -92,13 +92,19 @@ class Ownership:
     async def claim(self, space: str) -> int | None:
         """Claim `space`: its new epoch, or None if another server owns it."""
         sent = time.monotonic()
+        # The server's count goes up with the claim, so that the next placement decision of any
+        # server sees it at once, not a heartbeat later.
         rows = await self._fetch(
+            "WITH claimed AS ("
             "INSERT INTO outrig_spaces AS s (space, owner, epoch, owner_expires_at) "
             "VALUES (%(space)s, %(me)s, 1, now() + make_interval(secs => %(lease)s)) "
             "ON CONFLICT (space) DO UPDATE SET owner = EXCLUDED.owner, epoch = s.epoch + 1, "
             "owner_expires_at = EXCLUDED.owner_expires_at "
             "WHERE s.owner IS NULL OR s.owner_expires_at < now() OR s.owner = EXCLUDED.owner "
-            "RETURNING s.epoch",
+            "RETURNING s.epoch), "
+            "counted AS (UPDATE outrig_servers SET spaces = spaces + 1 "
+            "WHERE id = %(me)s AND EXISTS (SELECT 1 FROM claimed)) "
+            "SELECT epoch FROM claimed",
             {"space": space, "me": self.server_id, "lease": self.lease},
         )
         if not rows:
@@ -120,6 +126,31 @@ class Ownership:
         held = {space for space, epoch in rows if self.epochs.get(space) == epoch}
         self._trust(sorted(held), sent)
         return set(spaces) - held
+
+    async def hand_over(self, space: str, server: str, epoch: int) -> bool:
+        """Give `space` to `server` under a new epoch (so that nothing this server still sends for
+        it can commit); it claims it at its next look, or at the first call. False if this server
+        did not own it (under `epoch`) any more."""
+        rows = await self._fetch(
+            "UPDATE outrig_spaces SET owner = %s, epoch = epoch + 1, "
+            "owner_expires_at = now() + make_interval(secs => %s) "
+            "WHERE space = %s AND owner = %s AND epoch = %s RETURNING space",
+            (server, self.lease, space, self.server_id, epoch),
+        )
+        self.forget(space)
+        return bool(rows)
+
+    async def set_draining(self, draining: bool) -> None:
+        await self._fetch("UPDATE outrig_servers SET draining = %s WHERE id = %s", (draining, self.server_id))
+
+    async def server_named(self, name: str) -> LiveServer | None:
+        """A live server by its id or its address."""
+        rows = await self._fetch(
+            "SELECT id, address, spaces FROM outrig_servers WHERE (id = %s OR address = %s) "
+            "AND heartbeat_at > now() - make_interval(secs => %s)",
+            (name, name, self.lease),
+        )
+        return LiveServer(rows[0][0], rows[0][1], int(rows[0][2])) if rows else None
 
     async def release(self, spaces: Sequence[str]) -> None:
         """Give `spaces` up at once (a clean stop), so that others claim them without waiting
@@ -157,15 +188,21 @@ class Ownership:
         )
         return [LiveServer(server, address, int(spaces)) for server, address, spaces in rows]
 
-    async def orphans(self) -> list[tuple[str, float]]:
-        """Spaces nobody serves: no owner, or an ownership run out, or one of this server's own
-        it no longer serves; with the seconds since they were last owned."""
+    async def orphans(self) -> list[tuple[str, float, bool]]:
+        """Spaces nobody serves: no owner, or an ownership run out, or this server's own (handed
+        to it, or dropped by it) that it does not serve; with the seconds since they were last
+        owned, and whether they are this server's."""
         rows = await self._fetch(
-            "SELECT space, extract(epoch FROM now() - coalesce(owner_expires_at, created_at))::float8 "
-            "FROM outrig_spaces WHERE owner IS NULL OR owner_expires_at < now() OR owner = %s",
-            (self.server_id,),
+            "SELECT space, extract(epoch FROM now() - coalesce(owner_expires_at, created_at))::float8, "
+            "owner IS NOT DISTINCT FROM %s FROM outrig_spaces "
+            "WHERE owner IS NULL OR owner_expires_at < now() OR owner = %s",
+            (self.server_id, self.server_id),
         )
-        return [(space, float(since or 0.0)) for space, since in rows if space not in self.epochs]
+        return [
+            (space, float(since or 0.0), bool(given))
+            for space, since, given in rows
+            if space not in self.epochs
+        ]
 
     async def placements(self) -> list[Placement]:
         rows = await self._fetch(
