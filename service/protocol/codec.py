@@ -294,6 +294,8 @@ def request_id(request: pb.WriteRequest | pb.WriteManyRequest | pb.MatchRequest)
     key = request.request_id
     if len(key) > MAX_REQUEST_ID:
         raise InvalidArgumentError(f"request_id: {len(key)} characters exceeds the limit of {MAX_REQUEST_ID}")
+    if "\x00" in key:
+        raise InvalidArgumentError("request_id: must not contain NUL characters")
     return key
 
 

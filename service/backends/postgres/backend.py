@@ -96,7 +96,8 @@ class PostgresBackend(MemoryBackend):
             "keepalives_interval": 1,
             "keepalives_count": 3,
             "tcp_user_timeout": lease_ms,
-            "options": f"-c idle_in_transaction_session_timeout={lease_ms}",
+            # standard_conforming_strings: the journal inlines its values (journal.literal).
+            "options": f"-c idle_in_transaction_session_timeout={lease_ms} -c standard_conforming_strings=on",
         }
         self._pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
             dsn, min_size=2, max_size=6, open=False, kwargs=self._connect_kwargs, timeout=self.lease

@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
@@ -136,145 +137,177 @@ class Changes:
     def _prune_requests(self, now: float) -> None:
         self.prune_before = now
 
-    def statements(self, spaces: Sequence[str]) -> list[tuple[str, list[tuple[Any, ...]]]]:
-        """The statements that apply the changes, each with its parameter rows. `spaces`: those
-        this server owns (a prune touches only theirs)."""
-        deleted_entries: list[tuple[Any, ...]] = []
-        put_entries: list[tuple[Any, ...]] = []
-        expiries: list[tuple[Any, ...]] = []
-        takes: list[tuple[Any, ...]] = []
+    def script(self, spaces: Sequence[str]) -> list[str]:
+        """The statements that apply the changes, values inlined (see `literal`): a batch goes to
+        PostgreSQL as one simple query, one round trip however many changes it holds. `spaces`:
+        those this server owns (a prune touches only theirs)."""
+        out: list[str] = []
+        deleted: dict[str, list[int]] = {}
+        puts: list[str] = []
+        expiries: list[str] = []
+        takes: list[str] = []
         for (space, entry_id), state in self.entries.items():
             if state[0] == "delete":
-                deleted_entries.append((space, entry_id))
+                deleted.setdefault(space, []).append(entry_id)
             elif state[0] == "put":
                 row = state[1]
                 taken_by, position = row.get("taken", (None, None))
-                put_entries.append(
-                    (space, entry_id, row["arrival"], row["expires_at"], row["payload"], taken_by, position)
+                puts.append(
+                    _row(
+                        space, entry_id, row["arrival"], row["expires_at"], row["payload"], taken_by, position
+                    )
                 )
             else:
                 columns = state[1]
                 if "expires_at" in columns:
-                    expiries.append((columns["expires_at"], space, entry_id))
+                    expiries.append(_row(space, entry_id, columns["expires_at"]))
                 if "taken" in columns:
                     request_id, position = columns["taken"]
-                    takes.append((request_id, position, space, entry_id))
-        out: list[tuple[str, list[tuple[Any, ...]]]] = []
-        if deleted_entries:
-            out.append(("DELETE FROM outrig_entries WHERE space = %s AND id = %s", deleted_entries))
-        if put_entries:
+                    takes.append(_row(space, entry_id, request_id, position))
+        for space, ids in deleted.items():
             out.append(
-                (
-                    "INSERT INTO outrig_entries (space, id, arrival, expires_at, payload, taken_by, "
-                    "taken_position) VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (space, id) DO UPDATE "
-                    "SET arrival = EXCLUDED.arrival, expires_at = EXCLUDED.expires_at, "
-                    "payload = EXCLUDED.payload, taken_by = EXCLUDED.taken_by, "
-                    "taken_position = EXCLUDED.taken_position",
-                    put_entries,
-                )
+                f"DELETE FROM outrig_entries WHERE space = {literal(space)} "
+                f"AND id IN ({', '.join(map(str, ids))})"
+            )
+        if puts:
+            out.append(
+                "INSERT INTO outrig_entries "
+                "(space, id, arrival, expires_at, payload, taken_by, taken_position) "
+                f"VALUES {', '.join(puts)} ON CONFLICT (space, id) DO UPDATE SET arrival = EXCLUDED.arrival, "
+                "expires_at = EXCLUDED.expires_at, payload = EXCLUDED.payload, taken_by = EXCLUDED.taken_by, "
+                "taken_position = EXCLUDED.taken_position"
             )
         if expiries:
-            out.append(("UPDATE outrig_entries SET expires_at = %s WHERE space = %s AND id = %s", expiries))
+            out.append(
+                "UPDATE outrig_entries AS e SET expires_at = v.x::float8 FROM (VALUES "
+                f"{', '.join(expiries)}) AS v (space, id, x) WHERE e.space = v.space AND e.id = v.id"
+            )
         if takes:
             out.append(
-                (
-                    "UPDATE outrig_entries SET taken_by = %s, taken_position = %s "
-                    "WHERE space = %s AND id = %s",
-                    takes,
-                )
+                "UPDATE outrig_entries AS e SET taken_by = v.r, taken_position = v.p::integer FROM (VALUES "
+                f"{', '.join(takes)}) AS v (space, id, r, p) WHERE e.space = v.space AND e.id = v.id"
             )
-        deleted_registrations: list[tuple[Any, ...]] = []
-        put_registrations: list[tuple[Any, ...]] = []
-        registration_updates: list[tuple[Any, ...]] = []
+        deleted_registrations: list[str] = []
+        put_registrations: list[str] = []
+        registration_updates: list[str] = []
         for (space, registration_id), state in self.registrations.items():
             if state[0] == "delete":
-                deleted_registrations.append((space, registration_id))
+                deleted_registrations.append(_row(space, registration_id))
             elif state[0] == "put":
                 row = state[1]
                 put_registrations.append(
-                    (space, registration_id, row["expires_at"], row["templates"], row["sequence"])
+                    _row(space, registration_id, row["expires_at"], row["templates"], row["sequence"])
                 )
             else:
                 columns = state[1]
                 registration_updates.append(
-                    (
+                    _row(
+                        space,
+                        registration_id,
                         "expires_at" in columns,
                         columns.get("expires_at"),
                         columns.get("sequence", 0),
-                        space,
-                        registration_id,
                     )
                 )
         if deleted_registrations:
             out.append(
-                ("DELETE FROM outrig_registrations WHERE space = %s AND id = %s", deleted_registrations)
+                "DELETE FROM outrig_registrations AS g USING (VALUES "
+                f"{', '.join(deleted_registrations)}) AS v (space, id) "
+                "WHERE g.space = v.space AND g.id = v.id"
             )
         if put_registrations:
             out.append(
-                (
-                    "INSERT INTO outrig_registrations (space, id, expires_at, templates, sequence) "
-                    "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (space, id) DO UPDATE SET "
-                    "expires_at = EXCLUDED.expires_at, templates = EXCLUDED.templates, "
-                    "sequence = EXCLUDED.sequence",
-                    put_registrations,
-                )
+                "INSERT INTO outrig_registrations (space, id, expires_at, templates, sequence) VALUES "
+                f"{', '.join(put_registrations)} ON CONFLICT (space, id) DO UPDATE SET "
+                "expires_at = EXCLUDED.expires_at, templates = EXCLUDED.templates, "
+                "sequence = EXCLUDED.sequence"
             )
         if registration_updates:
             out.append(
-                (
-                    "UPDATE outrig_registrations SET "
-                    "expires_at = CASE WHEN %s THEN %s ELSE expires_at END, "
-                    "sequence = greatest(sequence, %s) WHERE space = %s AND id = %s",
-                    registration_updates,
-                )
+                "UPDATE outrig_registrations AS g SET "
+                "expires_at = CASE WHEN v.e THEN v.x::float8 ELSE g.expires_at END, "
+                "sequence = greatest(g.sequence, v.q) FROM (VALUES "
+                f"{', '.join(registration_updates)}) AS v (space, id, e, x, q) "
+                "WHERE g.space = v.space AND g.id = v.id"
             )
         if self.types:
+            rows = ", ".join(
+                _row(space, name, supertypes) for (space, name), supertypes in self.types.items()
+            )
             out.append(
-                (
-                    "INSERT INTO outrig_types (space, name, supertypes) VALUES (%s, %s, %s) "
-                    "ON CONFLICT (space, name) DO NOTHING",
-                    [(space, name, supertypes) for (space, name), supertypes in self.types.items()],
-                )
+                f"INSERT INTO outrig_types (space, name, supertypes) VALUES {rows} "
+                "ON CONFLICT (space, name) DO NOTHING"
             )
         if self.next_ids:
+            rows = ", ".join(_row(space, mark) for space, mark in self.next_ids.items())
             out.append(
-                (
-                    "UPDATE outrig_spaces SET next_id = greatest(next_id, %s) WHERE space = %s",
-                    [(mark, space) for space, mark in self.next_ids.items()],
-                )
+                f"UPDATE outrig_spaces AS s SET next_id = greatest(s.next_id, v.n) FROM (VALUES {rows}) "
+                "AS v (space, n) WHERE s.space = v.space"
             )
         if self.requests:
+            rows = ", ".join(_row(*answer) for answer in self.requests.values())
             out.append(
-                (
-                    "INSERT INTO outrig_requests (id, space, kind, expires_at, first_id, count, "
-                    "lease_expires_at, granted) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) "
-                    "ON CONFLICT (id) DO UPDATE SET space = EXCLUDED.space, kind = EXCLUDED.kind, "
-                    "expires_at = EXCLUDED.expires_at, first_id = EXCLUDED.first_id, "
-                    "count = EXCLUDED.count, lease_expires_at = EXCLUDED.lease_expires_at, "
-                    "granted = EXCLUDED.granted",
-                    list(self.requests.values()),
-                )
+                "INSERT INTO outrig_requests "
+                "(id, space, kind, expires_at, first_id, count, lease_expires_at, granted) "
+                f"VALUES {rows} ON CONFLICT (id) DO UPDATE SET space = EXCLUDED.space, "
+                "kind = EXCLUDED.kind, expires_at = EXCLUDED.expires_at, first_id = EXCLUDED.first_id, "
+                "count = EXCLUDED.count, lease_expires_at = EXCLUDED.lease_expires_at, "
+                "granted = EXCLUDED.granted"
             )
-        opened = [key for key, open_ in self.transactions.items() if open_]
-        ended = [key for key, open_ in self.transactions.items() if not open_]
+        opened = [_row(*key) for key, open_ in self.transactions.items() if open_]
+        ended = [_row(*key) for key, open_ in self.transactions.items() if not open_]
         if opened:
             out.append(
-                (
-                    "INSERT INTO outrig_open_transactions (space, id) VALUES (%s, %s) ON CONFLICT DO NOTHING",
-                    opened,
-                )
+                f"INSERT INTO outrig_open_transactions (space, id) VALUES {', '.join(opened)} "
+                "ON CONFLICT DO NOTHING"
             )
         if ended:
-            out.append(("DELETE FROM outrig_open_transactions WHERE space = %s AND id = %s", ended))
+            out.append(
+                "DELETE FROM outrig_open_transactions AS t USING "
+                f"(VALUES {', '.join(ended)}) AS v (space, id) "
+                "WHERE t.space = v.space AND t.id = v.id"
+            )
         if self.prune_before is not None and spaces:
             expired = (
-                "SELECT id FROM outrig_requests WHERE space = ANY(%s) AND expires_at <= %s "
-                "ORDER BY expires_at LIMIT %s"
+                f"SELECT id FROM outrig_requests WHERE space = ANY({literal(list(spaces))}) "
+                f"AND expires_at <= {literal(self.prune_before)} ORDER BY expires_at LIMIT {PRUNE_LIMIT}"
             )
-            arguments = (list(spaces), self.prune_before, PRUNE_LIMIT)
-            out.append((f"DELETE FROM outrig_entries WHERE taken_by IN ({expired})", [arguments]))
-            out.append((f"DELETE FROM outrig_requests WHERE id IN ({expired})", [arguments]))
+            out.append(f"DELETE FROM outrig_entries WHERE taken_by IN ({expired})")
+            out.append(f"DELETE FROM outrig_requests WHERE id IN ({expired})")
         return out
+
+
+def literal(value: Any) -> str:
+    """`value` as an SQL literal. Strings are quoted as standard strings (the connection sets
+    standard_conforming_strings, so a backslash is itself; a quote is doubled) and never hold a NUL
+    (text cannot: protocol/codec refuses one in a request id; names are checked); bytes go as hex."""
+    if value is None:
+        return "NULL"
+    if value is True:
+        return "TRUE"
+    if value is False:
+        return "FALSE"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return repr(value)
+        return (
+            "'NaN'::float8"
+            if math.isnan(value)
+            else ("'Infinity'::float8" if value > 0 else "'-Infinity'::float8")
+        )
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    if isinstance(value, bytes | bytearray | memoryview):
+        return "'\\x" + bytes(value).hex() + "'::bytea"
+    if isinstance(value, list | tuple):
+        return "ARRAY[" + ", ".join(literal(item) for item in value) + "]::text[]"
+    raise TypeError(f"no SQL literal for {type(value).__name__}")
+
+
+def _row(*values: Any) -> str:
+    return "(" + ", ".join(literal(value) for value in values) + ")"
 
 
 class _Change:
@@ -514,19 +547,26 @@ class PgJournal:
         changes: list[_Change],
         fence: dict[str | None, int | None],
     ) -> None:
+        """BEGIN, the fence, the changes and COMMIT as one simple query: one round trip."""
         folded = Changes(self._dump)
         for change in changes:
             folded.add(change.records)
-        statements = folded.statements([space for space in self._epochs])
         spaces = sorted(str(space) for space in fence)
-        async with connection.pipeline(), connection.transaction(), connection.cursor() as cursor:
-            if spaces:
-                await cursor.execute(
-                    "SELECT outrig_fence(%s, %s, %s)",
-                    (self._server_id, spaces, [fence[space] for space in spaces]),
-                )
-            for sql, rows in statements:
-                await cursor.executemany(sql, rows)
+        statements = ["BEGIN"]
+        if spaces:
+            statements.append(
+                f"SELECT outrig_fence({literal(self._server_id)}, {literal(spaces)}, "
+                f"ARRAY[{', '.join(str(fence[space]) for space in spaces)}]::bigint[])"
+            )
+        statements += folded.script(list(self._epochs))
+        statements.append("COMMIT")
+        try:
+            await connection.execute(";\n".join(statements).encode())
+        except psycopg.Error:
+            if not connection.closed:
+                with contextlib.suppress(psycopg.Error):
+                    await connection.execute(b"ROLLBACK")
+            raise
 
     def _fail(self, batch: _Batch, err: Exception) -> None:
         later, self._open = self._open, None
