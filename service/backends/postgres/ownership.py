@@ -115,17 +115,19 @@ class Ownership:
         return epoch
 
     async def renew(self, spaces: Sequence[str]) -> set[str]:
-        """Renew the ownership of `spaces` (and the heartbeat): the ones lost to another server."""
+        """Renew the ownership of `spaces` (and the heartbeat): the ones lost to another server.
+        A space claimed (again) while the renewal was on its way is not judged by it."""
         sent = time.monotonic()
+        asked = {space: self.epochs.get(space) for space in spaces}
         rows = await self._fetch(
             "UPDATE outrig_spaces SET owner_expires_at = now() + make_interval(secs => %s) "
             "WHERE owner = %s AND space = ANY(%s) RETURNING space, epoch",
             (self.lease, self.server_id, list(spaces)),
         )
         await self.heartbeat(len(spaces))
-        held = {space for space, epoch in rows if self.epochs.get(space) == epoch}
-        self._trust(sorted(held), sent)
-        return set(spaces) - held
+        held = {space for space, epoch in rows if asked.get(space) == epoch}
+        self._trust(sorted(space for space in held if self.epochs.get(space) == asked[space]), sent)
+        return {space for space in asked if space not in held and self.epochs.get(space) == asked[space]}
 
     async def hand_over(self, space: str, server: str, epoch: int) -> bool:
         """Give `space` to `server` under a new epoch (so that nothing this server still sends for
