@@ -208,7 +208,7 @@ async def serve(config: ServerConfig) -> None:
     # server's own process: an application embedding OutrigServer keeps its heap as it was.
     gc.collect()
     gc.freeze()
-    if config.data_dir is None or config.in_memory:
+    if config.backend == "embedded" and (config.data_dir is None or config.in_memory):
         log.warning("no data dir (or --in-memory): spaces live in memory only and end with the server")
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
