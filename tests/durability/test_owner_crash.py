@@ -1,0 +1,265 @@
+"""Owner crash harness: in a tier of three `outrig serve --backend postgres` servers on one real
+PostgreSQL, the server that owns the space is SIGKILLed under load, again and again, and nothing
+is lost, duplicated or resurrected.
+
+Three servers, each on a fixed loopback port (so that a client's channel reconnects to the server
+restarted there), share a fresh database with a short owner lease. Writer and taker threads, each
+with its own connection through the blocking SDK to a server picked at random (which forwards to
+the owner, and which the SDK retries with request ids when it answers UNAVAILABLE), keep writing
+and taking. The test finds the space's owner (`list_spaces` through a live server), SIGKILLs it,
+restarts a server on its port at once (the tier stays at three), waits for another server to
+claim the space (after the dead owner's lease runs out) and for the load to move on, and kills
+the new owner; KILLS times. Then the load stops, the space is drained with take_nowait, and what
+was drained and taken is checked against what the clients were told (as tests/durability/
+test_crash.py checks a single server):
+
+- every acknowledged write was either taken or drained (none lost);
+- no entry was returned by two takes, or by a take and the drain (a take is not undone);
+- nothing taken or drained was never written (sanity).
+
+The kill moments come from a seeded random; the load's timing does not. Change SEED to explore.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import signal
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import psycopg
+import pytest
+
+import outrig
+
+from ..conftest import ServerProcess, free_port, start_server
+from ..polling import wait_until
+from ..postgres_server import PostgresServer
+
+SEED = 20240619
+KILLS = 4
+SERVERS = 3
+WRITERS = 3
+TAKERS = 3
+OWNER_LEASE = 1.5
+RETRY_DEADLINE = 30.0  # spans a takeover (a lease and a bit) by far
+SPACE = "owner-crash"
+
+
+@dataclass
+class Item(outrig.Entry, type_name="ownercrash.Item"):
+    uid: str | None = None
+    writer: int | None = None
+
+
+@dataclass
+class Tally:
+    """What the client threads saw; each thread appends only to lists of its own."""
+
+    attempted: list[list[str]] = field(default_factory=list)  # uids sent in a write, acknowledged or not
+    acknowledged: list[list[str]] = field(default_factory=list)  # uids whose write call returned
+    taken: list[list[str]] = field(default_factory=list)  # uids a take returned
+    errors: list[str] = field(default_factory=list)
+    retries: list[int] = field(default_factory=list)
+
+    def slot(self, lists: list[list[str]]) -> list[str]:
+        own: list[str] = []
+        lists.append(own)
+        return own
+
+    def count(self, lists: list[list[str]]) -> int:
+        return sum(len(own) for own in list(lists))
+
+
+def _writer(address: str, number: int, stop: threading.Event, tally: Tally) -> None:
+    rng = random.Random(SEED + number)
+    attempted, acknowledged = tally.slot(tally.attempted), tally.slot(tally.acknowledged)
+    with outrig.connect(address, space=SPACE, retry_deadline=RETRY_DEADLINE) as space:
+        try:
+            sequence = 0
+            while not stop.is_set():
+                size = 3 if rng.random() < 0.25 else 1  # single writes and some write_many
+                uids = [f"w{number}-{sequence + k}" for k in range(size)]
+                sequence += size
+                items = [Item(uid=uid, writer=number) for uid in uids]
+                attempted.extend(uids)
+                if size == 1:
+                    space.write(items[0], lease=outrig.FOREVER)
+                else:
+                    space.write_many(items, lease=outrig.FOREVER)
+                acknowledged.extend(uids)  # only once the call has returned
+        except Exception as err:
+            tally.errors.append(f"writer {number} via {address}: {err!r}")
+        finally:
+            tally.retries.append(space.retries)
+
+
+def _taker(address: str, number: int, stop: threading.Event, tally: Tally) -> None:
+    rng = random.Random(SEED + 100 + number)
+    taken = tally.slot(tally.taken)
+    with outrig.connect(address, space=SPACE, retry_deadline=RETRY_DEADLINE) as space:
+        try:
+            while not stop.is_set():
+                if rng.random() < 0.25:
+                    got = space.take_many(Item(), max_entries=3, timeout=0.2)
+                else:
+                    one = space.take(Item(), timeout=0.2)
+                    got = [] if one is None else [one]
+                taken.extend(item.uid for item in got if isinstance(item, Item) and item.uid is not None)
+        except Exception as err:
+            tally.errors.append(f"taker {number} via {address}: {err!r}")
+        finally:
+            tally.retries.append(space.retries)
+
+
+@pytest.fixture
+def database(postgres: PostgresServer) -> str:
+    name = f"oc_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(postgres.dsn(), autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name}")
+    return postgres.dsn(name)
+
+
+class Tier:
+    """SERVERS servers on fixed ports; a killed one is restarted on its port."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.addresses = [f"127.0.0.1:{free_port()}" for _ in range(SERVERS)]
+        self.servers: dict[str, ServerProcess] = {}
+        self.logs: list[str] = []
+
+    def start(self, address: str) -> ServerProcess:
+        server = start_server(
+            "--listen", address, "--backend", "postgres", "--dsn", self.dsn, "--owner-lease", str(OWNER_LEASE)
+        )
+        self.servers[address] = server
+        self.logs.append(str(server.log))
+        return server
+
+    def kill(self, address: str) -> None:
+        assert self.servers.pop(address).stop(signal.SIGKILL) == -signal.SIGKILL
+
+    def stop_all(self) -> None:
+        for server in self.servers.values():
+            server.stop()
+        self.servers.clear()
+
+
+@pytest.fixture
+def tier(database: str) -> Iterator[Tier]:
+    running = Tier(database)
+    try:
+        yield running
+    finally:
+        running.stop_all()
+
+
+def _placement(address: str) -> outrig.Placement | None:
+    """The space's placement as the server at `address` reads it from the database (None: none,
+    or the server did not answer within a short retry)."""
+    try:
+        with outrig.connect(address, space=SPACE, retry_deadline=1.0) as admin:
+            return next((p for p in admin.list_spaces() if p.space == SPACE), None)
+    except outrig.UnavailableError:
+        return None
+
+
+def test_owner_sigkilled_under_load_loses_duplicates_and_resurrects_nothing(tier: Tier) -> None:
+    for address in tier.addresses:
+        tier.start(address)
+    rng = random.Random(SEED)
+    stop = threading.Event()
+    tally = Tally()
+    threads = [
+        threading.Thread(
+            target=_writer, args=(rng.choice(tier.addresses), n, stop, tally), name=f"writer-{n}"
+        )
+        for n in range(WRITERS)
+    ] + [
+        threading.Thread(target=_taker, args=(rng.choice(tier.addresses), n, stop, tally), name=f"taker-{n}")
+        for n in range(TAKERS)
+    ]
+    for thread in threads:
+        thread.start()
+    started = time.monotonic()
+    owners: list[str] = []  # the server ids killed, in order
+    epochs: list[int] = []
+
+    def current_owner(exclude: str | None) -> outrig.Placement | None:
+        """The space's live owner, if it is not the server id `exclude` (the one just killed)."""
+        for address in tier.servers:
+            placement = _placement(address)
+            if placement is not None:
+                alive = placement.expires_in is not None and placement.address in tier.servers
+                return placement if alive and placement.owner != exclude else None
+        return None
+
+    def moved_on(mark: int) -> bool:
+        """Some writes and takes acknowledged since `mark` writes and takes were."""
+        return tally.count(tally.acknowledged) + tally.count(tally.taken) >= mark + 40
+
+    try:
+        owner = wait_until(lambda: current_owner(None), 20, what="a first owner of the space")
+        for _ in range(KILLS):
+            mark = tally.count(tally.acknowledged) + tally.count(tally.taken)
+            wait_until(functools.partial(moved_on, mark), 30, what="load on the current owner")
+            time.sleep(rng.uniform(0.0, 0.5))  # a random moment of its load, not a synchronisation
+            owners.append(owner.owner)
+            epochs.append(owner.epoch)
+            tier.kill(owner.address)
+            tier.start(owner.address)  # the tier stays at three: a new server on the dead one's port
+            killed = owner.owner
+            owner = wait_until(
+                functools.partial(current_owner, killed), 30, what=f"a new owner after {killed} died"
+            )
+            assert owner.epoch > epochs[-1], f"the new owner's epoch did not grow: {owner} after {epochs}"
+        mark = tally.count(tally.acknowledged) + tally.count(tally.taken)
+        wait_until(lambda: moved_on(mark), 30, what="load on the last owner")
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=RETRY_DEADLINE + 10)
+    loaded = time.monotonic() - started
+    assert not any(thread.is_alive() for thread in threads), "a client thread did not stop"
+    assert not tally.errors, f"client calls failed despite retries: {tally.errors} (logs {tier.logs})"
+
+    drained: list[str] = []
+    with outrig.connect(tier.addresses[0], space=SPACE, retry_deadline=RETRY_DEADLINE) as space:
+        while (item := space.take_nowait(Item())) is not None:
+            assert isinstance(item, Item) and item.uid is not None
+            drained.append(item.uid)
+        assert space.count(Item()) == 0
+
+    attempted = {uid for uids in tally.attempted for uid in uids}
+    acknowledged = {uid for uids in tally.acknowledged for uid in uids}
+    taken_list = [uid for uids in tally.taken for uid in uids]
+    taken = set(taken_list)
+    left = set(drained)
+    retries = sum(tally.retries)
+    print(
+        f"owner crash harness: seed {SEED}, {KILLS} owners killed ({owners}, epochs {epochs} then "
+        f"{owner.epoch}) in {loaded:.1f} s; written {len(acknowledged)} acknowledged "
+        f"({len(attempted)} attempted), taken {len(taken_list)}, drained {len(drained)}, retries {retries}"
+    )
+
+    assert len(set(owners)) == KILLS, f"the same server id was killed twice: {owners}"
+    assert len(acknowledged) >= 100 and len(taken) >= 100, (
+        f"too little load to mean anything: {len(acknowledged)} written, {len(taken)} taken"
+    )
+    assert retries > 0, "no call was interrupted by the kills, so nothing was tested"
+    lost = acknowledged - taken - left
+    assert not lost, f"{len(lost)} of {len(acknowledged)} acknowledged writes were lost: {sorted(lost)[:20]}"
+    twice = [uid for uid, n in Counter(taken_list).items() if n > 1]
+    assert not twice, f"{len(twice)} of {len(taken)} taken entries were returned by two takes: {twice[:20]}"
+    doubled = [uid for uid, n in Counter(drained).items() if n > 1]
+    assert not doubled, f"{len(doubled)} of {len(drained)} drained entries were stored twice: {doubled[:20]}"
+    back = taken & left
+    assert not back, f"{len(back)} of {len(taken)} taken entries are back in the space: {sorted(back)[:20]}"
+    unknown = (taken | left) - attempted
+    assert not unknown, f"{len(unknown)} entries were never written: {sorted(unknown, key=str)[:20]}"
