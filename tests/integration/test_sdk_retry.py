@@ -247,6 +247,10 @@ def test_the_same_request_id_gets_the_first_reply(outage):
         stub.Write(write("write-2"))
         assert len(stub.Take(take).entries) == len(stub.Take(take).entries) == 1
         assert stub.Count(tasks).count == 1  # the repeated take did not take the second entry
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Write(write("nul\x00id"))
+        assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert "request_id: must not contain NUL" in str(refused.value.details())
 
 
 @pytest.mark.parametrize(
