@@ -17,7 +17,7 @@ import outrig
 from ..conftest import start_server
 from ..polling import wait_until
 from ..postgres_server import PostgresServer
-from .test_servers import Job
+from .test_servers import Job, drained
 
 LEASE = "1.5"
 
@@ -48,7 +48,7 @@ def test_move_hands_a_space_over_and_its_clients_follow(database: str) -> None:
         with outrig.connect(a.address, space="jobs", direct=False, retry_deadline=30) as through_a:
             through_a.write_many([Job(n=i) for i in range(50)])
             assert owners(a.address)["jobs"] == a.address
-            got: list[Job | None] = []
+            got: list[object] = []
             blocked = threading.Thread(target=lambda: got.append(through_a.take(Job(n=999), timeout=60)))
             blocked.start()
             moved = cli("move", "jobs", "--to", b.address, "--address", a.address)
@@ -58,10 +58,7 @@ def test_move_hands_a_space_over_and_its_clients_follow(database: str) -> None:
             through_a.write(Job(n=999))  # forwarded to b; the blocked take, retried into b, gets it
             blocked.join(60)
             assert got == [Job(n=999)]
-            taken = sorted(
-                job.n for job in iter(lambda: through_a.take_nowait(Job()), None) if job.n is not None
-            )
-            assert taken == list(range(50))  # each entry once, none lost
+            assert drained(through_a) == list(range(50))  # each entry once, none lost
     finally:
         a.stop()
         b.stop()
@@ -115,10 +112,7 @@ def test_a_server_that_joins_gets_its_share(database: str) -> None:
             assert sorted(placed) == names
             for name in names:
                 with outrig.connect(a.address, space=name, retry_deadline=30) as space:
-                    ns = sorted(
-                        job.n for job in iter(lambda s=space: s.take_nowait(Job()), None) if job.n is not None
-                    )
-                    assert ns == list(range(10)), name
+                    assert drained(space) == list(range(10)), name
         finally:
             b.stop()
     finally:

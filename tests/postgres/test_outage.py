@@ -22,7 +22,7 @@ from ..conftest import ServerProcess, start_server
 from ..polling import wait_until
 from ..postgres_server import PostgresServer
 from ..tcp_proxy import CutMode, TcpProxy
-from .test_servers import Job
+from .test_servers import Job, drained
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -55,9 +55,9 @@ def proxied(postgres: PostgresServer, database: str) -> Iterator[tuple[TcpProxy,
 
 def health(address: str, service: str) -> int:
     with grpc.insecure_channel(address) as channel:
-        reply = health_pb2_grpc.HealthStub(channel).Check(
-            health_pb2.HealthCheckRequest(service=service), timeout=5
-        )
+        # types-grpcio-health-checking declares no methods on HealthStub: say what Check is.
+        check = health_pb2_grpc.HealthStub(channel).Check  # type: ignore[attr-defined]
+        reply = check(health_pb2.HealthCheckRequest(service=service), timeout=5)
         return int(reply.status)
 
 
@@ -94,8 +94,7 @@ def test_a_database_lost_and_back(proxied: tuple[TcpProxy, ServerProcess], cut: 
                 return False
 
         wait_until(served, what="the space served again")
-        taken = sorted(job.n for job in iter(lambda: space.take_nowait(Job()), None) if job.n is not None)
-        assert [n for n in taken if n < 20] == list(range(20))  # every acknowledged write is there
+        assert [n for n in drained(space) if n < 20] == list(range(20))  # every acknowledged write is there
 
 
 def test_a_database_unreachable_at_start_exits_2_naming_it_without_its_password() -> None:

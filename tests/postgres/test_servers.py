@@ -22,6 +22,15 @@ class Job(outrig.Entry, type_name="pg.Job"):
     n: int | None = None
 
 
+def drained(space: outrig.Space) -> list[int]:
+    """Take every Job left in the space: their numbers, sorted."""
+    numbers = []
+    while (job := space.take_nowait(Job())) is not None:
+        assert isinstance(job, Job) and job.n is not None
+        numbers.append(job.n)
+    return sorted(numbers)
+
+
 @pytest.fixture
 def database(postgres: PostgresServer) -> str:
     name = f"s_{uuid.uuid4().hex[:12]}"

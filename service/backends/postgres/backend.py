@@ -444,12 +444,12 @@ class PostgresBackend(MemoryBackend):
         if cached is not None and cached[0] > loop.time():
             return cached[1]
         try:
-            owner = await self.owners.owner_of(space)
+            owner = await within(self.lease, self.owners.owner_of(space))
             if owner is not None and owner.expires_in > 0 and owner.server != self.server_id:
                 self._located[space] = (loop.time() + min(_LOCATION_TTL, owner.expires_in), owner.address)
                 return owner.address
             if owner is None or owner.server != self.server_id:
-                servers = await self.owners.live_servers()
+                servers = await within(self.lease, self.owners.live_servers())
                 least = servers[0] if servers else None
                 if (
                     least
@@ -458,7 +458,7 @@ class PostgresBackend(MemoryBackend):
                     and len(self._spaces) > least.spaces
                 ):
                     return least.address  # a less loaded server claims it
-        except (psycopg.Error, OSError) as err:
+        except (psycopg.Error, OSError, TimeoutError) as err:
             raise StoreUnavailableError(f"PostgreSQL at {self.where} is unreachable: {err}") from None
         try:
             await self._ensure(space)  # this server claims it
@@ -470,8 +470,8 @@ class PostgresBackend(MemoryBackend):
 
     async def placements(self) -> list[Placement]:
         try:
-            return await self.owners.placements()
-        except (psycopg.Error, OSError) as err:
+            return await within(self.lease, self.owners.placements())
+        except (psycopg.Error, OSError, TimeoutError) as err:
             raise StoreUnavailableError(f"PostgreSQL at {self.where} is unreachable: {err}") from None
 
     @property
