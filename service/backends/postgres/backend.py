@@ -455,9 +455,9 @@ class PostgresBackend(MemoryBackend):
                     least
                     and least.server != self.server_id
                     and least.address
-                    and len(self._spaces) > least.spaces
+                    and (self._draining or len(self._spaces) > least.spaces)
                 ):
-                    return least.address  # a less loaded server claims it
+                    return least.address  # a less loaded (or not draining) server claims it
         except (psycopg.Error, OSError, TimeoutError) as err:
             raise StoreUnavailableError(f"PostgreSQL at {self.where} is unreachable: {err}") from None
         try:
