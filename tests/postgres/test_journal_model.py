@@ -1,0 +1,662 @@
+"""The postgres journal's fold (`Changes`) against a naive model, on a real PostgreSQL.
+
+A batch's records are folded into their net effect per row and sent as a few statements with
+their values inlined (`Changes.script`, `literal`). Whatever the records and their order, that
+must leave the database as applying each record in order, one parameterized statement each, does
+(the SQLite journal's `_Writer` semantics: a put replaces the whole row, untaken; take, expiry and
+sequence update a row that may be absent; a type is inserted unless present; next_id and a
+registration's sequence only grow; a prune runs at commit over the owned spaces' requests).
+
+Two databases start from the same drawn rows; database A gets the records one by one (the model),
+database B the folded script as one simple query; every table is then compared. Records are drawn
+over a small universe (two spaces with awkward names, entry ids 1..6, registration ids 1..3) as
+plausible operations (a write with its type, id mark and request id; a take with its request id),
+as chains on one row in any order (delete then put, put/delete/put, an expiry or a take of an
+absent row) and as single records; strings hold quotes, backslashes, `$$` and non-ASCII, bytes
+hold NUL, quote and backslash, floats are large, negative, infinite or NaN.
+
+Where the fold departs from in-order application, for values the memory backend does not produce
+today, the property draws none and a strict xfail test pins the difference: a lower sequence number
+after a higher one for one registration in a batch (the fold keeps the last, not the greatest),
+and two declarations of one type with different supertypes in a batch (the fold keeps the last,
+INSERT OR IGNORE the first). Sequence numbers are drawn from 0 up and next_id marks from 1 up,
+as the fold assumes (it folds next_id from 0 and updates a registration with greatest(sequence, 0)).
+
+Plain examples check that `literal` round-trips through PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import uuid
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, Phase, example, given, settings
+from hypothesis import strategies as st
+
+from outrig.service.backends.memory.journal import Record
+from outrig.service.backends.postgres.journal import Changes, literal
+from outrig.service.backends.postgres.schema import migrate
+
+from ..postgres_server import PostgresServer
+
+OPTIONS = "-c standard_conforming_strings=on"  # as the backend's connections (backend.py)
+
+SPACES = ("s'1\\", "ü$$2")
+TRICKY_STRINGS = (
+    "",
+    "plain",
+    "it's",
+    "''",
+    "back\\slash\\",
+    "\\x00ff",
+    "\\'",
+    "ünï☃𝄞",
+    "$$",
+    "$x$'$x$",
+    "'; DROP TABLE outrig_entries; --",
+    "line\nbreak\ttab",
+    "E'\\n'",
+)
+REQUEST_IDS = ("r1", "r2", "it's", "back\\slash\\", "ünï☃", "$$", "'; DROP TABLE outrig_requests; --", "")
+TYPE_NAMES = ("T", "it's", "ü\\")
+SUPERTYPES = ("A", "B'q", "\\c", "$$", "ü")
+# In a batch a type name has one list of supertypes: the engine refuses a conflicting declaration
+# (TypeConflictError), and types already stored are drawn with any.
+TYPE_RECORDS = [("T", json.dumps(["A"])), ("it's", json.dumps(["B'q", "\\c", "$$"])), ("ü\\", "[]")]
+
+spaces = st.sampled_from(SPACES)
+entry_ids = st.integers(1, 6)
+registration_ids = st.integers(1, 3)
+transaction_ids = st.integers(1, 3)
+request_ids = st.sampled_from(REQUEST_IDS)
+bigints = st.integers(-(2**63), 2**63 - 1)  # a negative one is a unary minus on a numeric literal
+# Sequence numbers count up from 0 (a registration updated without one gets greatest(sequence, 0)).
+sequences = st.integers(0, 2**63 - 1)
+# Ids start at 1, so a space's next_id is at least 1 (Changes._next_id folds from 0).
+marks = st.integers(1, 2**63 - 1)
+positions = st.integers(-(2**31), 2**31 - 1)
+SPECIAL_FLOATS = [0.0, -0.0, -1.5, 1e300, -1e300, 1.7976931348623157e308, 5e-324, 1e-300, 0.1]
+special_floats = st.sampled_from([*SPECIAL_FLOATS, 1712345678.123456, math.inf, -math.inf, math.nan])
+finite_or_odd = st.one_of(special_floats, st.floats(allow_nan=True, allow_infinity=True))
+expiries = st.one_of(st.none(), finite_or_odd)
+payloads = st.one_of(
+    st.sampled_from([b"", b"\x00", b"'", b"\\", b"\x00'\\", b"\\x00", b"''"]), st.binary(max_size=24)
+)
+supertype_lists = st.lists(st.sampled_from(SUPERTYPES), max_size=3)
+kinds = st.sampled_from(["write", "take", "it's", "\\"])
+
+
+# Each kind's arguments after its key (space and id), so that a chain can share the key.
+request_answers = st.tuples(
+    kinds, finite_or_odd, st.one_of(st.none(), bigints), st.integers(0, 1000), expiries, expiries
+)
+ENTRY_ARGUMENTS: dict[str, st.SearchStrategy[tuple[Any, ...]]] = {
+    "put": st.tuples(bigints, expiries, payloads),
+    "delete": st.just(()),
+    "take": st.tuples(request_ids, positions),
+    "entry_expiry": st.tuples(expiries),
+}
+REGISTRATION_ARGUMENTS: dict[str, st.SearchStrategy[tuple[Any, ...]]] = {
+    "register": st.tuples(expiries, payloads, sequences),
+    "unregister": st.just(()),
+    "sequence": st.tuples(sequences),
+    "registration_expiry": st.tuples(expiries),
+}
+entry_kinds = st.sampled_from(sorted(ENTRY_ARGUMENTS))
+registration_kinds = st.sampled_from(sorted(REGISTRATION_ARGUMENTS))
+transaction_kinds = st.sampled_from(["transaction", "transaction_end"])
+
+
+@st.composite
+def entry_chain(draw: st.DrawFn) -> list[Record]:
+    """Records of one entry, in any order (delete then put, an expiry or a take of an absent row)."""
+    space, entry_id = draw(spaces), draw(entry_ids)
+    steps = draw(st.lists(entry_kinds, min_size=1, max_size=5))
+    return [(kind, space, entry_id, *draw(ENTRY_ARGUMENTS[kind])) for kind in steps]
+
+
+@st.composite
+def registration_chain(draw: st.DrawFn) -> list[Record]:
+    space, registration_id = draw(spaces), draw(registration_ids)
+    steps = draw(st.lists(registration_kinds, min_size=1, max_size=5))
+    return [(kind, space, registration_id, *draw(REGISTRATION_ARGUMENTS[kind])) for kind in steps]
+
+
+@st.composite
+def transaction_chain(draw: st.DrawFn) -> list[Record]:
+    space, transaction = draw(spaces), draw(transaction_ids)
+    return [(kind, space, transaction) for kind in draw(st.lists(transaction_kinds, min_size=1, max_size=4))]
+
+
+@st.composite
+def write_operation(draw: st.DrawFn) -> list[Record]:
+    """A write as the memory backend records it: its entries, its types, the id mark, its answer."""
+    space = draw(spaces)
+    ids = draw(st.lists(entry_ids, min_size=1, max_size=3, unique=True))
+    records: list[Record] = [("put", space, entry_id, *draw(ENTRY_ARGUMENTS["put"])) for entry_id in ids]
+    for name, supertypes in draw(st.lists(st.sampled_from(TYPE_RECORDS), max_size=2, unique=True)):
+        records.append(("type", space, name, supertypes))
+    if draw(st.booleans()):
+        records.append(("next_id", space, draw(marks)))
+    if draw(st.booleans()):
+        records.append(("request", draw(request_ids), space, *draw(request_answers)))
+    return records
+
+
+@st.composite
+def take_operation(draw: st.DrawFn) -> list[Record]:
+    """A take: with a request id its entries are marked (kept for a retry), else deleted."""
+    space = draw(spaces)
+    ids = draw(st.lists(entry_ids, min_size=1, max_size=3, unique=True))
+    if not draw(st.booleans()):
+        return [("delete", space, entry_id) for entry_id in ids]
+    request_id = draw(request_ids)
+    records: list[Record] = [("take", space, entry_id, request_id, i) for i, entry_id in enumerate(ids)]
+    records.append(("request", request_id, space, *draw(request_answers)))
+    return records
+
+
+@st.composite
+def single_record(draw: st.DrawFn) -> list[Record]:
+    space = draw(spaces)
+    which = draw(st.sampled_from(["entry", "registration", "type", "next_id", "request", "txn", "prune"]))
+    if which == "entry":
+        kind = draw(entry_kinds)
+        return [(kind, space, draw(entry_ids), *draw(ENTRY_ARGUMENTS[kind]))]
+    if which == "registration":
+        kind = draw(registration_kinds)
+        return [(kind, space, draw(registration_ids), *draw(REGISTRATION_ARGUMENTS[kind]))]
+    if which == "type":
+        return [("type", space, *draw(st.sampled_from(TYPE_RECORDS)))]
+    if which == "next_id":
+        return [("next_id", space, draw(marks))]
+    if which == "request":
+        return [("request", draw(request_ids), space, *draw(request_answers))]
+    if which == "txn":
+        return [(draw(transaction_kinds), space, draw(transaction_ids))]
+    return [("prune_requests", draw(finite_or_odd))]
+
+
+def growing_sequences(records: list[Record]) -> list[Record]:
+    """A registration's sequence numbers only grow within a batch, from the one it was registered
+    with (a stream notes higher and higher numbers; see the module docstring and the xfail test)."""
+    floor: dict[tuple[str, int], int] = {}
+    out: list[Record] = []
+    for record in records:
+        kind = record[0]
+        if kind == "register":
+            floor[record[1], record[2]] = record[5]
+        elif kind == "sequence":
+            value = max(record[3], floor.get((record[1], record[2]), record[3]))
+            floor[record[1], record[2]] = value
+            record = (*record[:3], value)
+        out.append(record)
+    return out
+
+
+records_strategy = st.lists(
+    st.one_of(
+        write_operation(),
+        take_operation(),
+        entry_chain(),
+        registration_chain(),
+        transaction_chain(),
+        single_record(),
+    ),
+    max_size=12,
+).map(lambda segments: growing_sequences(list(itertools.chain.from_iterable(segments))))
+
+
+@dataclass
+class Initial:
+    """Rows both databases start from."""
+
+    next_ids: dict[str, int]
+    entries: dict[tuple[str, int], tuple[Any, ...]]  # arrival, expires_at, payload, taken_by, position
+    registrations: dict[tuple[str, int], tuple[Any, ...]]  # expires_at, templates, sequence
+    types: dict[tuple[str, str], list[str]]
+    requests: dict[str, tuple[Any, ...]]  # space, kind, expires_at, first_id, count, lease, granted
+    transactions: set[tuple[str, int]]
+
+
+taken_marks = st.one_of(st.tuples(st.none(), st.none()), st.tuples(request_ids, positions))
+initial_strategy = st.builds(
+    Initial,
+    next_ids=st.fixed_dictionaries({space: marks for space in SPACES}),
+    entries=st.dictionaries(
+        st.tuples(spaces, entry_ids),
+        st.tuples(bigints, expiries, payloads, taken_marks).map(lambda r: (*r[:3], *r[3])),
+        max_size=6,
+    ),
+    registrations=st.dictionaries(
+        st.tuples(spaces, registration_ids), st.tuples(expiries, payloads, sequences), max_size=3
+    ),
+    types=st.dictionaries(st.tuples(spaces, st.sampled_from(TYPE_NAMES)), supertype_lists, max_size=3),
+    requests=st.dictionaries(
+        request_ids,
+        st.tuples(
+            spaces,
+            kinds,
+            finite_or_odd,
+            st.one_of(st.none(), bigints),
+            st.integers(0, 1000),
+            expiries,
+            expiries,
+        ),
+        max_size=4,
+    ),
+    transactions=st.sets(st.tuples(spaces, transaction_ids), max_size=6),
+)
+EMPTY = Initial({space: 1 for space in SPACES}, {}, {}, {}, {}, set())
+
+# The spaces this server owns (a prune touches only their requests); "elsewhere" is nobody's here.
+owned_strategy = st.sampled_from([list(SPACES), [SPACES[0]], [SPACES[1]], [SPACES[1], "elsewhere"], []])
+
+TABLES = {
+    "outrig_spaces": "SELECT space, next_id FROM outrig_spaces ORDER BY space",
+    "outrig_entries": (
+        "SELECT space, id, arrival, expires_at, payload, taken_by, taken_position FROM outrig_entries "
+        "ORDER BY space, id"
+    ),
+    "outrig_registrations": (
+        "SELECT space, id, expires_at, templates, sequence FROM outrig_registrations ORDER BY space, id"
+    ),
+    "outrig_types": "SELECT space, name, supertypes FROM outrig_types ORDER BY space, name",
+    "outrig_requests": (
+        "SELECT id, space, kind, expires_at, first_id, count, lease_expires_at, granted FROM outrig_requests "
+        "ORDER BY id"
+    ),
+    "outrig_open_transactions": "SELECT space, id FROM outrig_open_transactions ORDER BY space, id",
+}
+
+
+async def _fresh_database(postgres: PostgresServer) -> psycopg.AsyncConnection[Any]:
+    name = f"j_{uuid.uuid4().hex[:12]}"
+    async with await psycopg.AsyncConnection.connect(postgres.dsn(), autocommit=True) as admin:
+        await admin.execute(f"CREATE DATABASE {name}")
+    connection = await psycopg.AsyncConnection.connect(postgres.dsn(name), autocommit=True, options=OPTIONS)
+    async with connection.transaction():
+        await migrate(connection)
+    return connection
+
+
+@pytest.fixture
+async def databases(postgres: PostgresServer) -> AsyncIterator[tuple[Any, Any]]:
+    """(A, B): two migrated databases, reused by every example (reset by `_load`)."""
+    a = await _fresh_database(postgres)
+    b = await _fresh_database(postgres)
+    try:
+        yield a, b
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def _load(connection: psycopg.AsyncConnection[Any], initial: Initial) -> None:
+    async with connection.transaction():
+        await connection.execute(
+            "TRUNCATE outrig_spaces, outrig_entries, outrig_registrations, outrig_types, outrig_requests, "
+            "outrig_open_transactions"
+        )
+        async with connection.cursor() as cursor:
+            await cursor.executemany(
+                "INSERT INTO outrig_spaces (space, next_id) VALUES (%s, %s)", list(initial.next_ids.items())
+            )
+            await cursor.executemany(
+                "INSERT INTO outrig_entries "
+                "(space, id, arrival, expires_at, payload, taken_by, taken_position) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                [(*key, *row) for key, row in initial.entries.items()],
+            )
+            await cursor.executemany(
+                "INSERT INTO outrig_registrations (space, id, expires_at, templates, sequence) "
+                "VALUES (%s, %s, %s, %s, %s)",
+                [(*key, *row) for key, row in initial.registrations.items()],
+            )
+            await cursor.executemany(
+                "INSERT INTO outrig_types (space, name, supertypes) VALUES (%s, %s, %s::text[])",
+                [(*key, supertypes) for key, supertypes in initial.types.items()],
+            )
+            await cursor.executemany(
+                "INSERT INTO outrig_requests "
+                "(id, space, kind, expires_at, first_id, count, lease_expires_at, granted) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                [(request_id, *row) for request_id, row in initial.requests.items()],
+            )
+            await cursor.executemany(
+                "INSERT INTO outrig_open_transactions (space, id) VALUES (%s, %s)",
+                sorted(initial.transactions),
+            )
+
+
+# The model: each record its own parameterized statement, in order (store/journal.py's _Writer).
+NAIVE = {
+    "put": (
+        "INSERT INTO outrig_entries (space, id, arrival, expires_at, payload, taken_by, taken_position) "
+        "VALUES (%s, %s, %s, %s, %s, NULL, NULL) ON CONFLICT (space, id) DO UPDATE SET "
+        "arrival = EXCLUDED.arrival, expires_at = EXCLUDED.expires_at, payload = EXCLUDED.payload, "
+        "taken_by = NULL, taken_position = NULL"
+    ),
+    "delete": "DELETE FROM outrig_entries WHERE space = %s AND id = %s",
+    "take": (
+        "UPDATE outrig_entries SET taken_by = %(2)s, taken_position = %(3)s "
+        "WHERE space = %(0)s AND id = %(1)s"
+    ),
+    "entry_expiry": "UPDATE outrig_entries SET expires_at = %(2)s WHERE space = %(0)s AND id = %(1)s",
+    "type": (
+        "INSERT INTO outrig_types (space, name, supertypes) VALUES (%s, %s, %s::text[]) "
+        "ON CONFLICT DO NOTHING"
+    ),
+    "next_id": "UPDATE outrig_spaces SET next_id = greatest(next_id, %(1)s) WHERE space = %(0)s",
+    "register": (
+        "INSERT INTO outrig_registrations (space, id, expires_at, templates, sequence) "
+        "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (space, id) DO UPDATE SET expires_at = EXCLUDED.expires_at, "
+        "templates = EXCLUDED.templates, sequence = EXCLUDED.sequence"
+    ),
+    "unregister": "DELETE FROM outrig_registrations WHERE space = %s AND id = %s",
+    "registration_expiry": (
+        "UPDATE outrig_registrations SET expires_at = %(2)s WHERE space = %(0)s AND id = %(1)s"
+    ),
+    "sequence": (
+        "UPDATE outrig_registrations SET sequence = greatest(sequence, %(2)s) "
+        "WHERE space = %(0)s AND id = %(1)s"
+    ),
+    "request": (
+        "INSERT INTO outrig_requests "
+        "(id, space, kind, expires_at, first_id, count, lease_expires_at, granted) "
+        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO UPDATE SET space = EXCLUDED.space, "
+        "kind = EXCLUDED.kind, expires_at = EXCLUDED.expires_at, first_id = EXCLUDED.first_id, "
+        "count = EXCLUDED.count, lease_expires_at = EXCLUDED.lease_expires_at, granted = EXCLUDED.granted"
+    ),
+    "transaction": "INSERT INTO outrig_open_transactions (space, id) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+    "transaction_end": "DELETE FROM outrig_open_transactions WHERE space = %s AND id = %s",
+}
+# At commit, as _Writer does (the last prune's `now`), over the owned spaces' requests only.
+PRUNE_EXPIRED = (
+    "SELECT id FROM outrig_requests WHERE space = ANY(%(spaces)s::text[]) AND expires_at <= %(now)s"
+)
+
+
+async def apply_naively(
+    connection: psycopg.AsyncConnection[Any], records: Iterable[Record], owned: Sequence[str]
+) -> None:
+    prune_before: float | None = None
+    async with connection.transaction():
+        for kind, *args in records:
+            if kind == "prune_requests":
+                (prune_before,) = args
+                continue
+            if kind == "type":
+                args = [args[0], args[1], json.loads(args[2])]
+            sql = NAIVE[kind]
+            parameters: Any = {str(i): value for i, value in enumerate(args)} if "%(" in sql else args
+            await connection.execute(sql, parameters)
+        if prune_before is not None and owned:
+            parameters = {"spaces": list(owned), "now": prune_before}
+            await connection.execute(
+                f"DELETE FROM outrig_entries WHERE taken_by IN ({PRUNE_EXPIRED})", parameters
+            )
+            await connection.execute(f"DELETE FROM outrig_requests WHERE id IN ({PRUNE_EXPIRED})", parameters)
+
+
+def _dump(payload: object) -> bytes:
+    assert isinstance(payload, bytes)  # the records' payloads are already bytes here
+    return payload
+
+
+def folded_script(records: Iterable[Record], owned: Sequence[str]) -> str:
+    changes = Changes(_dump)
+    changes.add(records)
+    return ";\n".join(["BEGIN", *changes.script(owned), "COMMIT"])
+
+
+async def apply_folded(
+    connection: psycopg.AsyncConnection[Any], records: Iterable[Record], owned: Sequence[str]
+) -> None:
+    script = folded_script(records, owned)
+    try:
+        await connection.execute(script.encode())
+    except psycopg.Error:
+        await connection.execute(b"ROLLBACK")
+        raise
+
+
+async def both_ways(
+    databases: tuple[Any, Any], initial: Initial, records: list[Record], owned: list[str]
+) -> tuple[dict[str, list[tuple[Any, ...]]], dict[str, list[tuple[Any, ...]]]]:
+    """(the model's contents, the fold's) after `records` on `initial`."""
+    naive, folded = databases
+    await _load(naive, initial)
+    await _load(folded, initial)
+    await apply_naively(naive, records, owned)
+    await apply_folded(folded, records, owned)
+    return await contents(naive), await contents(folded)
+
+
+def _normal(value: Any) -> Any:
+    if isinstance(value, float) and math.isnan(value):
+        return "NaN"
+    if isinstance(value, memoryview):
+        return bytes(value)
+    return value
+
+
+async def contents(connection: psycopg.AsyncConnection[Any]) -> dict[str, list[tuple[Any, ...]]]:
+    out = {}
+    for table, sql in TABLES.items():
+        cursor = await connection.execute(sql)
+        out[table] = [tuple(map(_normal, row)) for row in await cursor.fetchall()]
+    return out
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],  # no explain: slow
+)
+@given(initial=initial_strategy, records=records_strategy, owned=owned_strategy)
+# Odd orders the fold must still get right, on an empty database and on present rows.
+@example(
+    initial=EMPTY,
+    records=[
+        ("delete", SPACES[0], 1),
+        ("put", SPACES[0], 1, 7, None, b"x"),
+        ("entry_expiry", SPACES[0], 2, 5.0),
+    ],
+    owned=list(SPACES),
+)
+@example(
+    initial=Initial(
+        {space: 10 for space in SPACES},
+        {(SPACES[0], 1): (1, 2.0, b"old", "r1", 0)},
+        {(SPACES[1], 1): (None, b"t", 5)},
+        {(SPACES[0], "T"): ["A"]},
+        {"r1": (SPACES[0], "take", 1.0, None, 1, None, None)},
+        {(SPACES[0], 1)},
+    ),
+    records=[
+        ("put", SPACES[0], 1, 3, None, b"\x00'\\"),
+        ("delete", SPACES[0], 1),
+        ("put", SPACES[0], 1, 4, 1e300, b""),
+        ("take", SPACES[0], 1, "'; DROP", 2),
+        ("take", SPACES[0], 5, "r2", 0),
+        ("registration_expiry", SPACES[1], 1, -1.5),
+        ("type", SPACES[0], "T", json.dumps(["B"])),
+        ("next_id", SPACES[0], 3),
+        ("transaction_end", SPACES[0], 1),
+        ("transaction", SPACES[0], 1),
+        ("prune_requests", 2.0),
+    ],
+    owned=list(SPACES),
+)
+@example(  # every kind on rows already there, none of them put again in the batch
+    initial=Initial(
+        {space: 7 for space in SPACES},
+        {(SPACES[1], 2): (1, None, b"a", None, None), (SPACES[1], 3): (2, 9.5, b"b", None, None)},
+        {(SPACES[0], 2): (3.0, b"t", 4), (SPACES[0], 3): (None, b"u", 0)},
+        {},
+        {"$$": (SPACES[1], "write", 1.0, 5, 1, None, None)},
+        {(SPACES[1], 2), (SPACES[1], 3)},
+    ),
+    records=[
+        ("delete", SPACES[1], 2),
+        ("entry_expiry", SPACES[1], 3, None),
+        ("take", SPACES[1], 3, "ünï☃", 0),
+        ("unregister", SPACES[0], 2),
+        ("registration_expiry", SPACES[0], 3, math.inf),
+        ("sequence", SPACES[0], 3, 9),
+        ("transaction_end", SPACES[1], 2),
+        ("next_id", SPACES[1], 8),
+        ("request", "$$", SPACES[1], "take", 2.0, None, 0, None, None),
+    ],
+    owned=[SPACES[1]],
+)
+async def test_the_folded_script_equals_applying_each_record_in_order(
+    databases: tuple[Any, Any], initial: Initial, records: list[Record], owned: list[str]
+) -> None:
+    expected, got = await both_ways(databases, initial, records, owned)
+    for table in TABLES:
+        assert got[table] == expected[table], f"{table} differs after {records!r} (owned {owned!r})"
+
+
+# Where the fold departs from in-order application: for values the memory backend does not
+# produce today (see growing_sequences and TYPE_RECORDS), so the property above avoids them.
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Changes._sequence on a registration put or updated in the batch keeps the last number, "
+    "not the greatest: in-order application (sequence = max(sequence, n)) keeps the greatest",
+)
+@pytest.mark.parametrize(
+    ("initial", "records", "sequence"),
+    [
+        (EMPTY, [("register", SPACES[0], 1, None, b"", 1), ("sequence", SPACES[0], 1, 0)], 1),
+        (
+            Initial({space: 1 for space in SPACES}, {}, {(SPACES[0], 1): (None, b"", 0)}, {}, {}, set()),
+            [("sequence", SPACES[0], 1, 5), ("sequence", SPACES[0], 1, 3)],
+            5,
+        ),
+    ],
+    ids=["after-register", "two-updates"],
+)
+async def test_a_lower_sequence_number_after_a_higher_one_in_a_batch(
+    databases: tuple[Any, Any], initial: Initial, records: list[Record], sequence: int
+) -> None:
+    expected, got = await both_ways(databases, initial, records, list(SPACES))
+    assert expected["outrig_registrations"] == [(SPACES[0], 1, None, b"", sequence)]
+    assert got == expected
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Changes._type keeps a type's last declaration in the batch; in-order INSERT OR IGNORE "
+    "keeps the first (the engine refuses a conflicting declaration, so no batch has two today)",
+)
+async def test_two_declarations_of_one_type_in_a_batch(databases: tuple[Any, Any]) -> None:
+    records = [("type", SPACES[0], "T", '["A"]'), ("type", SPACES[0], "T", "[]")]
+    expected, got = await both_ways(databases, EMPTY, records, list(SPACES))
+    assert expected["outrig_types"] == [(SPACES[0], "T", ["A"])]
+    assert got == expected
+
+
+# ---------------------------------------------------------------------------- literal()
+
+
+@pytest.fixture
+async def connection(postgres: PostgresServer) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    async with await psycopg.AsyncConnection.connect(
+        postgres.dsn(), autocommit=True, options=OPTIONS
+    ) as conn:
+        yield conn
+
+
+async def select(connection: psycopg.AsyncConnection[Any], expressions: Sequence[str]) -> tuple[Any, ...]:
+    cursor = await connection.execute(f"SELECT {', '.join(expressions)}".encode())
+    row = await cursor.fetchone()
+    assert row is not None
+    return tuple(row)
+
+
+STRINGS = [
+    *TRICKY_STRINGS,
+    "\\",
+    "\\\\'",
+    "'",
+    "a'b'c",
+    "$tag$ $$ $",
+    "\u2028\u00a0\ufeff",
+    "\U0010ffff",
+    "\x01\x7f",
+    "--",
+    "/* */",
+    ";",
+    'double"quote',
+]
+
+
+async def test_literal_round_trips_strings(connection: psycopg.AsyncConnection[Any]) -> None:
+    got = await select(connection, [f"{literal(s)}::text" for s in STRINGS])
+    assert list(got) == STRINGS
+
+
+async def test_literal_round_trips_bytes(connection: psycopg.AsyncConnection[Any]) -> None:
+    values = [
+        b"",
+        b"\x00",
+        b"'",
+        b"\\",
+        b"\x00'\\",
+        b"\\x00",
+        bytes(range(256)),
+        bytearray(b"ab"),
+        memoryview(b"\xff"),
+    ]
+    got = await select(connection, [literal(v) for v in values])
+    assert [bytes(v) for v in got] == [bytes(v) for v in values]
+
+
+async def test_literal_round_trips_floats_ints_and_the_rest(connection: psycopg.AsyncConnection[Any]) -> None:
+    floats = [0.0, -1.5, 0.1, 1e300, -1e300, 1.7976931348623157e308, 5e-324, 2.2250738585072014e-308]
+    floats += [1e-300, 1712345678.123456, 123456789012345.67, math.inf, -math.inf]
+    got = await select(connection, [f"({literal(f)})::float8" for f in floats])
+    assert list(got) == floats
+    (nan,) = await select(connection, [literal(math.nan)])
+    assert math.isnan(nan)
+    # In parentheses: `-9223372036854775808::bigint` would cast before the minus (out of range);
+    # the script puts no cast right after a value it inlines.
+    ints = [0, -1, 2**31, 2**63 - 1, -(2**63)]
+    assert list(await select(connection, [f"({literal(i)})::bigint" for i in ints])) == ints
+    assert await select(connection, [literal(None), literal(True), literal(False)]) == (None, True, False)
+
+
+async def test_literal_round_trips_arrays(connection: psycopg.AsyncConnection[Any]) -> None:
+    arrays: list[list[str]] = [[], [""], STRINGS, ["{", "}", ",", '"', "NULL", "a b"]]
+    got = await select(connection, [literal(a) for a in arrays])
+    assert list(got) == arrays
+    assert await select(connection, [literal(("x", "y'"))]) == (["x", "y'"],)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    strings=st.lists(
+        st.text(st.characters(exclude_characters="\x00", exclude_categories=["Cs"])), max_size=8
+    ),
+    blobs=st.lists(st.binary(), max_size=4),
+    floats=st.lists(st.floats(allow_nan=False), max_size=4),
+)
+async def test_literal_round_trips_drawn_values(
+    connection: psycopg.AsyncConnection[Any], strings: list[str], blobs: list[bytes], floats: list[float]
+) -> None:
+    expressions = [f"{literal(s)}::text" for s in strings] + [literal(b) for b in blobs]
+    expressions += [f"({literal(f)})::float8" for f in floats] + [literal(strings)]
+    got = await select(connection, expressions)
+    assert list(got) == [*strings, *blobs, *floats, strings]
