@@ -15,11 +15,10 @@ as chains on one row in any order (delete then put, put/delete/put, an expiry or
 absent row) and as single records; strings hold quotes, backslashes, `$$` and non-ASCII, bytes
 hold NUL, quote and backslash, floats are large, negative, infinite or NaN.
 
-Where the fold departs from in-order application, for values the memory backend does not produce
-today, the property draws none and a strict xfail test pins the difference: a lower sequence number
-after a higher one for one registration in a batch (the fold keeps the last, not the greatest),
-and two declarations of one type with different supertypes in a batch (the fold keeps the last,
-INSERT OR IGNORE the first). Sequence numbers are drawn from 0 up and next_id marks from 1 up,
+Two orders the memory backend does not produce today have tests of their own: a lower sequence
+number after a higher one for one registration in a batch (both keep the greatest), and two
+declarations of one type with different supertypes in a batch (both keep the first). Sequence
+numbers are drawn from 0 up and next_id marks from 1 up,
 as the fold assumes (it folds next_id from 0 and updates a registration with greatest(sequence, 0)).
 
 Plain examples check that `literal` round-trips through PostgreSQL.
@@ -186,7 +185,7 @@ def single_record(draw: st.DrawFn) -> list[Record]:
 
 def growing_sequences(records: list[Record]) -> list[Record]:
     """A registration's sequence numbers only grow within a batch, from the one it was registered
-    with (a stream notes higher and higher numbers; see the module docstring and the xfail test)."""
+    with (a stream notes higher and higher numbers; the module docstring says why)."""
     floor: dict[tuple[str, int], int] = {}
     out: list[Record] = []
     for record in records:
@@ -527,15 +526,10 @@ async def test_the_folded_script_equals_applying_each_record_in_order(
         assert got[table] == expected[table], f"{table} differs after {records!r} (owned {owned!r})"
 
 
-# Where the fold departs from in-order application: for values the memory backend does not
-# produce today (see growing_sequences and TYPE_RECORDS), so the property above avoids them.
+# Orders the memory backend does not produce today (see growing_sequences and TYPE_RECORDS),
+# which the property above avoids: the fold agrees with in-order application on them too.
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Changes._sequence on a registration put or updated in the batch keeps the last number, "
-    "not the greatest: in-order application (sequence = max(sequence, n)) keeps the greatest",
-)
 @pytest.mark.parametrize(
     ("initial", "records", "sequence"),
     [
@@ -556,11 +550,6 @@ async def test_a_lower_sequence_number_after_a_higher_one_in_a_batch(
     assert got == expected
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Changes._type keeps a type's last declaration in the batch; in-order INSERT OR IGNORE "
-    "keeps the first (the engine refuses a conflicting declaration, so no batch has two today)",
-)
 async def test_two_declarations_of_one_type_in_a_batch(databases: tuple[Any, Any]) -> None:
     records = [("type", SPACES[0], "T", '["A"]'), ("type", SPACES[0], "T", "[]")]
     expected, got = await both_ways(databases, EMPTY, records, list(SPACES))

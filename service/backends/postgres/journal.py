@@ -108,7 +108,7 @@ class Changes:
         self.next_ids[space] = max(mark, self.next_ids.get(space, 0))
 
     def _type(self, space: str, name: str, supertypes: str) -> None:
-        self.types[(space, name)] = list(json.loads(supertypes))
+        self.types.setdefault((space, name), list(json.loads(supertypes)))  # the first, as stored
 
     def _register(
         self, space: str, registration_id: int, expires_at: float | None, templates: bytes, sequence: int
@@ -123,6 +123,9 @@ class Changes:
         self._update(self.registrations, (space, registration_id), "expires_at", expires_at)
 
     def _sequence(self, space: str, registration_id: int, sequence: int) -> None:
+        state = self.registrations.get((space, registration_id))
+        if state is not None and state[0] != "delete" and "sequence" in state[1]:
+            sequence = max(sequence, state[1]["sequence"])  # numbers only grow
         self._update(self.registrations, (space, registration_id), "sequence", sequence)
 
     def _request(self, request_id: str, space: str, kind: str, *answer: Any) -> None:
