@@ -53,7 +53,7 @@ from outrig.service.security.access import ACCESS
 from outrig.service.security.guard import Authenticator, Guard
 from outrig.service.transport import handlers
 from outrig.service.transport.metrics import Metrics
-from outrig.service.transport.peers import PEER_KEY, Peers
+from outrig.service.transport.peers import PEER_KEY, PeerError, Peers
 from outrig.v1 import space_pb2 as pb
 from outrig.v1 import space_pb2_grpc
 
@@ -200,6 +200,8 @@ class Failure:
             return cls(status, str(err), reason, {"owner": owner} if owner else None)
         if isinstance(err, grpc.aio.AioRpcError):  # a forwarded call (peers.py): as the owner ended it
             return cls.forwarded(err)
+        if isinstance(err, PeerError):  # an operation forwarded over a peer stream, likewise
+            return cls(err.code, err.message, err.reason, err.metadata or None)
         _throttle.log(log, logging.ERROR, (method, type(err)), "unexpected error in %s", method, exc_info=err)
         return cls(grpc.StatusCode.INTERNAL, f"internal error in {method}")
 
@@ -314,7 +316,8 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
     ) -> R | Failure:
         """Run one operation, through the guard, as a unary call or a Mux stream's operation, here
         or forwarded to the server that serves its space (`admit`): its reply, or how it failed
-        (`Failure.of`; a forwarded call's as the owner ended it)."""
+        (`Failure.of`; a forwarded operation's as the owner ended it, over the owner's peer
+        stream or as a unary call: peers.py)."""
         metrics = self._metrics
         started = time.perf_counter() if metrics is not None else 0.0
         code = "OK"

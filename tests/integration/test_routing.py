@@ -5,7 +5,8 @@ Until the PostgreSQL owner backend serves a tier, the forwarding tests run two r
 servers in one event loop (a thread of this process), the first of which locates every space
 named `remote.*` on the second: its backend is an `EmbeddedBackend` whose `locate` says so, and
 both share a peer secret. Everything else (the gRPC calls, the forwarding, the owner's serving) is
-the real code.
+the real code. Clients of the first server say `direct=False`, so that their calls are forwarded
+rather than sent to the owner by the SDK (tests/postgres/test_sdk_routing.py covers that).
 """
 
 from __future__ import annotations
@@ -28,12 +29,13 @@ import outrig.aio
 from outrig._exceptions import error_from_code, error_from_rpc, error_from_status
 from outrig._protocol import status_details
 from outrig.service.backends.embedded.backend import EmbeddedBackend
-from outrig.service.config import ServerConfig
+from outrig.service.config import Limits, ServerConfig
 from outrig.service.exceptions import NotOwnerError
 from outrig.service.transport.server import OutrigServer
 from outrig.testing import LocalServer
 from outrig.v1 import space_pb2 as pb
 from outrig.v1 import space_pb2_grpc
+from tests.tcp_proxy import TcpProxy
 
 SECRET = "tier-secret-for-tests"
 MOVED = "remote.moved"  # a space the second server says it does not own
@@ -110,6 +112,11 @@ class Tier:
         while self.waiters(server, space) != count:
             assert time.monotonic() < deadline, f"{space}: {self.waiters(server, space)} waiters, not {count}"
             time.sleep(0.01)
+
+    def owner_streams(self) -> tuple[int, int]:
+        """The second server's Mux streams open and their operations in flight (what its metrics
+        report as outrig_mux_streams, outrig_mux_in_flight)."""
+        return self.second._mux.figures()
 
     def close(self) -> None:
         for server in (self.first, self.second):
@@ -269,7 +276,7 @@ def test_calls_through_the_first_server_land_on_the_second(tier: Tier, mux: bool
     name = f"remote.jobs-{mux}"
     first, second = tier.first.address, tier.second.address
     with (
-        outrig.connect(first, space=name, mux=mux, retry_deadline=0) as via_first,
+        outrig.connect(first, space=name, mux=mux, retry_deadline=0, direct=False) as via_first,
         outrig.connect(second, space=name, retry_deadline=0) as at_owner,
     ):
         lease = via_first.write(Job(n=1), lease=60)
@@ -305,7 +312,7 @@ def test_calls_through_the_first_server_land_on_the_second(tier: Tier, mux: bool
 def test_notify_through_the_first_server_hears_writes_on_the_second(tier: Tier) -> None:
     name = "remote.events"
     with (
-        outrig.connect(tier.first.address, space=name, retry_deadline=0) as via_first,
+        outrig.connect(tier.first.address, space=name, retry_deadline=0, direct=False) as via_first,
         outrig.connect(tier.second.address, space=name, retry_deadline=0) as at_owner,
         via_first.notify(Job(), lease=30) as events,
     ):
@@ -321,7 +328,7 @@ def test_notify_through_the_first_server_hears_writes_on_the_second(tier: Tier) 
 @pytest.mark.parametrize("mux", [True, False], ids=["mux", "unary"])
 def test_a_forwarded_call_fails_with_the_owners_status_and_reason(tier: Tier, mux: bool) -> None:
     name = f"remote.errors-{mux}"
-    with outrig.connect(tier.first.address, space=name, mux=mux, retry_deadline=0) as via_first:
+    with outrig.connect(tier.first.address, space=name, mux=mux, retry_deadline=0, direct=False) as via_first:
         via_first.write(Urgent(n=1))
         with pytest.raises(outrig.TypeConflictError) as conflict:  # routing.Urgent without its supertype
             via_first.write(outrig.GenericEntry("routing.Urgent", (), {}))
@@ -353,7 +360,9 @@ def test_an_unreachable_owner_is_unavailable(tier: Tier) -> None:
     try:
         backend.owner = address
         with (
-            outrig.connect(tier.first.address, space="remote.nowhere", retry_deadline=0) as space,
+            outrig.connect(
+                tier.first.address, space="remote.nowhere", retry_deadline=0, direct=False
+            ) as space,
             pytest.raises(outrig.UnavailableError),
         ):
             space.count(Job())
@@ -364,7 +373,9 @@ def test_an_unreachable_owner_is_unavailable(tier: Tier) -> None:
 @pytest.mark.parametrize("mux", [True, False], ids=["mux", "unary"])
 async def test_cancelling_a_call_cancels_the_forwarded_one(tier: Tier, mux: bool) -> None:
     name = f"remote.cancel-{mux}"
-    async with outrig.aio.connect(tier.first.address, space=name, mux=mux, retry_deadline=0) as space:
+    async with outrig.aio.connect(
+        tier.first.address, space=name, mux=mux, retry_deadline=0, direct=False
+    ) as space:
         take = asyncio.ensure_future(space.take(Job(), timeout=60))
         await asyncio.to_thread(tier.wait_for_waiters, tier.second, name, 1)
         take.cancel()
@@ -402,8 +413,136 @@ def test_a_forwarded_call_skips_the_owners_guard(tmp_path: Path) -> None:
             pytest.raises(outrig.PermissionDeniedError),
         ):
             at_owner.count(Job())
-        with outrig.connect(tier.first.address, space="remote.guarded", retry_deadline=0) as via_first:
+        with outrig.connect(
+            tier.first.address, space="remote.guarded", retry_deadline=0, direct=False
+        ) as via_first:
             via_first.write(Job(n=1))
             assert via_first.count(Job()) == 1
     finally:
         tier.close()
+
+
+# ---------------------------------------------------------------- two servers: the peer stream
+
+
+async def _parked_takes(tier: Tier, space: outrig.aio.AsyncSpace, name: str, count: int) -> list[Any]:
+    takes = [asyncio.ensure_future(space.take(Job(), timeout=30)) for _ in range(count)]
+    await asyncio.to_thread(tier.wait_for_waiters, tier.second, name, count)
+    return takes
+
+
+async def test_forwarded_operations_travel_on_one_peer_stream(tier: Tier) -> None:
+    """Unary calls and Mux operations through the first server alike reach the second as
+    operations of one Mux stream (the first's peer stream), every kind of operation on it."""
+    name = "remote.shared"
+    first = tier.first.address
+    async with (
+        outrig.aio.connect(first, space=name, mux=False, retry_deadline=0, direct=False) as unary,
+        outrig.aio.connect(first, space=name, mux=True, retry_deadline=0, direct=False) as muxed,
+    ):
+        takes = await _parked_takes(tier, unary, name, 3)
+        takes.append(asyncio.ensure_future(muxed.take(Job(), timeout=30)))
+        await asyncio.to_thread(tier.wait_for_waiters, tier.second, name, 4)
+        (stream,) = tier.first.peers.streams()
+        assert stream.in_flight == 4
+        # At the second: one stream (the peer's), the four takes in flight on it.
+        assert tier.owner_streams() == (1, 4)
+        await unary.write_many([Job(n=n) for n in range(4)])
+        assert sorted(cast(Job, e).n or 0 for e in await asyncio.gather(*takes)) == [0, 1, 2, 3]
+        # Every other kind of operation goes the same way.
+        lease = await unary.write(Job(n=5), lease=60)
+        await lease.renew(120)
+        assert await unary.count(Job()) == 1 and await muxed.read(Job(), timeout=0) == Job(n=5)
+        assert await unary.read_many(Job(), max_entries=5) == [Job(n=5)]
+        async with unary.transaction() as txn:
+            assert await txn.take_many(Job(), max_entries=5) == [Job(n=5)]
+        await (await unary.write(Job(n=6), lease=60)).cancel()
+        assert await unary.take_many(Job(), max_entries=5, timeout=0) == []
+        assert tier.first.peers.streams() == [stream] and stream.in_flight == 0
+        assert tier.owner_streams() == (1, 0)
+
+
+async def test_beyond_the_owners_stream_limit_operations_go_unary() -> None:
+    limits = Limits(max_stream_ops=2)
+    tier = Tier(ServerConfig(listen="127.0.0.1:0", reap_interval=0.05, limits=limits))
+    name = "remote.limited"
+    try:
+        async with outrig.aio.connect(
+            tier.first.address, space=name, mux=False, retry_deadline=0, direct=False
+        ) as space:
+            takes = await _parked_takes(tier, space, name, 3)  # the third as a unary call
+            assert tier.owner_streams() == (1, 2)
+            await space.write_many([Job(n=n) for n in range(3)])
+            assert sorted(cast(Job, e).n or 0 for e in await asyncio.gather(*takes)) == [0, 1, 2]
+            assert await space.count(Job()) == 0
+    finally:
+        await asyncio.to_thread(tier.close)
+
+
+async def test_a_broken_peer_stream_fails_its_operations_unavailable_and_is_reopened() -> None:
+    """A cut between the servers fails the operations in flight on the peer stream UNAVAILABLE
+    (the SDK retries those); the next operation opens a new stream. An owner that stops fails
+    them alike, and a new owner at its address is reached by a new stream."""
+    tier = Tier()
+    name = "remote.broken"
+    proxy = TcpProxy("127.0.0.1", int(tier.second.address.rsplit(":", 1)[1])).start()
+    try:
+        tier.first_backend.owner = proxy.address
+        async with outrig.aio.connect(
+            tier.first.address, space=name, mux=False, retry_deadline=0, direct=False
+        ) as space:
+            assert await space.count(Job()) == 0
+            (before,) = tier.first.peers.streams()
+            takes = await _parked_takes(tier, space, name, 2)
+            takes[0].cancel()  # ... but not the second: it blocks on the second server
+            await asyncio.to_thread(tier.wait_for_waiters, tier.second, name, 1)
+            await asyncio.to_thread(proxy.cut, "reset")
+            with pytest.raises(outrig.UnavailableError, match="peer stream"):
+                await takes[1]
+            await asyncio.to_thread(proxy.restore)
+            assert await space.count(Job()) == 0
+            (after,) = tier.first.peers.streams()
+            assert after is not before and before.ended
+
+            # The owner stops with a take in flight: UNAVAILABLE; a new owner at its address serves.
+            (take,) = await _parked_takes(tier, space, name, 1)
+            await asyncio.to_thread(tier.run, tier.second.stop(0))
+            with pytest.raises(outrig.UnavailableError):
+                await take
+            with pytest.raises(outrig.UnavailableError):
+                await space.count(Job())
+            config = ServerConfig(listen=tier.second.address, reap_interval=0.05)
+            tier.second_backend = Owner(config)
+            tier.second = await asyncio.to_thread(tier.run, _started(config, tier.second_backend))
+        # The SDK retries UNAVAILABLE (the first server's channel to its peer reconnects meanwhile).
+        async with outrig.aio.connect(
+            tier.first.address, space=name, mux=False, direct=False, retry_deadline=10
+        ) as space:
+            await space.write(Job(n=2))
+            assert await space.count(Job()) == 1  # a new owner: the old one's entries are gone
+            assert tier.owner_streams() == (1, 0)
+    finally:
+        proxy.close()
+        await asyncio.to_thread(tier.close)
+
+
+@dataclasses.dataclass
+class Blob(outrig.Entry, type_name="routing.Blob"):
+    data: bytes | None = None
+
+
+def test_a_forwarded_call_keeps_its_deadline_and_a_large_one_goes_unary(tier: Tier) -> None:
+    name = "remote.deadline"
+    with grpc.insecure_channel(tier.first.address) as channel:
+        stub = space_pb2_grpc.SpaceStub(channel)
+        request = pb.MatchRequest(space=name, templates=[pb.Template(type_name="routing.Job")], timeout=30)
+        started = time.monotonic()
+        with pytest.raises(grpc.RpcError) as expired:
+            stub.Take(request, timeout=0.5)
+        assert expired.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED and time.monotonic() - started < 5
+    tier.wait_for_waiters(tier.second, name, 0)  # the take forwarded was cancelled at the owner
+    # A request over the Mux stream's limit of 1 MiB is forwarded as a unary call of its own.
+    big = Blob(data=bytes(range(256)) * 8192)  # 2 MiB
+    with outrig.connect(tier.first.address, space=name, retry_deadline=0, direct=False) as via_first:
+        via_first.write(big)
+        assert via_first.take(Blob(), timeout=0) == big
