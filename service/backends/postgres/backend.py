@@ -108,14 +108,13 @@ class PostgresBackend(MemoryBackend):
         self.owners = Ownership(self._pool, self.server_id, self.lease)
         self._pg_journal: PgJournal | None = None
         self._secret = ""
-        self._claims: dict[str, asyncio.Lock] = {}
         self._located: dict[str, tuple[float, str]] = {}
         self._tending: asyncio.Task[None] | None = None
         self._renewed_at = time.monotonic()  # when the last renewal got its answer
         self._started_at = time.monotonic()
         self._draining = False
         self._moving: dict[str, str] = {}  # space -> the address of the server it goes to
-        self._claiming: dict[str, asyncio.Task[None]] = {}  # orphans being claimed
+        self._claiming: dict[str, asyncio.Task[None]] = {}  # claims under way
         self._claimed_at: dict[str, float] = {}
 
     # ------------------------------------------------------------------ life cycle
@@ -240,18 +239,37 @@ class PostgresBackend(MemoryBackend):
             raise NotOwnerError(f"space {space!r} is moving to {moving}", moving)
         assert self._pg_journal is not None
         self._pg_journal.check()
-        lock = self._claims.setdefault(space, asyncio.Lock())
-        async with lock:
-            if space in self._spaces:
-                self.engine(space)  # loaded meanwhile; or loaded but not provably ours: refused
-                return
-            try:
-                await within(2 * self.lease, self._claim(space))
-            except (psycopg.Error, OSError, TimeoutError) as err:
-                self.owners.forget(space)
-                raise StoreUnavailableError(
-                    f"space {space!r}: PostgreSQL at {self.where} did not answer a claim ({err})"
-                ) from None
+        if space in self._spaces:
+            self.engine(space)  # loaded, but not provably ours: refused
+            return
+        # One claim per space at a time, in a task of its own: a caller that gives up (a call
+        # cancelled or past its deadline) must not cancel a claim that others wait for too, or
+        # each new call would claim again, under a new epoch, and load the space again.
+        await asyncio.shield(self._start_claim(space))
+
+    def _start_claim(self, space: str) -> asyncio.Task[None]:
+        """The claim of `space` under way, or a new one."""
+        task = self._claiming.get(space)
+        if task is None:
+            task = asyncio.create_task(self._claim_once(space), name=f"outrig-claim-{space}")
+            self._claiming[space] = task
+            task.add_done_callback(lambda done: self._claimed(space, done))
+        return task
+
+    def _claimed(self, space: str, task: asyncio.Task[None]) -> None:
+        if self._claiming.get(space) is task:
+            del self._claiming[space]
+        if not task.cancelled() and (error := task.exception()) is not None:
+            log.info("space %r: not claimed (%s)", space, error)
+
+    async def _claim_once(self, space: str) -> None:
+        try:
+            await within(2 * self.lease, self._claim(space))
+        except (psycopg.Error, OSError, TimeoutError) as err:
+            self.owners.forget(space)
+            raise StoreUnavailableError(
+                f"space {space!r}: PostgreSQL at {self.where} did not answer a claim ({err})"
+            ) from None
 
     async def _claim(self, space: str) -> None:
         epoch = await self.owners.claim(space)
@@ -346,20 +364,9 @@ class PostgresBackend(MemoryBackend):
             # A space handed to this server is claimed; one nobody serves, by the least loaded
             # server, or by anyone once it has waited two leases.
             if given or least is None or mine <= least or since > 2 * self.lease:
-                self._claim_in_background(space)
+                self._start_claim(space)
         if not self._claiming and not draining and others:
             await self._rebalance(others)
-
-    def _claim_in_background(self, space: str) -> None:
-        async def claim() -> None:
-            try:
-                await self._ensure(space)
-            except SpaceError as err:
-                log.info("space %r: not claimed (%s)", space, err)
-            finally:
-                self._claiming.pop(space, None)
-
-        self._claiming[space] = asyncio.create_task(claim(), name=f"outrig-claim-{space}")
 
     async def _rebalance(self, others: list[LiveServer]) -> None:
         """Move one space to the least loaded server when this one serves two more than it: a
