@@ -211,7 +211,7 @@ class Tier:
 
     def claim(self, space: str, through: int = 0) -> str:
         """Touch `space` through server `through` (the tier decides who claims it); its owner."""
-        with outrig.connect(self.servers[through].address, space=space) as client:
+        with outrig.connect(self.servers[through].address, space=space, direct=False) as client:
             client.count(Item(kind="touch"))
         owner = self.owner(space)
         if owner is None:
@@ -491,10 +491,10 @@ def _id(entry: object) -> tuple[int, int]:
 
 
 def _load(address: str, number: int, stop: threading.Event, killed: list[float], ledger: Ledger) -> None:
-    """Pairs through `address` until `stop`, with the SDK's retries (30 s) on."""
+    """Pairs through `address` (forwarded: direct=False) until `stop`, with the SDK's retries (30 s)."""
     template = Item(kind="pair", client=number)
     n = 0
-    with outrig.connect(address, space=_TAKEOVER_SPACE) as client:
+    with outrig.connect(address, space=_TAKEOVER_SPACE, direct=False) as client:
         while not stop.is_set():
             n += 1
             try:
@@ -522,7 +522,9 @@ async def _probe_until_served(addresses: list[str], deadline: float) -> tuple[fl
     """Short calls (count, no retries, `_PROBE_TIMEOUT` each) through `addresses` in turn until
     one succeeds; (its time.monotonic(), or None if none did by `deadline`; the probes that
     failed)."""
-    clients = [outrig.aio.connect(a, space=_TAKEOVER_SPACE, retry_deadline=0.0) for a in addresses]
+    clients = [
+        outrig.aio.connect(a, space=_TAKEOVER_SPACE, retry_deadline=0.0, direct=False) for a in addresses
+    ]
     failed = 0
     try:
         while time.monotonic() < deadline:
@@ -718,7 +720,8 @@ def part_d(postgres: PostgresServer, root: Path, settings: Settings) -> None:
             order = paths[round_number % 2 :] + paths[: round_number % 2]
             for path in order:
                 address = owner if path == "direct" else other.address
-                with outrig.connect(address, space="bench") as client:
+                # direct=False: the SDK would otherwise find the owner and skip the hop measured.
+                with outrig.connect(address, space="bench", direct=False) as client:
                     for op in ops:
                         _latencies(client, op, max(20, settings.latency_ops // 10))  # warm-up
                         first = (owner_server.cpu_seconds(), other.cpu_seconds(), time.process_time())
