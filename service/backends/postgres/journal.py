@@ -389,6 +389,7 @@ class PgJournal:
         self._open: _Batch | None = None
         self._writing: _Batch | None = None
         self._task: asyncio.Task[None] | None = None
+        self._overdue: asyncio.TimerHandle | None = None
         self._idle = asyncio.Event()
         self._idle.set()
         self._failure: StoreUnavailableError | None = None
@@ -467,8 +468,21 @@ class PgJournal:
         if batch is None or self._writing is not None or self._failure is not None:
             return
         self._open, self._writing = None, batch
-        assert self._loop is not None
-        self._task = self._loop.create_task(self._write(batch), name="outrig-pg-batch")
+        loop = self._loop
+        assert loop is not None
+        # The deadline is a timer, not a wrapping task: one hop less per batch (each costs a loop
+        # iteration, long under load), and an overdue batch fails at once, not when psycopg has
+        # finished cancelling its query (which over a silent link takes a timeout of its own).
+        task = self._task = loop.create_task(self._write(batch), name="outrig-pg-batch")
+        self._overdue = loop.call_later(self._deadline, self._abandon, batch, task)
+
+    def _abandon(self, batch: _Batch, task: asyncio.Task[None]) -> None:
+        """The batch has taken longer than the deadline: it failed (its outcome is unknown)."""
+        if self._writing is not batch:
+            return
+        self._writing = None
+        task.cancel()
+        self._fail(batch, TimeoutError(f"no answer within {self._deadline:.1f} s"))
 
     async def _write(self, batch: _Batch) -> None:
         started = time.perf_counter()
@@ -476,9 +490,13 @@ class PgJournal:
         written: list[_Change] = []
         refused: list[_Change] = []
         try:
-            written, refused = await within(self._deadline, self._commit(batch))
-        except Exception as err:  # psycopg.Error, OSError, TimeoutError: the outcome is unknown
+            written, refused = await self._commit(batch)
+        except Exception as err:  # psycopg.Error, OSError: the outcome is unknown
             error = err
+        if self._writing is not batch:
+            return  # abandoned at its deadline: failed already
+        if self._overdue is not None:
+            self._overdue.cancel()
         self._writing = None
         if error is not None:
             self._fail(batch, error)
