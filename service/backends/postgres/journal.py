@@ -43,6 +43,8 @@ from outrig.service.exceptions import NotOwnerError, StoreUnavailableError
 
 log = logging.getLogger("outrig.service.backends.postgres")
 
+# Batches in flight at most (each on a connection of its own), when they touch no common row.
+IN_FLIGHT = 2
 # The SQLSTATE outrig_fence fails a batch with (schema.py).
 FENCED = "OR001"
 # Request ids deleted per batch at most (their window has passed).
@@ -333,12 +335,53 @@ class _Change:
 
 
 class _Batch:
-    __slots__ = ("changes", "future")
+    """Changes committed together, the rows they touch (`keys`), and, once sent, the connection,
+    the deadline's timer and how the write went."""
+
+    __slots__ = (
+        "changes",
+        "connection",
+        "error",
+        "finished",
+        "future",
+        "keys",
+        "overdue",
+        "refused",
+        "written",
+    )
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.changes: list[_Change] = []
+        self.keys: set[tuple[Any, ...]] = set()
         self.future: asyncio.Future[None] = loop.create_future()
         self.future.add_done_callback(_retrieve)
+        self.connection: psycopg.AsyncConnection[Any] | None = None
+        self.overdue: asyncio.TimerHandle | None = None
+        self.finished = False
+        self.error: Exception | None = None
+        self.written: list[_Change] = []
+        self.refused: list[_Change] = []
+
+
+# The row a record touches, for telling batches apart that may be in flight together.
+_ALL = ("all",)  # a prune may touch any row of the owned spaces
+
+
+def record_keys(record: Record) -> tuple[Any, ...]:
+    kind = record[0]
+    if kind in ("put", "delete", "take", "entry_expiry"):
+        return ("entry", record[1], record[2])
+    if kind in ("register", "unregister", "registration_expiry", "sequence"):
+        return ("registration", record[1], record[2])
+    if kind == "type":
+        return ("type", record[1], record[2])
+    if kind == "next_id":
+        return ("space", record[1])
+    if kind == "request":
+        return ("request", record[1])
+    if kind in ("transaction", "transaction_end"):
+        return ("transaction", record[1], record[2])
+    return _ALL
 
 
 def _retrieve(future: asyncio.Future[None]) -> None:
@@ -384,12 +427,10 @@ class PgJournal:
         self._where = where
         self._deadline = deadline
         self._probe_interval = probe_interval
-        self._connection: psycopg.AsyncConnection[Any] | None = None
+        self._free: list[psycopg.AsyncConnection[Any]] = []  # connections not writing now
         self._loop: asyncio.AbstractEventLoop | None = None
         self._open: _Batch | None = None
-        self._writing: _Batch | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._overdue: asyncio.TimerHandle | None = None
+        self._writing: list[_Batch] = []  # in flight, oldest first: acknowledged in that order
         self._idle = asyncio.Event()
         self._idle.set()
         self._failure: StoreUnavailableError | None = None
@@ -407,7 +448,7 @@ class PgJournal:
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._connection = await self._connect()
+        self._free = [await self._connect() for _ in range(IN_FLIGHT)]
 
     @property
     def healthy(self) -> bool:
@@ -429,10 +470,10 @@ class PgJournal:
         if batch is None:
             batch = self._open = _Batch(loop)
             self._idle.clear()
-            if self._writing is None:
-                loop.call_soon(self._begin)
+            loop.call_soon(self._begin)  # after this loop iteration: its changes join
         waiter: asyncio.Future[None] | None = loop.create_future() if own else None
         batch.changes.append(_Change(records, waiter, self._epochs))
+        batch.keys.update(record_keys(record) for record in records)
         return batch.future, waiter
 
     def note(self, records: Sequence[Record]) -> None:
@@ -442,12 +483,12 @@ class PgJournal:
     def keepalive(self) -> None:
         """While idle, send an empty batch: a connection that died while nothing was written is
         noticed (and replaced) before a change depends on it."""
-        if self._failure is None and self._open is None and self._writing is None and self._loop:
+        if self._failure is None and self._open is None and not self._writing and self._loop:
             self.submit([], own=False)
 
     @property
     def pending(self) -> asyncio.Future[None] | None:
-        batch = self._open or self._writing
+        batch = self._open or (self._writing[-1] if self._writing else None)
         return None if batch is None else batch.future
 
     def discard(self, spaces: set[str], error: BaseException) -> None:
@@ -464,66 +505,79 @@ class PgJournal:
         batch.changes = kept
 
     def _begin(self) -> None:
+        """Send the open batch, if a connection is free and it touches no row of a batch in
+        flight: a batch may then be written while the one before it waits for its commit
+        (PostgreSQL runs the two in two backends at once), yet a change never commits before one
+        it depends on, since both would touch the same row (a take and the write it takes, a
+        renewal and the entry it renews). Acknowledgements keep the order of the batches."""
         batch = self._open
-        if batch is None or self._writing is not None or self._failure is not None:
+        if batch is None or self._failure is not None or not self._free:
             return
-        self._open, self._writing = None, batch
+        if self._writing and (
+            len(self._writing) >= IN_FLIGHT
+            or _ALL in batch.keys
+            or any(_ALL in other.keys or not batch.keys.isdisjoint(other.keys) for other in self._writing)
+        ):
+            return  # sent when the batch in flight is done
         loop = self._loop
         assert loop is not None
-        # The deadline is a timer, not a wrapping task: one hop less per batch (each costs a loop
-        # iteration, long under load), and an overdue batch fails at once, not when psycopg has
-        # finished cancelling its query (which over a silent link takes a timeout of its own).
-        task = self._task = loop.create_task(self._write(batch), name="outrig-pg-batch")
-        self._overdue = loop.call_later(self._deadline, self._abandon, batch, task)
+        self._open = None
+        batch.connection = self._free.pop()
+        self._writing.append(batch)
+        loop.create_task(self._write(batch), name="outrig-pg-batch")
+        # The deadline is a timer, not a wrapping task: one hop less per batch, and an overdue
+        # batch fails at once, not when psycopg has finished cancelling its query (which over a
+        # silent link takes a timeout of its own).
+        batch.overdue = loop.call_later(self._deadline, self._abandon, batch)
 
-    def _abandon(self, batch: _Batch, task: asyncio.Task[None]) -> None:
+    def _abandon(self, batch: _Batch) -> None:
         """The batch has taken longer than the deadline: it failed (its outcome is unknown)."""
-        if self._writing is not batch:
-            return
-        self._writing = None
-        task.cancel()
-        self._fail(batch, TimeoutError(f"no answer within {self._deadline:.1f} s"))
+        if batch in self._writing:
+            self._fail(batch, TimeoutError(f"no answer within {self._deadline:.1f} s"))
 
     async def _write(self, batch: _Batch) -> None:
         started = time.perf_counter()
-        error: Exception | None = None
-        written: list[_Change] = []
-        refused: list[_Change] = []
         try:
-            written, refused = await self._commit(batch)
+            batch.written, batch.refused = await self._commit(batch)
         except Exception as err:  # psycopg.Error, OSError: the outcome is unknown
-            error = err
-        if self._writing is not batch:
-            return  # abandoned at its deadline: failed already
-        if self._overdue is not None:
-            self._overdue.cancel()
-        self._writing = None
-        if error is not None:
-            self._fail(batch, error)
+            batch.error = err
+        if batch not in self._writing:
+            return  # abandoned at its deadline, or failed with another batch: failed already
+        if batch.overdue is not None:
+            batch.overdue.cancel()
+        batch.finished = True
+        if batch.error is not None:
+            self._fail(batch, batch.error)
             return
-        self.batches += 1
-        self.operations += len(written)
+        assert batch.connection is not None
+        self._free.append(batch.connection)
         seconds = time.perf_counter() - started
         self.commit_seconds += seconds
         if self.on_batch is not None:
-            self.on_batch(seconds, sum(len(change.records) for change in written))
-        if refused:
-            lost = {str(change.space) for change in refused}
+            self.on_batch(seconds, sum(len(change.records) for change in batch.written))
+        while self._writing and self._writing[0].finished:
+            self._acknowledge(self._writing.pop(0))
+        if self._open is not None:
+            self._begin()
+        elif not self._writing:
+            self._idle.set()
+
+    def _acknowledge(self, batch: _Batch) -> None:
+        self.batches += 1
+        self.operations += len(batch.written)
+        if batch.refused:
+            lost = {str(change.space) for change in batch.refused}
             refusal = NotOwnerError(
                 f"this server no longer owns space(s) {', '.join(sorted(lost))}: nothing of the "
                 "change was acknowledged; retry (the SDK does) and it reaches the new owner"
             )
-            for change in refused:
+            for change in batch.refused:
                 _resolve(change.waiter, refusal)
             self.discard(lost, refusal)
             self.on_lost(lost)
-        for change in written:
+        for change in batch.written:
             _resolve(change.waiter, None)
         _resolve(batch.future, None)
-        if self._open is not None:
-            self._begin()
-        else:
-            self._idle.set()
 
     async def _commit(self, batch: _Batch) -> tuple[list[_Change], list[_Change]]:
         """Write the batch's changes whose epoch is still current: (written, refused).
@@ -532,7 +586,7 @@ class PgJournal:
         transaction if any space has moved on), the statements and COMMIT, pipelined. Only when
         the fence fails does a second transaction find which spaces were lost and write the rest.
         """
-        connection = self._connection
+        connection = batch.connection
         if connection is None or connection.closed:
             raise psycopg.OperationalError("no connection")
         epochs = self._epochs
@@ -590,8 +644,16 @@ class PgJournal:
             raise
 
     def _fail(self, batch: _Batch, err: Exception) -> None:
+        """`batch` failed: so do every batch in flight with it and the open one (their outcome
+        is as uncertain), and the connections go."""
         later, self._open = self._open, None
-        failed = [each for each in (batch, later) if each is not None]
+        in_flight, self._writing = self._writing, []
+        failed = [*in_flight, *([later] if later is not None else [])]
+        if batch not in failed:
+            failed.insert(0, batch)
+        for each in in_flight:
+            if each.overdue is not None:
+                each.overdue.cancel()
         uncertain = any(change.records for each in failed for change in each.changes)
         self._failure = StoreUnavailableError(
             f"PostgreSQL at {self._where} did not confirm a commit ({type(err).__name__}: {err}); "
@@ -609,8 +671,9 @@ class PgJournal:
         self._idle.set()
         if uncertain:  # memory may differ from the database: forget it all
             self.on_uncertain()
-        connection, self._connection = self._connection, None
-        if connection is not None:
+        connections = [*self._free, *(each.connection for each in in_flight if each.connection is not None)]
+        self._free = []
+        for connection in connections:
             self._spawn_close(connection)
         if not self._closing:
             assert self._loop is not None
@@ -624,20 +687,28 @@ class PgJournal:
         assert self._loop is not None
         self._loop.create_task(close())
 
-    async def _connect_and_probe(self) -> psycopg.AsyncConnection[Any]:
-        connection = await self._connect()
-        await connection.execute("SELECT 1")
-        return connection
+    async def _connect_and_probe(self) -> list[psycopg.AsyncConnection[Any]]:
+        connections = []
+        try:
+            for _ in range(IN_FLIGHT):
+                connection = await self._connect()
+                connections.append(connection)
+                await connection.execute("SELECT 1")
+        except BaseException:
+            for connection in connections:
+                self._spawn_close(connection)
+            raise
+        return connections
 
     async def _probe(self) -> None:
         while self._failure is not None and not self._closing:
             await asyncio.sleep(self._probe_interval)
             try:
-                connection = await within(self._deadline, self._connect_and_probe())
+                connections = await within(self._deadline, self._connect_and_probe())
             except Exception as err:
                 log.warning("PostgreSQL at %s still unreachable: %s", self._where, err)
                 continue
-            self._connection = connection
+            self._free = connections
             self._failure = None
             log.warning("PostgreSQL at %s reachable again: serving resumes", self._where)
             self.on_recovered()
@@ -661,17 +732,17 @@ class PgJournal:
     async def close(self) -> None:
         """Write what is queued, then stop and close the connection."""
         self._closing = True
-        if self._open is not None and self._writing is None and self._failure is None:
+        if self._open is not None and not self._writing and self._failure is None:
             self._begin()
         await self._idle.wait()
         if self._probing is not None:
             self._probing.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._probing
-        if self._connection is not None:
+        for connection in self._free:
             with contextlib.suppress(Exception):
-                await self._connection.close()
-            self._connection = None
+                await connection.close()
+        self._free = []
         if self.batches:
             log.info(
                 "journal closed: %d batches, %d operations (%.1f per batch), %.2f ms per batch",
