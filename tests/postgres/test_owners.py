@@ -9,6 +9,7 @@ transport's work, tested with real server processes in tests/postgres/test_serve
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 import uuid
 from collections import Counter
@@ -283,3 +284,53 @@ async def test_a_transaction_open_at_a_hand_over_aborted_and_a_late_commit_is_to
         await survivor.abort("s", txn.id)  # an abort of an aborted transaction is a retry: fine
         assert len(await peek(survivor, "s")) == 1  # the take is undone, the write never was
         await survivor.commit("s", ended.id)  # a retry of a commit that happened is answered OK
+
+
+async def test_what_the_database_holds_is_what_memory_held_after_concurrent_work(database: str) -> None:
+    """Many calls at once keep two batches in flight (journal.IN_FLIGHT) whenever their rows
+    differ; whatever order they commit in, the database ends as memory was: a new owner loads
+    exactly the entries, leases and registrations the old one served."""
+    rng = random.Random(19)
+    first = server(database, 1)
+    await first.start()
+    registration = await first.subscribe("s", [template()], 600.0)
+
+    async def worker(number: int) -> None:
+        mine: list[int] = []
+        for step in range(60):
+            # Arrivals spread out, as a server's calls come (not in lockstep, all waiting on one
+            # batch): some changes then arrive while a batch is in flight.
+            await asyncio.sleep(rng.random() * 0.003)
+            roll = rng.random()
+            if roll < 0.45 or not mine:
+                grants = await first.write(
+                    "s", [entry(n=number * 1000 + step)], 600.0, request_id=f"w{number}-{step}"
+                )
+                mine.append(grants[0].id)
+            elif roll < 0.75:
+                await first.match(
+                    "s", [template(n=number * 1000 + step - 1)], take=True, max_entries=1, timeout=0,
+                    if_exists=False, request_id=f"t{number}-{step}",
+                )  # fmt: skip
+            elif roll < 0.9:
+                await first.renew("s", [(rng.choice(mine), 900.0)])
+            else:
+                await first.cancel("s", [mine.pop(rng.randrange(len(mine)))])
+
+    await asyncio.gather(*(worker(number) for number in range(12)))
+    served = sorted(await peek(first, "s", 100_000))
+    expiries = {stored.id: stored.expires_at for stored in await first.match(
+        "s", [template()], take=False, max_entries=100_000, timeout=0, if_exists=False
+    )}  # fmt: skip
+    journal = first._pg_journal
+    assert served and journal is not None and journal.batches > 1 and journal.overlapped > 0
+    await first.close()
+    await first.shutdown()
+    async with tier(database, 1) as (second,):
+        assert sorted(await peek(second, "s", 100_000)) == served
+        loaded = await second.match(
+            "s", [template()], take=False, max_entries=100_000, timeout=0, if_exists=False
+        )
+        assert {stored.id: stored.expires_at for stored in loaded} == expiries
+        resumed = await second.subscribe("s", [], None, resume=registration.lease.id)
+        resumed.close()

@@ -437,6 +437,7 @@ class PgJournal:
         self._probing: asyncio.Task[None] | None = None
         self._closing = False
         self.batches = 0
+        self.overlapped = 0  # batches sent while another was in flight
         self.operations = 0
         self.commit_seconds = 0.0
         self.on_batch: Callable[[float, int], None] | None = None
@@ -522,6 +523,8 @@ class PgJournal:
         loop = self._loop
         assert loop is not None
         self._open = None
+        if self._writing:
+            self.overlapped += 1
         batch.connection = self._free.pop()
         self._writing.append(batch)
         loop.create_task(self._write(batch), name="outrig-pg-batch")
