@@ -106,11 +106,17 @@ def issue(
                 names.append(x509.DNSName(host))
     if uri is not None:
         names.append(x509.UniformResourceIdentifier(uri))
-    usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
+    # A server's certificate serves as a client's too: a server of a tier calls its peers with
+    # it, and a peer that requires client certificates checks its purpose.
+    usages = (
+        [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+        if server
+        else [ExtendedKeyUsageOID.CLIENT_AUTH]
+    )
     builder = (
         _builder(_name(common_name), ca_cert.subject, key.public_key())
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
     )
     if names:
         builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
