@@ -32,7 +32,7 @@ from outrig._exceptions import (
     error_from_rpc,
 )
 from outrig._mux_wire import OP_FIELDS, closed
-from outrig._protocol import METHODS
+from outrig._protocol import DIRECT_KEY, METHODS
 from outrig._retry import DEFAULT_RETRY_DEADLINE, Attempts, RetryCounter, RetryPolicy, new_request_id
 from outrig.v1 import space_pb2 as pb
 from outrig.v1.space_pb2_grpc import SpaceStub
@@ -412,7 +412,11 @@ class _Connection:
             link = self._links.get(address)
             if link is None:
                 assert self._dial is not None
-                link = _Link(address, self._dial(address), self._metadata, self._new_mux)
+                # Calls routed to an owner say so: a server that no longer serves the space
+                # redirects them (NOT_OWNER naming the owner) rather than forwarding them.
+                link = _Link(
+                    address, self._dial(address), (*self._metadata, (DIRECT_KEY, "1")), self._new_mux
+                )
                 self._links[address] = link
             return link
 

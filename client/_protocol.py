@@ -29,6 +29,7 @@ __all__ = [
     "BATCH_OPS",
     "DEFAULT_LIMIT",
     "DETAILS_KEY",
+    "DIRECT_KEY",
     "LIMIT_KEY",
     "MAX_STREAM_REQUEST",
     "METHODS",
@@ -70,6 +71,10 @@ BATCH_OPS: Final = 256
 REASON_DOMAIN: Final = "outrig.v1"
 #: The trailing metadata key of a google.rpc.Status (gRPC's own convention).
 DETAILS_KEY: Final = "grpc-status-details-bin"
+#: The metadata the SDK sends on the calls it routes to a space's owner itself: a server that does
+#: not serve the space then answers UNAVAILABLE/NOT_OWNER naming the owner (a redirect) instead of
+#: forwarding the call, so the SDK learns where the space went instead of paying a hop per call.
+DIRECT_KEY: Final = "outrig-direct"
 
 _VARINT, _LENGTH_DELIMITED = 0, 2
 

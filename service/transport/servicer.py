@@ -24,7 +24,7 @@ from typing import Any, NoReturn, TypeVar
 
 import grpc
 
-from outrig._protocol import DETAILS_KEY, METHODS, error_info, status_details
+from outrig._protocol import DETAILS_KEY, DIRECT_KEY, METHODS, error_info, status_details
 from outrig.service.backends.base import SpaceBackend
 from outrig.service.config import Limits, ServerConfig
 from outrig.service.engine.model import StoredEntry
@@ -309,7 +309,12 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
         if name in ANSWERED_HERE:
             return None
         message = request.message if isinstance(request, handlers.Received) else request
-        return await self._backend.locate(codec.space_name(message.space, self._limits))
+        space = codec.space_name(message.space, self._limits)
+        address = await self._backend.locate(space)
+        if address is not None and _routed_directly(context):
+            # The SDK sent it here believing this server the owner: redirect, do not forward.
+            raise NotOwnerError(f"space {space!r} is served by {address}", address)
+        return address
 
     async def perform(
         self, name: str, method: Unary[R], request: Any, context: handlers.Context
@@ -551,6 +556,11 @@ def _peer_secret(context: handlers.Context) -> str | None:
         if key == PEER_KEY:
             return value if isinstance(value, str) else value.decode("utf-8", "replace")
     return None
+
+
+def _routed_directly(context: handlers.Context) -> bool:
+    """Whether the call says it was routed here as to the space's owner (`outrig-direct`)."""
+    return any(key == DIRECT_KEY for key, _ in context.invocation_metadata() or ())
 
 
 def _transaction_id(request: pb.EndRequest) -> int:

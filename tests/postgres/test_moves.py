@@ -127,3 +127,25 @@ def test_move_on_a_lone_server_is_refused() -> None:
         assert "FAILED_PRECONDITION (NO_OTHER_SERVER)" in refused.stderr
     finally:
         lone.stop()
+
+
+def test_a_client_routed_to_the_owner_follows_a_move(database: str) -> None:
+    """The SDK marks the calls it routes to an owner other than the server it was given
+    (`outrig-direct`): the old owner redirects them (NOT_OWNER naming the new one) instead of
+    forwarding each for ever."""
+    a = start_server("--backend", "postgres", "--dsn", database, "--owner-lease", LEASE)
+    b = start_server("--backend", "postgres", "--dsn", database, "--owner-lease", LEASE)
+    try:
+        with outrig.connect(a.address, space="routed") as claim:
+            claim.write(Job(n=1))  # a claims it
+        with outrig.connect(b.address, space="routed", retry_deadline=30) as space:
+            space.write(Job(n=2))
+            assert space.target == a.address  # given b, the SDK talks to the owner, a
+            moved = cli("move", "routed", "--to", b.address, "--address", a.address)
+            assert moved.returncode == 0, moved.stderr
+            space.write(Job(n=3))  # sent to a, redirected to b, retried there
+            assert space.target == b.address
+            assert drained(space) == [1, 2, 3]
+    finally:
+        a.stop()
+        b.stop()
