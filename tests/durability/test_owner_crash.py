@@ -28,9 +28,7 @@ import signal
 import threading
 import time
 import uuid
-from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 import psycopg
 import pytest
@@ -40,81 +38,15 @@ import outrig
 from ..conftest import ServerProcess, free_port, start_server
 from ..polling import wait_until
 from ..postgres_server import PostgresServer
+from .load import Clients, Item, Tally, check, start_load, stop_load
 
 SEED = 20240619
 KILLS = 4
 SERVERS = 3
-WRITERS = 3
-TAKERS = 3
 OWNER_LEASE = 1.5
 RETRY_DEADLINE = 30.0  # spans a takeover (a lease and a bit) by far
-SPACE = "owner-crash"
-
-
-@dataclass
-class Item(outrig.Entry, type_name="ownercrash.Item"):
-    uid: str | None = None
-    writer: int | None = None
-
-
-@dataclass
-class Tally:
-    """What the client threads saw; each thread appends only to lists of its own."""
-
-    attempted: list[list[str]] = field(default_factory=list)  # uids sent in a write, acknowledged or not
-    acknowledged: list[list[str]] = field(default_factory=list)  # uids whose write call returned
-    taken: list[list[str]] = field(default_factory=list)  # uids a take returned
-    errors: list[str] = field(default_factory=list)
-    retries: list[int] = field(default_factory=list)
-
-    def slot(self, lists: list[list[str]]) -> list[str]:
-        own: list[str] = []
-        lists.append(own)
-        return own
-
-    def count(self, lists: list[list[str]]) -> int:
-        return sum(len(own) for own in list(lists))
-
-
-def _writer(address: str, number: int, stop: threading.Event, tally: Tally) -> None:
-    rng = random.Random(SEED + number)
-    attempted, acknowledged = tally.slot(tally.attempted), tally.slot(tally.acknowledged)
-    with outrig.connect(address, space=SPACE, retry_deadline=RETRY_DEADLINE) as space:
-        try:
-            sequence = 0
-            while not stop.is_set():
-                size = 3 if rng.random() < 0.25 else 1  # single writes and some write_many
-                uids = [f"w{number}-{sequence + k}" for k in range(size)]
-                sequence += size
-                items = [Item(uid=uid, writer=number) for uid in uids]
-                attempted.extend(uids)
-                if size == 1:
-                    space.write(items[0], lease=outrig.FOREVER)
-                else:
-                    space.write_many(items, lease=outrig.FOREVER)
-                acknowledged.extend(uids)  # only once the call has returned
-        except Exception as err:
-            tally.errors.append(f"writer {number} via {address}: {err!r}")
-        finally:
-            tally.retries.append(space.retries)
-
-
-def _taker(address: str, number: int, stop: threading.Event, tally: Tally) -> None:
-    rng = random.Random(SEED + 100 + number)
-    taken = tally.slot(tally.taken)
-    with outrig.connect(address, space=SPACE, retry_deadline=RETRY_DEADLINE) as space:
-        try:
-            while not stop.is_set():
-                if rng.random() < 0.25:
-                    got = space.take_many(Item(), max_entries=3, timeout=0.2)
-                else:
-                    one = space.take(Item(), timeout=0.2)
-                    got = [] if one is None else [one]
-                taken.extend(item.uid for item in got if isinstance(item, Item) and item.uid is not None)
-        except Exception as err:
-            tally.errors.append(f"taker {number} via {address}: {err!r}")
-        finally:
-            tally.retries.append(space.retries)
+CLIENTS = Clients(space="owner-crash", seed=SEED, retry_deadline=RETRY_DEADLINE)
+SPACE = CLIENTS.space
 
 
 @pytest.fixture
@@ -176,17 +108,7 @@ def test_owner_sigkilled_under_load_loses_duplicates_and_resurrects_nothing(tier
     rng = random.Random(SEED)
     stop = threading.Event()
     tally = Tally()
-    threads = [
-        threading.Thread(
-            target=_writer, args=(rng.choice(tier.addresses), n, stop, tally), name=f"writer-{n}"
-        )
-        for n in range(WRITERS)
-    ] + [
-        threading.Thread(target=_taker, args=(rng.choice(tier.addresses), n, stop, tally), name=f"taker-{n}")
-        for n in range(TAKERS)
-    ]
-    for thread in threads:
-        thread.start()
+    threads = start_load(lambda: rng.choice(tier.addresses), stop, tally, CLIENTS)
     started = time.monotonic()
     owners: list[str] = []  # the server ids killed, in order
     epochs: list[int] = []
@@ -222,9 +144,7 @@ def test_owner_sigkilled_under_load_loses_duplicates_and_resurrects_nothing(tier
         mark = tally.count(tally.acknowledged) + tally.count(tally.taken)
         wait_until(lambda: moved_on(mark), 30, what="load on the last owner")
     finally:
-        stop.set()
-        for thread in threads:
-            thread.join(timeout=RETRY_DEADLINE + 10)
+        stop_load(threads, stop, CLIENTS)
     loaded = time.monotonic() - started
     assert not any(thread.is_alive() for thread in threads), "a client thread did not stop"
     assert not tally.errors, f"client calls failed despite retries: {tally.errors} (logs {tier.logs})"
@@ -236,30 +156,11 @@ def test_owner_sigkilled_under_load_loses_duplicates_and_resurrects_nothing(tier
             drained.append(item.uid)
         assert space.count(Item()) == 0
 
-    attempted = {uid for uids in tally.attempted for uid in uids}
-    acknowledged = {uid for uids in tally.acknowledged for uid in uids}
-    taken_list = [uid for uids in tally.taken for uid in uids]
-    taken = set(taken_list)
-    left = set(drained)
-    retries = sum(tally.retries)
-    print(
-        f"owner crash harness: seed {SEED}, {KILLS} owners killed ({owners}, epochs {epochs} then "
-        f"{owner.epoch}) in {loaded:.1f} s; written {len(acknowledged)} acknowledged "
-        f"({len(attempted)} attempted), taken {len(taken_list)}, drained {len(drained)}, retries {retries}"
-    )
-
     assert len(set(owners)) == KILLS, f"the same server id was killed twice: {owners}"
-    assert len(acknowledged) >= 100 and len(taken) >= 100, (
-        f"too little load to mean anything: {len(acknowledged)} written, {len(taken)} taken"
+    check(
+        tally,
+        drained,
+        "drained",
+        f"owner crash harness: seed {SEED}, {KILLS} owners killed ({owners}, epochs {epochs} then "
+        f"{owner.epoch}) in {loaded:.1f} s",
     )
-    assert retries > 0, "no call was interrupted by the kills, so nothing was tested"
-    lost = acknowledged - taken - left
-    assert not lost, f"{len(lost)} of {len(acknowledged)} acknowledged writes were lost: {sorted(lost)[:20]}"
-    twice = [uid for uid, n in Counter(taken_list).items() if n > 1]
-    assert not twice, f"{len(twice)} of {len(taken)} taken entries were returned by two takes: {twice[:20]}"
-    doubled = [uid for uid, n in Counter(drained).items() if n > 1]
-    assert not doubled, f"{len(doubled)} of {len(drained)} drained entries were stored twice: {doubled[:20]}"
-    back = taken & left
-    assert not back, f"{len(back)} of {len(taken)} taken entries are back in the space: {sorted(back)[:20]}"
-    unknown = (taken | left) - attempted
-    assert not unknown, f"{len(unknown)} entries were never written: {sorted(unknown, key=str)[:20]}"

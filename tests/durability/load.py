@@ -1,0 +1,153 @@
+"""The load and the verdict of the crash harnesses (test_crash.py: one durable server killed and
+restarted; test_owner_crash.py: the owner of a space in a tier killed): writer and taker threads,
+each with its own connection through the blocking SDK (which retries UNAVAILABLE with request
+ids), what they were told (`Tally`), and the checks of what is left against it (`check`)."""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import outrig
+
+WRITERS = 3
+TAKERS = 3
+
+
+@dataclass
+class Item(outrig.Entry, type_name="crash.Item"):
+    uid: str | None = None
+    writer: int | None = None
+
+
+@dataclass
+class Tally:
+    """What the client threads saw; each thread appends only to lists of its own."""
+
+    attempted: list[list[str]] = field(default_factory=list)  # uids sent in a write, acknowledged or not
+    acknowledged: list[list[str]] = field(default_factory=list)  # uids whose write call returned
+    taken: list[list[str]] = field(default_factory=list)  # uids a take returned
+    errors: list[str] = field(default_factory=list)
+    retries: list[int] = field(default_factory=list)
+
+    def slot(self, lists: list[list[str]]) -> list[str]:
+        own: list[str] = []
+        lists.append(own)
+        return own
+
+    def count(self, lists: list[list[str]]) -> int:
+        return sum(len(own) for own in list(lists))
+
+
+@dataclass(frozen=True)
+class Clients:
+    """Where the load goes: the space, the seed of its randomness, the SDK's retry deadline."""
+
+    space: str
+    seed: int
+    retry_deadline: float
+
+
+def _writer(address: str, number: int, stop: threading.Event, tally: Tally, clients: Clients) -> None:
+    rng = random.Random(clients.seed + number)
+    attempted, acknowledged = tally.slot(tally.attempted), tally.slot(tally.acknowledged)
+    with outrig.connect(address, space=clients.space, retry_deadline=clients.retry_deadline) as space:
+        try:
+            sequence = 0
+            while not stop.is_set():
+                # Mostly single writes, some write_many: both carry a request id.
+                size = 3 if rng.random() < 0.25 else 1
+                uids = [f"w{number}-{sequence + k}" for k in range(size)]
+                sequence += size
+                items = [Item(uid=uid, writer=number) for uid in uids]
+                attempted.extend(uids)
+                if size == 1:
+                    space.write(items[0], lease=outrig.FOREVER)
+                else:
+                    space.write_many(items, lease=outrig.FOREVER)
+                acknowledged.extend(uids)  # only once the call has returned
+        except Exception as err:
+            tally.errors.append(f"writer {number} via {address}: {err!r}")
+        finally:
+            tally.retries.append(space.retries)
+
+
+def _taker(address: str, number: int, stop: threading.Event, tally: Tally, clients: Clients) -> None:
+    rng = random.Random(clients.seed + 100 + number)
+    taken = tally.slot(tally.taken)
+    with outrig.connect(address, space=clients.space, retry_deadline=clients.retry_deadline) as space:
+        try:
+            while not stop.is_set():
+                if rng.random() < 0.25:
+                    got = space.take_many(Item(), max_entries=3, timeout=0.2)
+                else:
+                    one = space.take(Item(), timeout=0.2)
+                    got = [] if one is None else [one]
+                taken.extend(item.uid for item in got if isinstance(item, Item) and item.uid is not None)
+        except Exception as err:
+            tally.errors.append(f"taker {number} via {address}: {err!r}")
+        finally:
+            tally.retries.append(space.retries)
+
+
+def start_load(
+    address: Callable[[], str], stop: threading.Event, tally: Tally, clients: Clients
+) -> list[threading.Thread]:
+    """WRITERS writer and TAKERS taker threads, started, each connected to `address()`."""
+    threads = [
+        threading.Thread(target=_writer, args=(address(), n, stop, tally, clients), name=f"writer-{n}")
+        for n in range(WRITERS)
+    ] + [
+        threading.Thread(target=_taker, args=(address(), n, stop, tally, clients), name=f"taker-{n}")
+        for n in range(TAKERS)
+    ]
+    for thread in threads:
+        thread.start()
+    return threads
+
+
+def stop_load(threads: list[threading.Thread], stop: threading.Event, clients: Clients) -> None:
+    stop.set()
+    for thread in threads:
+        thread.join(timeout=clients.retry_deadline + 10)
+
+
+def check(tally: Tally, left_over: Sequence[str | None], where: str, run: str) -> None:
+    """Print the figures of the `run` (a line saying what it did), then check what is
+    `left_over` (the uids in the space at the end; `where` says how they were read) against what
+    the clients were told:
+
+    - every acknowledged write was taken or is left over (none lost);
+    - no entry was returned by two takes, none is stored twice, and no taken entry is left over
+      (a take is not undone);
+    - nothing taken or left over was never written (sanity).
+    It also asks for enough load, and for a retry at least (else the faults tested nothing)."""
+    attempted = {uid for uids in tally.attempted for uid in uids}
+    acknowledged = {uid for uids in tally.acknowledged for uid in uids}
+    taken_list = [uid for uids in tally.taken for uid in uids]
+    taken: set[str | None] = set(taken_list)
+    left = set(left_over)
+    retries = sum(tally.retries)
+    print(
+        f"{run}; written {len(acknowledged)} acknowledged ({len(attempted)} attempted), taken "
+        f"{len(taken_list)}, {where} {len(left_over)}, retries {retries}"
+    )
+    assert len(acknowledged) >= 100 and len(taken) >= 100, (
+        f"too little load to mean anything: {len(acknowledged)} written, {len(taken)} taken"
+    )
+    assert retries > 0, "no call was interrupted by the kills, so nothing was tested"
+    lost = acknowledged - taken - left
+    assert not lost, f"{len(lost)} of {len(acknowledged)} acknowledged writes were lost: {sorted(lost)[:20]}"
+    twice = [uid for uid, n in Counter(taken_list).items() if n > 1]
+    assert not twice, f"{len(twice)} of {len(taken)} taken entries were returned by two takes: {twice[:20]}"
+    doubled = [uid for uid, n in Counter(left_over).items() if n > 1]
+    assert not doubled, f"{len(doubled)} of {len(left_over)} {where} entries are stored twice: {doubled[:20]}"
+    back = taken & left
+    assert not back, (
+        f"{len(back)} of {len(taken)} taken entries are back in the space: {sorted(back, key=str)[:20]}"
+    )
+    unknown = (taken | left) - attempted
+    assert not unknown, f"{len(unknown)} entries were never written: {sorted(unknown, key=str)[:20]}"
