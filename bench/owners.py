@@ -44,7 +44,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -154,10 +153,7 @@ class Tier:
     its slot, on a new port)."""
 
     def __init__(self, postgres: PostgresServer, workdir: Path, size: int, owner_lease: float | None) -> None:
-        database = f"b_{uuid.uuid4().hex[:10]}"
-        with psycopg.connect(postgres.dsn(), autocommit=True) as admin:
-            admin.execute(f"CREATE DATABASE {database}")
-        self.dsn = postgres.dsn(database)
+        self.dsn = postgres.dsn(postgres.new_database("b"))
         self.workdir = workdir
         self.owner_lease = owner_lease
         self.starts = 0

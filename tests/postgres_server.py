@@ -18,6 +18,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,16 @@ class PostgresServer:
 
     def dsn(self, database: str = "outrig") -> str:
         return f"postgresql://outrig@127.0.0.1:{self.port}/{database}"
+
+    def new_database(self, prefix: str) -> str:
+        """The name of a fresh, empty database, `prefix` and a random suffix (so that no test sees
+        another's spaces); `dsn(name)` reaches it."""
+        import psycopg
+
+        name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+        with psycopg.connect(self.dsn(), autocommit=True) as admin:
+            admin.execute(f"CREATE DATABASE {name}")
+        return name
 
 
 def _free_port() -> int:

@@ -93,15 +93,11 @@ async def postgresql(
 ) -> AsyncIterator[SpaceBackend]:
     """The PostgreSQL backend on a fresh database of the session's throwaway server (the
     `postgres` fixture of tests/conftest.py, which stops it at the session's end)."""
-    import psycopg
 
     from outrig.service.backends.postgres.backend import PostgresBackend
 
     server: PostgresServer = request.getfixturevalue("postgres")
-    name = f"c_{uuid.uuid4().hex[:12]}"
-    async with await psycopg.AsyncConnection.connect(server.dsn(), autocommit=True) as admin:
-        await admin.execute(f"CREATE DATABASE {name}")
-    backend = PostgresBackend(config, server.dsn(name), clock)
+    backend = PostgresBackend(config, server.dsn(server.new_database("c")), clock)
     await backend.start()
     try:
         yield backend

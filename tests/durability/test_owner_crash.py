@@ -27,10 +27,8 @@ import random
 import signal
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 
-import psycopg
 import pytest
 
 import outrig
@@ -51,10 +49,7 @@ SPACE = CLIENTS.space
 
 @pytest.fixture
 def database(postgres: PostgresServer) -> str:
-    name = f"oc_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(postgres.dsn(), autocommit=True) as admin:
-        admin.execute(f"CREATE DATABASE {name}")
-    return postgres.dsn(name)
+    return postgres.dsn(postgres.new_database("oc"))
 
 
 class Tier:

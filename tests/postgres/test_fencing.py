@@ -27,7 +27,6 @@ import functools
 import signal
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -144,10 +143,7 @@ class Writer:
 
 @pytest.fixture
 def database(postgres: PostgresServer) -> str:
-    name = f"f_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(postgres.dsn(), autocommit=True) as admin:
-        admin.execute(f"CREATE DATABASE {name}")
-    return name
+    return postgres.new_database("f")
 
 
 @pytest.fixture

@@ -29,7 +29,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import uuid
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -277,9 +276,7 @@ TABLES = {
 
 
 async def _fresh_database(postgres: PostgresServer) -> psycopg.AsyncConnection[Any]:
-    name = f"j_{uuid.uuid4().hex[:12]}"
-    async with await psycopg.AsyncConnection.connect(postgres.dsn(), autocommit=True) as admin:
-        await admin.execute(f"CREATE DATABASE {name}")
+    name = postgres.new_database("j")
     connection = await psycopg.AsyncConnection.connect(postgres.dsn(name), autocommit=True, options=OPTIONS)
     async with connection.transaction():
         await migrate(connection)

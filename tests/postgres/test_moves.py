@@ -7,9 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-import uuid
 
-import psycopg
 import pytest
 
 import outrig
@@ -24,10 +22,7 @@ LEASE = "1.5"
 
 @pytest.fixture
 def database(postgres: PostgresServer) -> str:
-    name = f"m_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(postgres.dsn(), autocommit=True) as admin:
-        admin.execute(f"CREATE DATABASE {name}")
-    return postgres.dsn(name)
+    return postgres.dsn(postgres.new_database("m"))
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:

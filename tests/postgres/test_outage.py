@@ -8,11 +8,9 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 
 import grpc
-import psycopg
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -30,10 +28,7 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 @pytest.fixture
 def database(postgres: PostgresServer) -> str:
-    name = f"u_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(postgres.dsn(), autocommit=True) as admin:
-        admin.execute(f"CREATE DATABASE {name}")
-    return name
+    return postgres.new_database("u")
 
 
 @pytest.fixture

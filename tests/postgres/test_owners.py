@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -40,10 +39,7 @@ CONFIG = ServerConfig(reap_interval=0.05, owner_lease=LEASE)
 
 @pytest.fixture
 async def database(postgres: PostgresServer) -> str:
-    name = f"o_{uuid.uuid4().hex[:12]}"
-    async with await psycopg.AsyncConnection.connect(postgres.dsn(), autocommit=True) as admin:
-        await admin.execute(f"CREATE DATABASE {name}")
-    return postgres.dsn(name)
+    return postgres.dsn(postgres.new_database("o"))
 
 
 def server(dsn: str, number: int) -> PostgresBackend:
@@ -218,10 +214,7 @@ async def test_an_unreachable_database_at_start_is_named_without_its_password(
 
 
 async def test_a_version_1_database_keeps_its_committed_entries(postgres: PostgresServer) -> None:
-    name = f"v1_{uuid.uuid4().hex[:12]}"
-    async with await psycopg.AsyncConnection.connect(postgres.dsn(), autocommit=True) as admin:
-        await admin.execute(f"CREATE DATABASE {name}")
-    dsn = postgres.dsn(name)
+    dsn = postgres.dsn(postgres.new_database("v1"))
     kept = codec.entry_bytes(entry(n=1).payload)
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as connection:
         await connection.execute(

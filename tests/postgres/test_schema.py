@@ -4,7 +4,6 @@ newer database refused."""
 from __future__ import annotations
 
 import asyncio
-import uuid
 
 import psycopg
 import pytest
@@ -16,10 +15,7 @@ from ..postgres_server import PostgresServer
 
 
 async def _fresh_database(postgres: PostgresServer) -> str:
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    async with await psycopg.AsyncConnection.connect(postgres.dsn(), autocommit=True) as admin:
-        await admin.execute(f"CREATE DATABASE {name}")
-    return postgres.dsn(name)
+    return postgres.dsn(postgres.new_database("t"))
 
 
 async def test_migrations_apply_once_even_from_several_servers_at_once(postgres: PostgresServer) -> None:

@@ -15,12 +15,10 @@ import asyncio
 import math
 import signal
 import threading
-import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, cast
 
-import psycopg
 import pytest
 
 import outrig
@@ -44,10 +42,7 @@ class Job(outrig.Entry, type_name="pgroute.Job"):
 
 @pytest.fixture
 def database(postgres: PostgresServer) -> str:
-    name = f"r_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(postgres.dsn(), autocommit=True) as admin:
-        admin.execute(f"CREATE DATABASE {name}")
-    return postgres.dsn(name)
+    return postgres.dsn(postgres.new_database("r"))
 
 
 @pytest.fixture

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import signal
 import threading
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import psycopg
 import pytest
 
 import outrig
@@ -33,10 +31,7 @@ def drained(space: outrig.Space) -> list[int]:
 
 @pytest.fixture
 def database(postgres: PostgresServer) -> str:
-    name = f"s_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(postgres.dsn(), autocommit=True) as admin:
-        admin.execute(f"CREATE DATABASE {name}")
-    return postgres.dsn(name)
+    return postgres.dsn(postgres.new_database("s"))
 
 
 @pytest.fixture

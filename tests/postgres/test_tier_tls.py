@@ -4,11 +4,9 @@ forwarding never lets a caller skip authentication at the server it called."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 
 import outrig
@@ -22,9 +20,7 @@ from .test_servers import Job
 @pytest.fixture
 def tier(postgres: PostgresServer, tmp_path: Path) -> Iterator[tuple[Path, ServerProcess, ServerProcess]]:
     certs.write_dev_certificates(tmp_path, client="carol")
-    name = f"l_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(postgres.dsn(), autocommit=True) as admin:
-        admin.execute(f"CREATE DATABASE {name}")
+    name = postgres.new_database("l")
     flags = [
         *("--backend", "postgres", "--dsn", postgres.dsn(name)),
         *("--tls-cert", str(tmp_path / "server.pem"), "--tls-key", str(tmp_path / "server.key")),

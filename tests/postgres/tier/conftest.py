@@ -18,10 +18,8 @@ import dataclasses
 import functools
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 
-import psycopg
 import pytest
 
 import outrig
@@ -33,9 +31,7 @@ from ...postgres_server import PostgresServer
 
 @pytest.fixture(scope="module", params=["forwarded", "direct"])
 def server(request: pytest.FixtureRequest, postgres: PostgresServer) -> Iterator[ServerProcess]:
-    name = f"k_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(postgres.dsn(), autocommit=True) as admin:
-        admin.execute(f"CREATE DATABASE {name}")
+    name = postgres.new_database("k")
     flags = ("--backend", "postgres", "--dsn", postgres.dsn(name))
     owner = start_server(*flags, metrics=True)
     receiver = start_server(*flags, metrics=True)
