@@ -80,17 +80,7 @@ class _Stream:
         self._queued.set()
 
     async def _send(self) -> None:
-        call = self._call
-        with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError):
-            while True:
-                if not self._outbox:
-                    self._queued.clear()
-                    await self._queued.wait()
-                count = batch_length(self._outbox)
-                ops = self._outbox[:count]
-                del self._outbox[:count]
-                await call.write(request_message(ops))
-        # A failed write shows as the call's end, which the reader reports.
+        await send_queued(self._call, self._outbox, self._queued)
 
     async def _read(self) -> None:
         error: BaseException
@@ -176,3 +166,19 @@ class AsyncMux:
         if stream is not None and not stream.ended:
             with contextlib.suppress(Exception):
                 stream.close()
+
+
+async def send_queued(call: Any, outbox: list[bytes], queued: asyncio.Event) -> None:
+    """Write the operations queued in `outbox` to the Mux `call`, as many to a message as may go
+    together (`batch_length`), waiting on `queued` while there are none, until the call fails: a
+    failed write shows as the call's end, which its reader reports. (The server's peer streams
+    send with it too: service/transport/peers.py.)"""
+    with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError):
+        while True:
+            if not outbox:
+                queued.clear()
+                await queued.wait()
+            count = batch_length(outbox)
+            ops = outbox[:count]
+            del outbox[:count]
+            await call.write(request_message(ops))

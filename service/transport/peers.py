@@ -32,13 +32,12 @@ The channels speak TLS when the server does (security.settings.peer_credentials)
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import Any
 
 import grpc
 import grpc.aio
 
-from outrig._mux_wire import batch_length, limit_of
+from outrig._mux_wire import limit_of
 from outrig._protocol import (
     DEFAULT_LIMIT,
     MAX_STREAM_REQUEST,
@@ -47,8 +46,8 @@ from outrig._protocol import (
     Method,
     encode_cancel,
     encode_op,
-    request_message,
 )
+from outrig.aio._mux import send_queued
 from outrig.service.config import ServerConfig
 from outrig.service.protocol import wire
 from outrig.service.security.settings import peer_credentials
@@ -178,16 +177,7 @@ class PeerStream:
         )
 
     async def _send(self) -> None:
-        with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError):
-            while True:
-                if not self._outbox:
-                    self._queued.clear()
-                    await self._queued.wait()
-                count = batch_length(self._outbox)
-                ops = self._outbox[:count]
-                del self._outbox[:count]
-                await self._call.write(request_message(ops))
-        # A failed write shows as the call's end, which the reader reports.
+        await send_queued(self._call, self._outbox, self._queued)
 
     async def _read(self) -> None:
         why = "the owner ended it"
