@@ -215,6 +215,7 @@ class PostgresBackend(MemoryBackend):
         self.drop_space(space, error)
         self.owners.forget(space)
         self._located.pop(space, None)
+        self._claimed_at.pop(space, None)
 
     def engine(self, name: str) -> SpaceEngine:
         """The space, if this server serves it and can prove it still owns it."""
@@ -403,6 +404,7 @@ class PostgresBackend(MemoryBackend):
             self.drop_space(
                 space, NotOwnerError(f"space {space!r} moved to {target.address}", target.address)
             )
+            self._claimed_at.pop(space, None)
             if self._recorder is not None:
                 await self._recorder.caught_up()
             if epoch is not None:

@@ -445,7 +445,6 @@ class PgJournal:
         # be trusted (every space must be dropped).
         self.on_lost: Callable[[set[str]], None] = lambda spaces: None
         self.on_uncertain: Callable[[], None] = lambda: None
-        self.on_recovered: Callable[[], None] = lambda: None
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -714,7 +713,6 @@ class PgJournal:
             self._free = connections
             self._failure = None
             log.warning("PostgreSQL at %s reachable again: serving resumes", self._where)
-            self.on_recovered()
 
     # ------------------------------------------------------------------ reads
 
