@@ -218,6 +218,62 @@ class TransactionsMixin:
             except Exception:  # past the commit point: it waits on, until its deadline
                 log.exception("space %r: ending an if_exists wait failed", self.name)
 
+    def restore_transaction(self, transaction_id: int, expires_at: float | None) -> Transaction:
+        """Open again a transaction recovered from the store (a new owner rebuilding a space),
+        holding nothing yet: `restore_lock` gives it back what it held. Call after the entries
+        are loaded, before anyone is served."""
+        txn = Transaction(transaction_id, expires_at)
+        self._move_expiry(txn.id, None, expires_at)
+        self._transactions[txn.id] = txn
+        self._next_id = max(self._next_id, transaction_id + 1)
+        return txn
+
+    def restore_lock(self, txn: Transaction, entry_id: int, mode: str) -> bool:
+        """Give a recovered transaction back its hold on a loaded entry: "write" (its own write,
+        visible to it only), "take" or "read". False if the entry is not in the space (it expired
+        meanwhile) or another transaction's hold excludes this one (never, from a consistent
+        store: the entry is left as it was)."""
+        stored = self._entries.get(entry_id)
+        if stored is None:
+            return False
+        lock = stored.lock
+        if mode == "write":
+            if lock is not None:
+                return False
+            self._lock(stored).writer = txn
+            txn.written[stored.id] = stored
+        elif lock is not None and (lock.writer is not None or lock.taker is not None):
+            return False
+        elif mode == "take":
+            if lock is not None and (lock.readers - {txn}):
+                return False
+            self._lock_take(txn, stored)
+        else:
+            self._lock_read(txn, stored)
+        return True
+
+    def held_by(self, txn: Transaction, stored: StoredEntry) -> str | None:
+        """How `txn` holds an entry it was just handed: "write" (its own write, read), "take",
+        "read"; None if the entry left the space (its own write, taken back) or it holds none."""
+        if stored.id not in self._entries:
+            return None
+        lock = stored.lock
+        if lock is None:
+            return None
+        if lock.writer is txn:
+            return "write"
+        if lock.taker is txn:
+            return "take"
+        return "read" if txn in lock.readers else None
+
+    def rewrite(self, txn: Transaction, entries: Iterable[StoredEntry]) -> None:
+        """Give back to `txn` its own writes it took back for a call that could not answer (its
+        caller went away): in the space again, visible to it only."""
+        now = self._clock.time()
+        for stored in entries:
+            if txn.active and stored.id not in self._entries and not self._expired(stored, now):
+                self._relock(stored, txn, taken=False)
+
     def is_transaction(self, lease_id: int) -> bool:
         """Whether a lease id is an active transaction's."""
         return lease_id in self._transactions

@@ -7,7 +7,7 @@ import pytest
 
 from outrig.service.engine import FakeClock, SpaceEngine, StoredEntry, Waiter
 from outrig.service.engine.locks import CONFLICT, HIDDEN, OK, EntryLock, read_access, take_access
-from outrig.service.engine.model import Transaction, TransactionOutcome, TransactionState
+from outrig.service.engine.model import NewEntry, Transaction, TransactionOutcome, TransactionState
 from outrig.service.engine.space import FOREVER
 from outrig.service.exceptions import LeaseNotFoundError, TransactionNotFoundError
 
@@ -323,3 +323,74 @@ def test_a_transaction_past_its_lease_is_aborted_when_next_asked_for() -> None:
     with pytest.raises(TransactionNotFoundError):
         space.transaction(txn.id)
     assert txn.state is TransactionState.ABORTED and len(ended) == 1
+
+
+def _rebuilt(
+    space: SpaceEngine, transactions: list[Transaction]
+) -> tuple[SpaceEngine, dict[int, Transaction]]:
+    """A copy of `space` made as a new owner makes it from the store: every entry loaded, then
+    each transaction restored with the holds `held_by` reports on it."""
+    copy = make(space._clock)  # type: ignore[arg-type]
+    for stored in sorted(space._entries.values(), key=lambda s: s.arrival):
+        loaded = NewEntry(stored.lineage[0], stored.lineage[1:], stored.fields, stored.payload, stored.size)
+        copy.load(stored.id, stored.arrival, loaded, stored.expires_at)
+    rebuilt = {txn.id: copy.restore_transaction(txn.id, txn.expires_at) for txn in transactions}
+    for txn in transactions:
+        for stored in space._entries.values():
+            held = space.held_by(txn, stored)
+            if held is not None:
+                assert copy.restore_lock(rebuilt[txn.id], stored.id, held)
+    return copy, rebuilt
+
+
+def test_a_transaction_rebuilt_from_its_holds_sees_and_ends_as_the_original() -> None:
+    space = make()
+    taken, read, free = space.write_entries([new("T", n=1), new("T", n=2), new("T", n=3)], FOREVER)[0]
+    txn, _ = space.begin(60.0)
+    other, _ = space.begin(30.0)
+    (written,) = space.write_entries([new("T", n=4)], FOREVER, txn)[0]
+    assert ids(find(space, [tpl("T", n=1)], take=True, txn=txn)) == [taken.id]
+    assert ids(find(space, [tpl("T", n=2)], take=False, txn=txn)) == [read.id]
+    assert ids(find(space, [tpl("T", n=2)], take=False, txn=other)) == [read.id]
+    assert [space.held_by(txn, s) for s in (taken, read, free, written)] == ["take", "read", None, "write"]
+    copy, rebuilt = _rebuilt(space, [txn, other])
+    assert copy.lease_expiry(txn.id) == txn.expires_at and copy.next_id >= space.next_id
+    for engine, mine, theirs in ((space, txn, other), (copy, rebuilt[txn.id], rebuilt[other.id])):
+        assert ids(find(engine, [tpl("T")], take=False, max_entries=9)) == [read.id, free.id]
+        assert engine.find_or_conflict([tpl("T", n=2)], take=True) == ([], True)  # two readers
+        assert sorted(ids(find(engine, [tpl("T")], take=False, max_entries=9, txn=mine))) == sorted(
+            [read.id, free.id, written.id]
+        )
+        assert engine.count([tpl("T")], theirs) == 2
+    outcome = copy.commit(rebuilt[txn.id])
+    assert ids(outcome.taken) == [taken.id] and ids(outcome.written) == [written.id]
+    copy.abort(rebuilt[other.id])
+    assert ids(find(copy, [tpl("T")], take=True, max_entries=9)) == [read.id, free.id, written.id]
+
+
+def test_a_hold_that_another_excludes_is_not_restored() -> None:
+    space = make()
+    (stored,) = space.write_entries([new("T", n=1)], FOREVER)[0]
+    first = space.restore_transaction(100, None)
+    second = space.restore_transaction(101, None)
+    assert space.restore_lock(first, stored.id, "take")
+    assert not space.restore_lock(second, stored.id, "take")
+    assert not space.restore_lock(second, stored.id, "read")
+    assert not space.restore_lock(second, stored.id, "write")
+    assert not space.restore_lock(second, 999, "read")  # not in the space (expired meanwhile)
+    assert space.next_id > 101  # a restored id is never handed out again
+    space.abort(second)
+    assert ids(space.commit(first).taken) == [stored.id]
+
+
+def test_own_writes_taken_back_are_given_back_to_their_transaction() -> None:
+    space = make()
+    txn, _ = space.begin(60.0)
+    (written,) = space.write_entries([new("T", n=1)], FOREVER, txn)[0]
+    (back,) = find(space, [tpl("T")], take=True, txn=txn)
+    assert space.held_by(txn, back) is None and space.statistics().entries == 0
+    space.rewrite(txn, [back])
+    assert space.held_by(txn, back) == "write"
+    assert ids(find(space, [tpl("T")], take=False, txn=txn)) == [written.id]
+    assert find(space, [tpl("T")], take=False) == []
+    assert ids(space.commit(txn).written) == [written.id]

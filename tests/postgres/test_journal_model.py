@@ -15,6 +15,12 @@ as chains on one row in any order (delete then put, put/delete/put, an expiry or
 absent row) and as single records; strings hold quotes, backslashes, `$$` and non-ASCII, bytes
 hold NUL, quote and backslash, floats are large, negative, infinite or NaN.
 
+Open transactions (the owner tier records them as they go): a transaction's records come as the
+memory backend makes them, its opening first if it is in the batch, then its writes, locks,
+unlocks and renewals, then perhaps its end; nothing of a transaction follows its end in a batch
+(ids are never reused), which `nothing_after_the_end` keeps so across segments. An end deletes
+the transaction's locks and the rows it wrote that a commit's put has not made committed.
+
 Two orders the memory backend does not produce today have tests of their own: a lower sequence
 number after a higher one for one registration in a batch (both keep the greatest), and two
 declarations of one type with different supertypes in a batch (both keep the first). Sequence
@@ -30,7 +36,7 @@ import itertools
 import json
 import math
 from collections.abc import AsyncIterator, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -109,7 +115,19 @@ REGISTRATION_ARGUMENTS: dict[str, st.SearchStrategy[tuple[Any, ...]]] = {
 }
 entry_kinds = st.sampled_from(sorted(ENTRY_ARGUMENTS))
 registration_kinds = st.sampled_from(sorted(REGISTRATION_ARGUMENTS))
-transaction_kinds = st.sampled_from(["transaction", "transaction_end"])
+lock_modes = st.sampled_from(["take", "read"])
+lock_marks = st.one_of(st.tuples(st.none(), st.none()), st.tuples(request_ids, positions))
+# What a transaction does between its opening and its end, after its (space, id).
+TRANSACTION_STEPS: dict[str, Any] = {
+    "transaction_expiry": lambda draw, space, txn: [("transaction_expiry", space, txn, draw(expiries))],
+    "written": lambda draw, space, txn: [
+        ("written", space, draw(entry_ids), *draw(ENTRY_ARGUMENTS["put"]), txn)
+    ],
+    "lock": lambda draw, space, txn: [
+        ("lock", space, txn, draw(entry_ids), draw(lock_modes), *draw(lock_marks))
+    ],
+    "unlock": lambda draw, space, txn: [("unlock", space, txn, draw(entry_ids))],
+}
 
 
 @st.composite
@@ -129,8 +147,56 @@ def registration_chain(draw: st.DrawFn) -> list[Record]:
 
 @st.composite
 def transaction_chain(draw: st.DrawFn) -> list[Record]:
+    """One transaction's records: perhaps its opening, its steps, perhaps its end."""
     space, transaction = draw(spaces), draw(transaction_ids)
-    return [(kind, space, transaction) for kind in draw(st.lists(transaction_kinds, min_size=1, max_size=4))]
+    records: list[Record] = []
+    if draw(st.booleans()):
+        records.append(("transaction", space, transaction, draw(expiries)))
+    for step in draw(st.lists(st.sampled_from(sorted(TRANSACTION_STEPS)), max_size=4)):
+        records += TRANSACTION_STEPS[step](draw, space, transaction)
+    if draw(st.booleans()):
+        records.append(("transaction_end", space, transaction))
+    return records
+
+
+@st.composite
+def commit_operation(draw: st.DrawFn) -> list[Record]:
+    """A commit as the memory backend records it: its writes put (committed), its takes
+    deleted, its end."""
+    space, transaction = draw(spaces), draw(transaction_ids)
+    ids = draw(st.lists(entry_ids, max_size=3, unique=True))
+    records: list[Record] = []
+    for entry_id in ids:
+        if draw(st.booleans()):
+            records.append(("put", space, entry_id, *draw(ENTRY_ARGUMENTS["put"])))
+        else:
+            records.append(("delete", space, entry_id))
+    records.append(("transaction_end", space, transaction))
+    return records
+
+
+TRANSACTION_KINDS = {"transaction", "transaction_expiry", "transaction_end", "written", "lock", "unlock"}
+
+
+def _transaction_of(record: Record) -> tuple[str, int]:
+    return (record[1], record[6]) if record[0] == "written" else (record[1], record[2])
+
+
+def nothing_after_the_end(records: list[Record]) -> list[Record]:
+    """Drop a transaction's opening, writes and locks that come after its end in the batch (the
+    memory backend never makes them: see the module docstring)."""
+    ended: set[tuple[str, int]] = set()
+    out: list[Record] = []
+    for record in records:
+        kind = record[0]
+        if kind in TRANSACTION_KINDS:
+            key = _transaction_of(record)
+            if kind == "transaction_end":
+                ended.add(key)
+            elif key in ended and kind in ("transaction", "written", "lock"):
+                continue
+        out.append(record)
+    return out
 
 
 @st.composite
@@ -178,7 +244,7 @@ def single_record(draw: st.DrawFn) -> list[Record]:
     if which == "request":
         return [("request", draw(request_ids), space, *draw(request_answers))]
     if which == "txn":
-        return [(draw(transaction_kinds), space, draw(transaction_ids))]
+        return draw(transaction_chain())[:1] or [("transaction_end", space, draw(transaction_ids))]
     return [("prune_requests", draw(finite_or_odd))]
 
 
@@ -206,10 +272,13 @@ records_strategy = st.lists(
         entry_chain(),
         registration_chain(),
         transaction_chain(),
+        commit_operation(),
         single_record(),
     ),
     max_size=12,
-).map(lambda segments: growing_sequences(list(itertools.chain.from_iterable(segments))))
+).map(
+    lambda segments: nothing_after_the_end(growing_sequences(list(itertools.chain.from_iterable(segments))))
+)
 
 
 @dataclass
@@ -217,11 +286,15 @@ class Initial:
     """Rows both databases start from."""
 
     next_ids: dict[str, int]
-    entries: dict[tuple[str, int], tuple[Any, ...]]  # arrival, expires_at, payload, taken_by, position
+    # arrival, expires_at, payload, taken_by, position, written_by
+    entries: dict[tuple[str, int], tuple[Any, ...]]
     registrations: dict[tuple[str, int], tuple[Any, ...]]  # expires_at, templates, sequence
     types: dict[tuple[str, str], list[str]]
     requests: dict[str, tuple[Any, ...]]  # space, kind, expires_at, first_id, count, lease, granted
-    transactions: set[tuple[str, int]]
+    transactions: dict[tuple[str, int], tuple[Any, ...]]  # expires_at, recorded
+    locks: dict[tuple[str, int, int], tuple[Any, ...]] = field(
+        default_factory=dict
+    )  # mode, request, position
 
 
 taken_marks = st.one_of(st.tuples(st.none(), st.none()), st.tuples(request_ids, positions))
@@ -230,7 +303,9 @@ initial_strategy = st.builds(
     next_ids=st.fixed_dictionaries({space: marks for space in SPACES}),
     entries=st.dictionaries(
         st.tuples(spaces, entry_ids),
-        st.tuples(bigints, expiries, payloads, taken_marks).map(lambda r: (*r[:3], *r[3])),
+        st.tuples(bigints, expiries, payloads, taken_marks, st.one_of(st.none(), transaction_ids)).map(
+            lambda r: (*r[:3], *r[3], r[4])
+        ),
         max_size=6,
     ),
     registrations=st.dictionaries(
@@ -250,9 +325,16 @@ initial_strategy = st.builds(
         ),
         max_size=4,
     ),
-    transactions=st.sets(st.tuples(spaces, transaction_ids), max_size=6),
+    transactions=st.dictionaries(
+        st.tuples(spaces, transaction_ids), st.tuples(expiries, st.booleans()), max_size=6
+    ),
+    locks=st.dictionaries(
+        st.tuples(spaces, transaction_ids, entry_ids),
+        st.tuples(lock_modes, lock_marks).map(lambda r: (r[0], *r[1])),
+        max_size=6,
+    ),
 )
-EMPTY = Initial({space: 1 for space in SPACES}, {}, {}, {}, {}, set())
+EMPTY = Initial({space: 1 for space in SPACES}, {}, {}, {}, {}, {})
 
 # The spaces this server owns (a prune touches only their requests); "elsewhere" is nobody's here.
 owned_strategy = st.sampled_from([list(SPACES), [SPACES[0]], [SPACES[1]], [SPACES[1], "elsewhere"], []])
@@ -260,8 +342,8 @@ owned_strategy = st.sampled_from([list(SPACES), [SPACES[0]], [SPACES[1]], [SPACE
 TABLES = {
     "outrig_spaces": "SELECT space, next_id FROM outrig_spaces ORDER BY space",
     "outrig_entries": (
-        "SELECT space, id, arrival, expires_at, payload, taken_by, taken_position FROM outrig_entries "
-        "ORDER BY space, id"
+        "SELECT space, id, arrival, expires_at, payload, taken_by, taken_position, written_by "
+        "FROM outrig_entries ORDER BY space, id"
     ),
     "outrig_registrations": (
         "SELECT space, id, expires_at, templates, sequence FROM outrig_registrations ORDER BY space, id"
@@ -271,7 +353,13 @@ TABLES = {
         "SELECT id, space, kind, expires_at, first_id, count, lease_expires_at, granted FROM outrig_requests "
         "ORDER BY id"
     ),
-    "outrig_open_transactions": "SELECT space, id FROM outrig_open_transactions ORDER BY space, id",
+    "outrig_open_transactions": (
+        "SELECT space, id, expires_at, recorded FROM outrig_open_transactions ORDER BY space, id"
+    ),
+    "outrig_transaction_locks": (
+        "SELECT space, transaction, entry, mode, request_id, position FROM outrig_transaction_locks "
+        "ORDER BY space, transaction, entry"
+    ),
 }
 
 
@@ -299,7 +387,7 @@ async def _load(connection: psycopg.AsyncConnection[Any], initial: Initial) -> N
     async with connection.transaction():
         await connection.execute(
             "TRUNCATE outrig_spaces, outrig_entries, outrig_registrations, outrig_types, outrig_requests, "
-            "outrig_open_transactions"
+            "outrig_open_transactions, outrig_transaction_locks"
         )
         async with connection.cursor() as cursor:
             await cursor.executemany(
@@ -307,8 +395,8 @@ async def _load(connection: psycopg.AsyncConnection[Any], initial: Initial) -> N
             )
             await cursor.executemany(
                 "INSERT INTO outrig_entries "
-                "(space, id, arrival, expires_at, payload, taken_by, taken_position) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                "(space, id, arrival, expires_at, payload, taken_by, taken_position, written_by) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
                 [(*key, *row) for key, row in initial.entries.items()],
             )
             await cursor.executemany(
@@ -327,18 +415,31 @@ async def _load(connection: psycopg.AsyncConnection[Any], initial: Initial) -> N
                 [(request_id, *row) for request_id, row in initial.requests.items()],
             )
             await cursor.executemany(
-                "INSERT INTO outrig_open_transactions (space, id) VALUES (%s, %s)",
-                sorted(initial.transactions),
+                "INSERT INTO outrig_open_transactions (space, id, expires_at, recorded) "
+                "VALUES (%s, %s, %s, %s)",
+                [(*key, *row) for key, row in initial.transactions.items()],
+            )
+            await cursor.executemany(
+                "INSERT INTO outrig_transaction_locks "
+                "(space, transaction, entry, mode, request_id, position) VALUES (%s, %s, %s, %s, %s, %s)",
+                [(*key, *row) for key, row in initial.locks.items()],
             )
 
 
 # The model: each record its own parameterized statement, in order (store/journal.py's _Writer).
-NAIVE = {
+NAIVE: dict[str, str | tuple[str, ...]] = {
     "put": (
         "INSERT INTO outrig_entries (space, id, arrival, expires_at, payload, taken_by, taken_position) "
         "VALUES (%s, %s, %s, %s, %s, NULL, NULL) ON CONFLICT (space, id) DO UPDATE SET "
         "arrival = EXCLUDED.arrival, expires_at = EXCLUDED.expires_at, payload = EXCLUDED.payload, "
-        "taken_by = NULL, taken_position = NULL"
+        "taken_by = NULL, taken_position = NULL, written_by = NULL"
+    ),
+    "written": (
+        "INSERT INTO outrig_entries "
+        "(space, id, arrival, expires_at, payload, taken_by, taken_position, written_by) "
+        "VALUES (%s, %s, %s, %s, %s, NULL, NULL, %s) ON CONFLICT (space, id) DO UPDATE SET "
+        "arrival = EXCLUDED.arrival, expires_at = EXCLUDED.expires_at, payload = EXCLUDED.payload, "
+        "taken_by = NULL, taken_position = NULL, written_by = EXCLUDED.written_by"
     ),
     "delete": "DELETE FROM outrig_entries WHERE space = %s AND id = %s",
     "take": (
@@ -371,8 +472,24 @@ NAIVE = {
         "kind = EXCLUDED.kind, expires_at = EXCLUDED.expires_at, first_id = EXCLUDED.first_id, "
         "count = EXCLUDED.count, lease_expires_at = EXCLUDED.lease_expires_at, granted = EXCLUDED.granted"
     ),
-    "transaction": "INSERT INTO outrig_open_transactions (space, id) VALUES (%s, %s) ON CONFLICT DO NOTHING",
-    "transaction_end": "DELETE FROM outrig_open_transactions WHERE space = %s AND id = %s",
+    "transaction": (
+        "INSERT INTO outrig_open_transactions (space, id, expires_at, recorded) VALUES (%s, %s, %s, true) "
+        "ON CONFLICT (space, id) DO UPDATE SET expires_at = EXCLUDED.expires_at, recorded = true"
+    ),
+    "transaction_expiry": (
+        "UPDATE outrig_open_transactions SET expires_at = %(2)s WHERE space = %(0)s AND id = %(1)s"
+    ),
+    "transaction_end": (
+        "DELETE FROM outrig_open_transactions WHERE space = %(0)s AND id = %(1)s",
+        "DELETE FROM outrig_transaction_locks WHERE space = %(0)s AND transaction = %(1)s",
+        "DELETE FROM outrig_entries WHERE space = %(0)s AND written_by = %(1)s",
+    ),
+    "lock": (
+        "INSERT INTO outrig_transaction_locks (space, transaction, entry, mode, request_id, position) "
+        "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (space, transaction, entry) DO UPDATE SET "
+        "mode = EXCLUDED.mode, request_id = EXCLUDED.request_id, position = EXCLUDED.position"
+    ),
+    "unlock": "DELETE FROM outrig_transaction_locks WHERE space = %s AND transaction = %s AND entry = %s",
 }
 # At commit, as _Writer does (the last prune's `now`), over the owned spaces' requests only.
 PRUNE_EXPIRED = (
@@ -391,9 +508,10 @@ async def apply_naively(
                 continue
             if kind == "type":
                 args = [args[0], args[1], json.loads(args[2])]
-            sql = NAIVE[kind]
-            parameters: Any = {str(i): value for i, value in enumerate(args)} if "%(" in sql else args
-            await connection.execute(sql, parameters)
+            statements = NAIVE[kind]
+            for sql in (statements,) if isinstance(statements, str) else statements:
+                parameters: Any = {str(i): value for i, value in enumerate(args)} if "%(" in sql else args
+                await connection.execute(sql, parameters)
         if prune_before is not None and owned:
             parameters = {"spaces": list(owned), "now": prune_before}
             await connection.execute(
@@ -472,11 +590,12 @@ async def contents(connection: psycopg.AsyncConnection[Any]) -> dict[str, list[t
 @example(
     initial=Initial(
         {space: 10 for space in SPACES},
-        {(SPACES[0], 1): (1, 2.0, b"old", "r1", 0)},
+        {(SPACES[0], 1): (1, 2.0, b"old", "r1", 0, None), (SPACES[0], 2): (2, None, b"w", None, None, 1)},
         {(SPACES[1], 1): (None, b"t", 5)},
         {(SPACES[0], "T"): ["A"]},
         {"r1": (SPACES[0], "take", 1.0, None, 1, None, None)},
-        {(SPACES[0], 1)},
+        {(SPACES[0], 1): (5.0, True)},
+        {(SPACES[0], 1, 1): ("take", "r1", 0)},
     ),
     records=[
         ("put", SPACES[0], 1, 3, None, b"\x00'\\"),
@@ -487,8 +606,12 @@ async def contents(connection: psycopg.AsyncConnection[Any]) -> dict[str, list[t
         ("registration_expiry", SPACES[1], 1, -1.5),
         ("type", SPACES[0], "T", json.dumps(["B"])),
         ("next_id", SPACES[0], 3),
+        ("transaction", SPACES[0], 2, None),
+        ("written", SPACES[0], 3, 9, 7.0, b"w2", 2),
+        ("lock", SPACES[0], 2, 1, "read", None, None),
         ("transaction_end", SPACES[0], 1),
-        ("transaction", SPACES[0], 1),
+        ("put", SPACES[0], 2, 2, None, b"w"),  # a commit's put after the end in one batch
+        ("transaction_end", SPACES[0], 2),
         ("prune_requests", 2.0),
     ],
     owned=list(SPACES),
@@ -496,11 +619,12 @@ async def contents(connection: psycopg.AsyncConnection[Any]) -> dict[str, list[t
 @example(  # every kind on rows already there, none of them put again in the batch
     initial=Initial(
         {space: 7 for space in SPACES},
-        {(SPACES[1], 2): (1, None, b"a", None, None), (SPACES[1], 3): (2, 9.5, b"b", None, None)},
+        {(SPACES[1], 2): (1, None, b"a", None, None, None), (SPACES[1], 3): (2, 9.5, b"b", None, None, 2)},
         {(SPACES[0], 2): (3.0, b"t", 4), (SPACES[0], 3): (None, b"u", 0)},
         {},
         {"$$": (SPACES[1], "write", 1.0, 5, 1, None, None)},
-        {(SPACES[1], 2), (SPACES[1], 3)},
+        {(SPACES[1], 2): (None, True), (SPACES[1], 3): (1.0, False)},
+        {(SPACES[1], 2, 3): ("read", None, None), (SPACES[1], 3, 2): ("take", "$$", 1)},
     ),
     records=[
         ("delete", SPACES[1], 2),
@@ -510,6 +634,9 @@ async def contents(connection: psycopg.AsyncConnection[Any]) -> dict[str, list[t
         ("registration_expiry", SPACES[0], 3, math.inf),
         ("sequence", SPACES[0], 3, 9),
         ("transaction_end", SPACES[1], 2),
+        ("transaction_expiry", SPACES[1], 3, 4.5),
+        ("lock", SPACES[1], 3, 2, "read", "r2", 4),  # over a present row
+        ("unlock", SPACES[1], 3, 5),  # of no row
         ("next_id", SPACES[1], 8),
         ("request", "$$", SPACES[1], "take", 2.0, None, 0, None, None),
     ],
@@ -532,7 +659,7 @@ async def test_the_folded_script_equals_applying_each_record_in_order(
     [
         (EMPTY, [("register", SPACES[0], 1, None, b"", 1), ("sequence", SPACES[0], 1, 0)], 1),
         (
-            Initial({space: 1 for space in SPACES}, {}, {(SPACES[0], 1): (None, b"", 0)}, {}, {}, set()),
+            Initial({space: 1 for space in SPACES}, {}, {(SPACES[0], 1): (None, b"", 0)}, {}, {}, {}),
             [("sequence", SPACES[0], 1, 5), ("sequence", SPACES[0], 1, 3)],
             5,
         ),

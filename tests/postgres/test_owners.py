@@ -22,10 +22,12 @@ from outrig.service.backends.postgres.backend import PostgresBackend
 from outrig.service.backends.postgres.schema import MIGRATIONS
 from outrig.service.config import ServerConfig
 from outrig.service.engine import FakeClock
+from outrig.service.engine.model import LeaseGrant, StoredEntry
 from outrig.service.exceptions import (
     NotOwnerError,
     StoreError,
     TransactionAbortedError,
+    TransactionNotFoundError,
 )
 from outrig.service.protocol import codec
 
@@ -256,27 +258,114 @@ class _PortGuard:
         self._socket.close()
 
 
-async def test_a_transaction_open_at_a_hand_over_aborted_and_a_late_commit_is_told(database: str) -> None:
-    async with tier(database, 1) as (survivor,):
-        doomed = server(database, 9)
-        await doomed.start()
-        await doomed.write("s", [entry(n=1)], 600.0)
-        txn = await doomed.begin("s", 600.0)
-        await doomed.write("s", [entry(n=2)], 600.0, transaction=txn.id)
-        taken = await doomed.match(
-            "s", [template(n=1)], take=True, max_entries=1, timeout=0, if_exists=False, transaction=txn.id
-        )
+async def numbers(backend: PostgresBackend, space: str) -> list[int]:
+    """The n of every entry others can read in `space`, sorted."""
+    found = await backend.match(space, [template()], take=False, max_entries=1000, timeout=0, if_exists=False)
+    return sorted(n_of(stored) for stored in found)
+
+
+def n_of(stored: StoredEntry) -> int:
+    data = stored.fields["n"].data
+    assert isinstance(data, int)
+    return data
+
+
+async def test_an_open_transaction_is_rebuilt_by_the_new_owner(database: str) -> None:
+    """A silent owner (as a killed one) had a transaction open: the server that claims the space
+    rebuilds it from the database, holding what it held (a take, a write, a read lock, its lease),
+    answers its retried calls from what was recorded, and commits exactly that."""
+    async with tier(database, 2) as (a, b):
+        await a.write("s", [entry(n=1), entry(n=3), entry(n=4)], 600.0)
+        txn = await a.begin("s", 60.0)
+        written = await a.write("s", [entry(n=2)], 600.0, transaction=txn.id, request_id="w-1")
+        taken = await a.match(
+            "s", [template(n=1)], take=True, max_entries=1, timeout=0, if_exists=False,
+            request_id="t-1", transaction=txn.id,
+        )  # fmt: skip
         assert len(taken) == 1
-        ended = await doomed.begin("s", 600.0)
-        await doomed.commit("s", ended.id)
-        await doomed.close()
-        await doomed.shutdown()
-        await wait_until_async(lambda: owner_is(survivor, "s", "server-0:7480"), what="the survivor's claim")
+        read = await a.match(
+            "s", [template(n=3)], take=False, max_entries=1, timeout=0, if_exists=False, transaction=txn.id
+        )
+        assert len(read) == 1
+        listed = [chunk async for chunk in a.contents("s", [template(n=4)], 0, transaction=txn.id)]
+        assert len(listed) == 1  # contents read-locks what it lists
+        await a.write("s", [entry(n=7)], 600.0, transaction=txn.id)
+        took_back = await a.match(
+            "s", [template(n=7)], take=True, max_entries=1, timeout=0, if_exists=False,
+            request_id="t-2", transaction=txn.id,
+        )  # fmt: skip
+        assert len(took_back) == 1  # its own write, taken back: as if never written
+        (renewed,) = await a.renew("s", [(txn.id, 900.0)])
+        assert isinstance(renewed, LeaseGrant)
+        silence(a)
+        await wait_until_async(lambda: owner_is(b, "s", "server-1:7480"), what="b's takeover")
+        # Others see what they saw at a: the take and the write are the transaction's; the read
+        # entry can be read but not taken.
+        assert await numbers(b, "s") == [3, 4]
+        assert await b.match("s", [template()], take=True, max_entries=5, timeout=0, if_exists=False) == []
+        # The transaction's lease is the renewed one, and its retried calls are answered, not redone.
+        assert b.engine("s").lease_expiry(txn.id) == renewed.expires_at
+        assert await b.write("s", [entry(n=2)], 600.0, transaction=txn.id, request_id="w-1") == written
+        retried = await b.match(
+            "s", [template(n=1)], take=True, max_entries=1, timeout=0, if_exists=False,
+            request_id="t-1", transaction=txn.id,
+        )  # fmt: skip
+        assert ids(retried) == ids(taken)
+        retried = await b.match(
+            "s", [template(n=7)], take=True, max_entries=1, timeout=0, if_exists=False,
+            request_id="t-2", transaction=txn.id,
+        )  # fmt: skip
+        assert ids(retried) == ids(took_back)
+        mine = await b.match(
+            "s", [template()], take=False, max_entries=5, timeout=0, if_exists=False, transaction=txn.id
+        )
+        assert sorted(map(n_of, mine)) == [2, 3, 4]
+        await b.commit("s", txn.id)
+        assert await numbers(b, "s") == [2, 3, 4]
+        got = await b.match("s", [template()], take=True, max_entries=5, timeout=0, if_exists=False)
+        assert sorted(map(n_of, got)) == [2, 3, 4]  # its read locks went with it
+
+
+async def test_a_rebuilt_transaction_aborts_and_one_whose_lease_ran_out_is_gone(database: str) -> None:
+    async with tier(database, 2) as (a, b):
+        await a.write("s", [entry(n=1), entry(n=2)], 600.0)
+        kept = await a.begin("s", 600.0)
+        lapsing = await a.begin("s", 5.0)
+        for txn, n in ((kept, 1), (lapsing, 2)):
+            await a.match(
+                "s", [template(n=n)], take=True, max_entries=1, timeout=0, if_exists=False, transaction=txn.id
+            )
+            await a.write("s", [entry(n=n * 10)], 600.0, transaction=txn.id)
+        ended = await a.begin("s", 600.0)
+        await a.commit("s", ended.id)
+        assert isinstance(b.clock, FakeClock)
+        b.clock.advance(10.0)  # by b's clock, `lapsing` ran out before b claims the space
+        silence(a)
+        await wait_until_async(lambda: owner_is(b, "s", "server-1:7480"), what="b's takeover")
+        assert await numbers(b, "s") == [2]  # lapsing's take is undone, its write gone
+        with pytest.raises(TransactionAbortedError, match="has aborted"):
+            await b.commit("s", lapsing.id)
+        await b.abort("s", lapsing.id)  # an abort of an aborted transaction is a retry: fine
+        await b.commit("s", ended.id)  # a retry of a commit that happened is answered OK
+        await b.abort("s", kept.id)
+        assert await numbers(b, "s") == [1, 2]
+    async with tier(database, 1) as (c,):  # and the database agrees
+        assert await numbers(c, "s") == [1, 2]
+        with pytest.raises(TransactionNotFoundError):
+            await c.write("s", [entry(n=5)], 600.0, transaction=kept.id)
+
+
+async def test_a_version_2_open_transaction_aborted_with_its_server(database: str) -> None:
+    """A row of schema version 2 says only that a transaction was open: it lived in its owner's
+    memory, so it aborted with it, and a late commit is told so."""
+    async with tier(database, 1) as (a,):
+        await a.write("s", [entry(n=1)], 600.0)
+    async with await psycopg.AsyncConnection.connect(database, autocommit=True) as connection:
+        await connection.execute("INSERT INTO outrig_open_transactions (space, id) VALUES ('s', 77)")
+    async with tier(database, 1) as (b,):
         with pytest.raises(TransactionAbortedError, match="moved to another server"):
-            await survivor.commit("s", txn.id)
-        await survivor.abort("s", txn.id)  # an abort of an aborted transaction is a retry: fine
-        assert len(await peek(survivor, "s")) == 1  # the take is undone, the write never was
-        await survivor.commit("s", ended.id)  # a retry of a commit that happened is answered OK
+            await b.commit("s", 77)
+        assert await numbers(b, "s") == [1]
 
 
 async def test_what_the_database_holds_is_what_memory_held_after_concurrent_work(database: str) -> None:

@@ -33,11 +33,13 @@ async def test_migrations_apply_once_even_from_several_servers_at_once(postgres:
         cursor = await connection.execute(
             "SELECT indexname FROM pg_indexes WHERE tablename = 'outrig_entries'"
         )
-        # The owner layout: no match indexes (matching never runs in SQL), the taker's index.
+        # The owner layout: no match indexes (matching never runs in SQL); the taker's index,
+        # and the writing transaction's (its end deletes what it wrote and did not commit).
         assert {row[0] for row in await cursor.fetchall()} == {
             "outrig_entries_pkey",
             "outrig_entries_arrival",  # a load reads a space in arrival order
             "outrig_entries_taken_by",
+            "outrig_entries_written_by",
         }
         cursor = await connection.execute("SELECT count(*) FROM outrig_tier WHERE key = 'peer_secret'")
         assert await cursor.fetchone() == (1,)

@@ -83,3 +83,39 @@ def test_a_server_killed_mid_transaction_leaves_the_space_consistent(three: list
         # The transaction's lease runs out; a surviving server's reaper aborts it.
         assert space.take(Job(n=1), timeout=20.0) == Job(n=1)
         assert space.read_nowait(Job(n=2)) is None
+
+
+def test_a_transaction_open_on_a_killed_owner_goes_on_at_the_next(database: str) -> None:
+    """The owner of a space is killed (SIGKILL) with two transactions open on it. Through another
+    server of the tier, each goes on where it was: the server that claims the space rebuilt them
+    from the database (their takes, writes and read locks), one commits exactly what it did, the
+    other aborts, and the space holds what it must."""
+    servers = [
+        start_server("--backend", "postgres", "--dsn", database, "--owner-lease", "1.0") for _ in range(3)
+    ]
+    try:
+        with outrig.connect(servers[0].address, space="txn", retry_deadline=0) as claim:
+            claim.write_many([Job(n=1), Job(n=3), Job(n=5)])
+            owner_address = claim.locate().address
+        owner = next(server for server in servers if server.address == owner_address)
+        via = next(server for server in servers if server is not owner)
+        with outrig.connect(via.address, space="txn", direct=False, retry_deadline=60) as space:
+            kept = space.transaction(lease=120.0)
+            assert kept.take(Job(n=1), timeout=0) == Job(n=1)
+            kept.write(Job(n=2))
+            assert kept.read(Job(n=3), timeout=0) == Job(n=3)
+            dropped = space.transaction(lease=120.0)
+            assert dropped.take(Job(n=5), timeout=0) == Job(n=5)
+            dropped.write(Job(n=6))
+            owner.stop(signal.SIGKILL)
+            # Served again (the first call waits out the takeover), as the transactions left it.
+            assert space.read_nowait(Job(n=2)) is None
+            assert space.take_nowait(Job(n=1)) is None
+            assert space.take_nowait(Job(n=3)) is None  # read-locked by `kept`
+            assert kept.read_nowait(Job(n=2)) == Job(n=2)
+            kept.commit()
+            dropped.abort()
+            assert drained(space) == [2, 3, 5]
+    finally:
+        for server in servers:
+            server.stop()

@@ -70,6 +70,12 @@ def _commit_marker(transaction: int) -> str:
 class MemoryBackend:
     """Spaces in memory, recorded by a journal when a subclass opens one (`open_store`)."""
 
+    keeps_transactions = False
+    """Whether open transactions are recorded as they go (their writes, takes, read locks and
+    lease), so that whoever loads the space next rebuilds them: the owner tier, where a space
+    moves between servers. Otherwise a transaction lives in memory until it commits, and aborts
+    with the process."""
+
     def __init__(self, config: ServerConfig, clock: Clock | None = None) -> None:
         self.config = config
         self.clock = clock or SystemClock()
@@ -107,10 +113,17 @@ class MemoryBackend:
             if self._recorder is not None:
                 engine.on_expired = lambda entry_id: self.note([("delete", name, entry_id)])
             # Aborts by lease expiry too, so that a late commit is told it aborted.
-            engine.on_transaction_end = lambda outcome: self._ended(
-                name, outcome.transaction.id, outcome.transaction.state
-            )
+            engine.on_transaction_end = lambda outcome: self._transaction_ended(name, outcome)
         return engine
+
+    def _transaction_ended(self, space: str, outcome: TransactionOutcome) -> None:
+        self._ended(space, outcome.transaction.id, outcome.transaction.state)
+        if self._keeping_transactions and space in self._spaces:
+            self.note([("transaction_end", space, outcome.transaction.id)])
+
+    @property
+    def _keeping_transactions(self) -> bool:
+        return self.keeps_transactions and self._recorder is not None
 
     def drop_space(self, name: str, error: SpaceError) -> None:
         """Forget a space this server no longer serves (another owns it now, or the store's
@@ -275,12 +288,12 @@ class MemoryBackend:
         with self._acting_for(outcome):
             written, granted = engine.write_entries(entries, lease, txn)
             grants = [LeaseGrant(stored.id, stored.expires_at, granted) for stored in written]
-            if self._recorder is not None and txn is not None:
+            if self._recorder is not None and txn is not None and not self.keeps_transactions:
                 # The store learns of the entries at commit; their ids are reserved now.
                 self.note(self._recorder.id_records(space, engine))
             elif self._recorder is not None:
                 with self._undone_on_error(lambda: engine.revoke(written)):
-                    records = self._write_records(space, engine, written, grants, outcome)
+                    records = self._write_records(space, engine, written, grants, outcome, txn)
                 await self._commit(records, lambda: engine.revoke(written), written, outcome)
         self._acted(outcome, grants, keep=txn is not None)
         return grants
@@ -292,9 +305,15 @@ class MemoryBackend:
         written: list[StoredEntry],
         grants: list[LeaseGrant],
         outcome: Outcome | None,
+        txn: Transaction | None = None,
     ) -> list[Record]:
         assert self._recorder is not None
-        records: list[Record] = [("put", space, s.id, s.arrival, s.expires_at, s.payload) for s in written]
+        if txn is None:
+            records: list[Record] = [
+                ("put", space, s.id, s.arrival, s.expires_at, s.payload) for s in written
+            ]
+        else:  # recorded as the transaction's: invisible to others until it commits
+            records = [("written", space, s.id, s.arrival, s.expires_at, s.payload, txn.id) for s in written]
         records += [
             ("type", space, name, json.dumps(list(parents))) for name, parents in engine.declared.items()
         ]
@@ -350,6 +369,8 @@ class MemoryBackend:
             found = await self._find(engine, templates, take, max_entries, timeout, if_exists, txn)
             if take and found and self._recorder is not None and txn is None:
                 await self._commit_take(space, engine, found, outcome)
+            elif found and txn is not None and self._keeping_transactions:
+                await self._commit_holds(space, engine, txn, found, take, outcome)
             elif found and not take and not await self.settled(found):
                 self._check_store()
                 return []
@@ -379,6 +400,75 @@ class MemoryBackend:
                 self.note(
                     [("put", space, s.id, s.arrival, s.expires_at, s.payload) for s in found]
                     + (self._recorder.id_records(space, engine) if self._recorder else [])
+                )
+            raise
+
+    def _hold_records(
+        self,
+        space: str,
+        engine: SpaceEngine,
+        txn: Transaction,
+        found: Sequence[StoredEntry],
+        request_id: str | None = None,
+    ) -> tuple[list[Record], list[StoredEntry], list[StoredEntry]]:
+        """The records of what a call under `txn` was handed (the owner tier): its takes and read
+        locks, with the take's request id and positions to answer a retry, and its own writes
+        taken back. Returns them, the entries it take-locked, and its own writes it took back."""
+        records: list[Record] = []
+        taken: list[StoredEntry] = []
+        rewritten: list[StoredEntry] = []
+        for position, stored in enumerate(found):
+            held = engine.held_by(txn, stored)
+            if held is None:  # its own write, taken back: as if never written
+                rewritten.append(stored)
+                records.append(
+                    ("take", space, stored.id, request_id, position)
+                    if request_id
+                    else ("delete", space, stored.id)
+                )
+            elif held != "write":
+                if held == "take":
+                    taken.append(stored)
+                mark = (request_id, position) if request_id and held == "take" else (None, None)
+                records.append(("lock", space, txn.id, stored.id, held, *mark))
+        return records, taken, rewritten
+
+    async def _commit_holds(
+        self,
+        space: str,
+        engine: SpaceEngine,
+        txn: Transaction,
+        found: list[StoredEntry],
+        take: bool,
+        outcome: Outcome | None,
+    ) -> None:
+        """Record what a read or take under `txn` claimed before it answers (the owner tier), so
+        that a new owner rebuilds the transaction holding it."""
+        request_id = outcome.request_id if outcome is not None else None
+        records, taken, rewritten = self._hold_records(space, engine, txn, found, request_id)
+        if outcome is not None:
+            records.append((*Recorder.request_head(outcome), None, len(found), None, None))
+        if not records:
+            return
+
+        def give_back() -> None:
+            if txn.active:
+                engine.untake(txn, taken)
+                engine.rewrite(txn, rewritten)
+
+        try:
+            await self._commit(records, give_back, outcome=outcome, hands_out=take)
+        except asyncio.CancelledError:
+            # The caller is gone: with a request id its retry gets these entries; without one,
+            # the transaction gets them back, as a cancelled blocked take under it does.
+            if outcome is None and take and txn.active:
+                give_back()
+                self.note(
+                    [("unlock", space, txn.id, s.id) for s in taken]
+                    + [
+                        ("written", space, s.id, s.arrival, s.expires_at, s.payload, txn.id)
+                        for s in rewritten
+                    ]
                 )
             raise
 
@@ -461,15 +551,26 @@ class MemoryBackend:
                     ready.append(stored)
                     left -= 1
                     if len(ready) == chunk or not left:
-                        await self.settled(ready)
+                        await self._settle_chunk(space, engine, txn, ready)
                         yield ready
                         ready = []
                     if not left:
                         return
             await asyncio.sleep(0)  # a slice at a time: a large space never holds the loop
         if ready:
-            await self.settled(ready)
+            await self._settle_chunk(space, engine, txn, ready)
             yield ready
+
+    async def _settle_chunk(
+        self, space: str, engine: SpaceEngine, txn: Transaction | None, chunk: list[StoredEntry]
+    ) -> None:
+        """Before a contents chunk goes out: its entries' writes are durable, and under a
+        transaction of the owner tier, the read locks it took are recorded."""
+        if txn is not None and self._keeping_transactions:
+            records = self._hold_records(space, engine, txn, chunk)[0]
+            if records:
+                await self._commit(records, None)
+        await self.settled(chunk)
 
     async def count(self, space: str, templates: Sequence[Template], transaction: int = 0) -> int:
         engine = self.engine(space)
@@ -580,7 +681,9 @@ class MemoryBackend:
                 results.append(grant)
                 previous.append((lease_id, old))
                 if engine.is_transaction(lease_id):
-                    continue  # a transaction lives in memory only
+                    if self.keeps_transactions:
+                        records.append(("transaction_expiry", space, lease_id, grant.expires_at))
+                    continue  # otherwise a transaction lives in memory only
                 kind = "registration_expiry" if engine.registration(lease_id) is not None else "entry_expiry"
                 records.append((kind, space, lease_id, grant.expires_at))
         if records:
@@ -604,6 +707,8 @@ class MemoryBackend:
                 results.append(None)
                 if transaction:
                     self._ended(space, lease_id, TransactionState.ABORTED)
+                    if self.keeps_transactions:
+                        records.append(("transaction_end", space, lease_id))
                 elif stored is not None:
                     removed.append(stored)
                     records.append(("delete", space, lease_id))
@@ -673,8 +778,20 @@ class MemoryBackend:
     async def begin(self, space: str, lease: float | None) -> LeaseGrant:
         engine = self.engine(space)
         self._check_store()
-        _txn, grant = engine.begin(lease)
-        if self._recorder is not None:
+        txn, grant = engine.begin(lease)
+        if self._keeping_transactions:
+            assert self._recorder is not None
+            records: list[Record] = [
+                ("transaction", space, txn.id, txn.expires_at),
+                *self._recorder.id_records(space, engine),
+            ]
+
+            def undo() -> None:
+                if txn.active:
+                    engine.abort(txn)
+
+            await self._commit(records, undo)
+        elif self._recorder is not None:
             self.note(self._recorder.id_records(space, engine))  # a transaction's id is never reused
         return grant
 
@@ -713,12 +830,15 @@ class MemoryBackend:
         self._acted(outcome, None)
 
     async def abort(self, space: str, transaction: int) -> None:
-        """Abort: nothing of the transaction ever reached the store, so only memory changes."""
+        """Abort: nothing of the transaction ever reached the store, so only memory changes;
+        unless the store keeps open transactions, which is told before the call answers."""
         engine = self.engine(space)
         txn = self._ended_or_active(space, engine, transaction, TransactionState.ABORTED)
         if txn is not None:
             engine.abort(txn)
             self._ended(space, transaction, TransactionState.ABORTED)
+            if self._keeping_transactions:
+                await self._commit([("transaction_end", space, transaction)], None)
 
     def _commit_records(
         self, space: str, engine: SpaceEngine, result: TransactionOutcome, outcome: Outcome
@@ -734,6 +854,8 @@ class MemoryBackend:
         ]
         records += [("delete", space, stored.id) for stored in result.taken]
         records += self._recorder.id_records(space, engine)
+        if self.keeps_transactions:  # its locks and what it wrote but took back go with it
+            records.append(("transaction_end", space, result.transaction.id))
         records.append((*Recorder.request_head(outcome), result.transaction.id, 0, None, None))
         return records
 

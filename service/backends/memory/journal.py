@@ -29,9 +29,21 @@ Record = tuple[Any, ...]
     sequence(space, id, seq)                           a registration's event sequence number
     request(request_id, space, kind, expires_at, first_id, count, lease_expires_at, granted)
     prune_requests(now)                                request ids whose window ended may go
-    transaction(space, id), transaction_end(space, id) a transaction opened, ended (recorded by
-                                                       the postgres backend only: a new owner
-                                                       knows which ones aborted with the move)
+
+Recorded only by a backend that keeps open transactions (`keeps_transactions`: the postgres
+owner tier, so that a new owner rebuilds them; the embedded server's transactions live in memory
+until they commit, and their commit is puts and deletes):
+
+    transaction(space, id, expires_at)                 a transaction opened
+    transaction_expiry(space, id, expires_at)          its lease was renewed
+    transaction_end(space, id)                         it committed or aborted: its locks go, and
+                                                       the rows it wrote that are still its own
+    written(space, id, arrival, expires_at, payload, transaction)
+                                                       an entry written under a transaction
+    lock(space, transaction, id, mode, request_id, position)
+                                                       held by it: mode "take" or "read" (a take's
+                                                       request id and position answer its retry)
+    unlock(space, transaction, id)                     given back (its caller went away)
 """
 
 WriteAnswer = tuple[int, int, float | None, float | None]

@@ -81,6 +81,8 @@ def database_named(dsn: str) -> str:
 class PostgresBackend(MemoryBackend):
     """`outrig serve --backend postgres --dsn ...`: one server of a tier (see the module docstring)."""
 
+    keeps_transactions = True  # a space moves: its new owner rebuilds its open transactions
+
     def __init__(self, config: ServerConfig, dsn: str, clock: Clock | None = None) -> None:
         super().__init__(config, clock)
         self.dsn = dsn
@@ -311,25 +313,42 @@ class PostgresBackend(MemoryBackend):
         self.reserve_ids(space, rows.next_id)
         for name, supertypes in rows.types:
             engine.declare(name, tuple(supertypes))
-        for (entry_id, arrival, expires_at, _), new in zip(rows.entries, decoded, strict=True):
+        for (entry_id, arrival, expires_at, _, _), new in zip(rows.entries, decoded, strict=True):
             engine.load(entry_id, arrival, new, expires_at)
+        # Open transactions, as their last owner left them: their writes, takes and read locks.
+        transactions = {
+            transaction: engine.restore_transaction(transaction, expires_at)
+            for transaction, expires_at in rows.transactions
+        }
+        holds = [(row[4], row[0], "write") for row in rows.entries if row[4] is not None]
+        for transaction, entry_id, mode in [*holds, *rows.locks]:
+            txn = transactions.get(transaction)
+            if txn is None or not engine.restore_lock(txn, entry_id, mode):
+                log.warning(
+                    "space %r: transaction %d's %s hold on entry %d was not restored",
+                    space,
+                    transaction,
+                    mode,
+                    entry_id,
+                )
         for registration_id, expires_at, templates, sequence in rows.registrations:
             self.restore_subscription(
                 space, registration_id, codec.stored_templates(templates), expires_at, sequence
             )
         for request_id, kind, expires_at in rows.requests:
             self.restore_request(request_id, space, kind, expires_at)
-        for transaction in rows.transactions:
-            super()._ended(space, transaction, TransactionState.ABORTED)
+        for transaction in rows.aborted:
+            self._ended(space, transaction, TransactionState.ABORTED)
         self._located.pop(space, None)
         self._claimed_at[space] = time.monotonic()
         log.info(
-            "space %r claimed (epoch %d): %d entries, %d registrations, %d request ids loaded in "
-            "%.2f s (%d expired)",
+            "space %r claimed (epoch %d): %d entries, %d registrations, %d open transactions, "
+            "%d request ids loaded in %.2f s (%d expired)",
             space,
             epoch,
             len(rows.entries),
             len(rows.registrations),
+            len(rows.transactions),
             len(rows.requests),
             rows.seconds,
             rows.expired,
@@ -567,14 +586,7 @@ class PostgresBackend(MemoryBackend):
 
     async def begin(self, space: str, lease: float | None) -> LeaseGrant:
         await self._ensure(space)
-        grant = await super().begin(space, lease)
-        self.note([("transaction", space, grant.id)])
-        return grant
-
-    def _ended(self, space: str, transaction: int, state: TransactionState) -> None:
-        super()._ended(space, transaction, state)
-        if space in self._spaces:
-            self.note([("transaction_end", space, transaction)])
+        return await super().begin(space, lease)
 
     async def commit(self, space: str, transaction: int) -> None:
         await self._ensure(space)

@@ -73,7 +73,10 @@ class Changes:
         self.types: dict[tuple[str, str], list[str]] = {}
         self.next_ids: dict[str, int] = {}
         self.requests: dict[str, tuple[Any, ...]] = {}
-        self.transactions: dict[tuple[str, int], bool] = {}  # True: open, False: ended
+        # (space, id) -> ["open", expires_at] | ["expiry", expires_at] | ["end"]
+        self.transactions: dict[tuple[str, int], list[Any]] = {}
+        # (space, transaction, entry) -> (mode, request id, position), or None: unlocked
+        self.locks: dict[tuple[str, int, int], tuple[str, str | None, int | None] | None] = {}
         self.prune_before: float | None = None
 
     def add(self, records: Iterable[Record]) -> None:
@@ -94,8 +97,25 @@ class Changes:
     def _put(
         self, space: str, entry_id: int, arrival: int, expires_at: float | None, payload: object
     ) -> None:
-        row = {"arrival": arrival, "expires_at": expires_at, "payload": self._dump(payload)}
+        row = {
+            "arrival": arrival,
+            "expires_at": expires_at,
+            "payload": self._dump(payload),
+            "written_by": None,
+        }
         self.entries[(space, entry_id)] = ["put", row]
+
+    def _written(
+        self,
+        space: str,
+        entry_id: int,
+        arrival: int,
+        expires_at: float | None,
+        payload: object,
+        transaction: int,
+    ) -> None:
+        self._put(space, entry_id, arrival, expires_at, payload)
+        self.entries[(space, entry_id)][1]["written_by"] = transaction
 
     def _delete(self, space: str, entry_id: int) -> None:
         self.entries[(space, entry_id)] = ["delete"]
@@ -133,11 +153,32 @@ class Changes:
     def _request(self, request_id: str, space: str, kind: str, *answer: Any) -> None:
         self.requests[request_id] = (request_id, space, kind, *answer)
 
-    def _transaction(self, space: str, transaction: int) -> None:
-        self.transactions[(space, transaction)] = True
+    def _transaction(self, space: str, transaction: int, expires_at: float | None) -> None:
+        self.transactions[(space, transaction)] = ["open", expires_at]
+
+    def _transaction_expiry(self, space: str, transaction: int, expires_at: float | None) -> None:
+        state = self.transactions.get((space, transaction))
+        if state is None:
+            self.transactions[(space, transaction)] = ["expiry", expires_at]
+        elif state[0] != "end":
+            state[1] = expires_at
 
     def _transaction_end(self, space: str, transaction: int) -> None:
-        self.transactions[(space, transaction)] = False
+        self.transactions[(space, transaction)] = ["end"]
+
+    def _lock(
+        self,
+        space: str,
+        transaction: int,
+        entry_id: int,
+        mode: str,
+        request_id: str | None,
+        position: int | None,
+    ) -> None:
+        self.locks[(space, transaction, entry_id)] = (mode, request_id, position)
+
+    def _unlock(self, space: str, transaction: int, entry_id: int) -> None:
+        self.locks[(space, transaction, entry_id)] = None
 
     def _prune_requests(self, now: float) -> None:
         self.prune_before = now
@@ -159,7 +200,14 @@ class Changes:
                 taken_by, position = row.get("taken", (None, None))
                 puts.append(
                     _row(
-                        space, entry_id, row["arrival"], row["expires_at"], row["payload"], taken_by, position
+                        space,
+                        entry_id,
+                        row["arrival"],
+                        row["expires_at"],
+                        row["payload"],
+                        taken_by,
+                        position,
+                        row["written_by"],
                     )
                 )
             else:
@@ -177,10 +225,10 @@ class Changes:
         if puts:
             out.append(
                 "INSERT INTO outrig_entries "
-                "(space, id, arrival, expires_at, payload, taken_by, taken_position) "
+                "(space, id, arrival, expires_at, payload, taken_by, taken_position, written_by) "
                 f"VALUES {', '.join(puts)} ON CONFLICT (space, id) DO UPDATE SET arrival = EXCLUDED.arrival, "
                 "expires_at = EXCLUDED.expires_at, payload = EXCLUDED.payload, taken_by = EXCLUDED.taken_by, "
-                "taken_position = EXCLUDED.taken_position"
+                "taken_position = EXCLUDED.taken_position, written_by = EXCLUDED.written_by"
             )
         if expiries:
             out.append(
@@ -259,19 +307,7 @@ class Changes:
                 "count = EXCLUDED.count, lease_expires_at = EXCLUDED.lease_expires_at, "
                 "granted = EXCLUDED.granted"
             )
-        opened = [_row(*key) for key, open_ in self.transactions.items() if open_]
-        ended = [_row(*key) for key, open_ in self.transactions.items() if not open_]
-        if opened:
-            out.append(
-                f"INSERT INTO outrig_open_transactions (space, id) VALUES {', '.join(opened)} "
-                "ON CONFLICT DO NOTHING"
-            )
-        if ended:
-            out.append(
-                "DELETE FROM outrig_open_transactions AS t USING "
-                f"(VALUES {', '.join(ended)}) AS v (space, id) "
-                "WHERE t.space = v.space AND t.id = v.id"
-            )
+        out += self._transaction_script()
         if self.prune_before is not None and spaces:
             expired = (
                 f"SELECT id FROM outrig_requests WHERE space = ANY({literal(list(spaces))}) "
@@ -279,6 +315,66 @@ class Changes:
             )
             out.append(f"DELETE FROM outrig_entries WHERE taken_by IN ({expired})")
             out.append(f"DELETE FROM outrig_requests WHERE id IN ({expired})")
+        return out
+
+    def _transaction_script(self) -> list[str]:
+        """Open transactions' rows, locks and ends; after the entries' statements, so that an end
+        deletes the rows its transaction wrote that did not commit (a commit's puts clear their
+        written_by first)."""
+        out: list[str] = []
+        opened, expiries, ended = [], [], []
+        for (space, transaction), state in self.transactions.items():
+            if state[0] == "open":
+                opened.append(_row(space, transaction, state[1]))
+            elif state[0] == "expiry":
+                expiries.append(_row(space, transaction, state[1]))
+            else:
+                ended.append(_row(space, transaction))
+        if opened:
+            out.append(
+                "INSERT INTO outrig_open_transactions (space, id, expires_at, recorded) SELECT v.s, v.i, "
+                f"v.x::float8, true FROM (VALUES {', '.join(opened)}) AS v (s, i, x) "
+                "ON CONFLICT (space, id) DO UPDATE SET expires_at = EXCLUDED.expires_at, recorded = true"
+            )
+        if expiries:
+            out.append(
+                "UPDATE outrig_open_transactions AS t SET expires_at = v.x::float8 FROM (VALUES "
+                f"{', '.join(expiries)}) AS v (space, id, x) WHERE t.space = v.space AND t.id = v.id"
+            )
+        locked = [
+            _row(space, transaction, entry_id, *lock)
+            for (space, transaction, entry_id), lock in self.locks.items()
+            if lock is not None
+        ]
+        unlocked = [_row(*key) for key, lock in self.locks.items() if lock is None]
+        if locked:
+            out.append(
+                "INSERT INTO outrig_transaction_locks "
+                "(space, transaction, entry, mode, request_id, position) "
+                f"SELECT v.s, v.t, v.e, v.m, v.r, v.p::integer FROM (VALUES {', '.join(locked)}) "
+                "AS v (s, t, e, m, r, p) ON CONFLICT (space, transaction, entry) DO UPDATE SET "
+                "mode = EXCLUDED.mode, request_id = EXCLUDED.request_id, position = EXCLUDED.position"
+            )
+        if unlocked:
+            out.append(
+                "DELETE FROM outrig_transaction_locks AS l USING (VALUES "
+                f"{', '.join(unlocked)}) AS v (space, transaction, entry) "
+                "WHERE l.space = v.space AND l.transaction = v.transaction AND l.entry = v.entry"
+            )
+        if ended:
+            values = f"(VALUES {', '.join(ended)}) AS v (space, id)"
+            out.append(
+                f"DELETE FROM outrig_open_transactions AS t USING {values} "
+                "WHERE t.space = v.space AND t.id = v.id"
+            )
+            out.append(
+                f"DELETE FROM outrig_transaction_locks AS l USING {values} "
+                "WHERE l.space = v.space AND l.transaction = v.id"
+            )
+            out.append(
+                f"DELETE FROM outrig_entries AS e USING {values} "
+                "WHERE e.space = v.space AND e.written_by = v.id"
+            )
         return out
 
 
@@ -367,21 +463,25 @@ class _Batch:
 _ALL = ("all",)  # a prune may touch any row of the owned spaces
 
 
-def record_keys(record: Record) -> tuple[Any, ...]:
+def record_keys(record: Record) -> tuple[tuple[Any, ...], ...]:
+    """The rows a record touches. A transaction's records share its key: its end deletes its
+    locks and uncommitted writes, so it must not overtake them."""
     kind = record[0]
     if kind in ("put", "delete", "take", "entry_expiry"):
-        return ("entry", record[1], record[2])
+        return (("entry", record[1], record[2]),)
+    if kind == "written":
+        return (("entry", record[1], record[2]), ("transaction", record[1], record[6]))
     if kind in ("register", "unregister", "registration_expiry", "sequence"):
-        return ("registration", record[1], record[2])
+        return (("registration", record[1], record[2]),)
     if kind == "type":
-        return ("type", record[1], record[2])
+        return (("type", record[1], record[2]),)
     if kind == "next_id":
-        return ("space", record[1])
+        return (("space", record[1]),)
     if kind == "request":
-        return ("request", record[1])
-    if kind in ("transaction", "transaction_end"):
-        return ("transaction", record[1], record[2])
-    return _ALL
+        return (("request", record[1]),)
+    if kind in ("transaction", "transaction_expiry", "transaction_end", "lock", "unlock"):
+        return (("transaction", record[1], record[2]),)
+    return (_ALL,)
 
 
 def _retrieve(future: asyncio.Future[None]) -> None:
@@ -473,7 +573,7 @@ class PgJournal:
             loop.call_soon(self._begin)  # after this loop iteration: its changes join
         waiter: asyncio.Future[None] | None = loop.create_future() if own else None
         batch.changes.append(_Change(records, waiter, self._epochs))
-        batch.keys.update(record_keys(record) for record in records)
+        batch.keys.update(key for record in records for key in record_keys(record))
         return batch.future, waiter
 
     def note(self, records: Sequence[Record]) -> None:
@@ -725,8 +825,12 @@ class PgJournal:
 
     async def taken_rows(self, request_id: str) -> list[TakenRow]:
         rows = await self._query(
-            "SELECT id, expires_at, payload FROM outrig_entries WHERE taken_by = %s ORDER BY taken_position",
-            (request_id,),
+            "SELECT id, expires_at, payload FROM ("
+            "SELECT id, expires_at, payload, taken_position AS p FROM outrig_entries WHERE taken_by = %s "
+            "UNION ALL SELECT e.id, e.expires_at, e.payload, l.position FROM outrig_transaction_locks l "
+            "JOIN outrig_entries e ON e.space = l.space AND e.id = l.entry WHERE l.request_id = %s"
+            ") AS taken ORDER BY p",
+            (request_id, request_id),
         )
         return [(entry_id, expires_at, bytes(payload)) for entry_id, expires_at, payload in rows]
 

@@ -4,9 +4,11 @@ The load runs in one transaction that first checks the claim's epoch is still cu
 SHARE, as every batch does), so it reads the space exactly as its last owner left it: every
 change that owner had acknowledged committed before the claim could. Entries and registrations
 whose leases have run out are deleted rather than loaded; transactions the last owner had open
-lived in its memory only, so they aborted with it (a late commit is told so); registrations'
-sequence numbers jump by 2**31 (stored at once), so that a listener resuming sees the gap and
-knows events may be missing; request ids still in their window come back (their answers stay in the database).
+come back with their writes, takes and read locks (each recorded before its call answered), but
+those whose lease has run out abort here, with what they wrote (a late commit is told so);
+registrations' sequence numbers jump by 2**31 (stored at once), so that a listener resuming sees
+the gap and knows events may be missing; request ids still in their window come back (their
+answers stay in the database).
 """
 
 from __future__ import annotations
@@ -28,12 +30,13 @@ class SpaceRows:
 
     next_id: int = 1
     types: list[tuple[str, list[str]]] = field(default_factory=list)
-    entries: list[tuple[int, int, float | None, bytes]] = field(
-        default_factory=list
-    )  # id, arrival, expiry, payload
+    # id, arrival, expiry, payload, and the transaction that wrote it (None: committed)
+    entries: list[tuple[int, int, float | None, bytes, int | None]] = field(default_factory=list)
     registrations: list[tuple[int, float | None, bytes, int]] = field(default_factory=list)
     requests: list[tuple[str, str, float]] = field(default_factory=list)  # id, kind, expiry
-    transactions: list[int] = field(default_factory=list)  # open on the last owner: aborted
+    transactions: list[tuple[int, float | None]] = field(default_factory=list)  # open: id, expiry
+    locks: list[tuple[int, int, str]] = field(default_factory=list)  # transaction, entry, mode
+    aborted: list[int] = field(default_factory=list)  # transactions that aborted with the move
     expired: int = 0
     seconds: float = 0.0
 
@@ -54,6 +57,24 @@ async def load_space(
             raise NotOwnerError(f"space {space!r} was claimed by another server while this one loaded it")
         rows.next_id = int(found[0])
         cursor = await connection.execute(
+            "DELETE FROM outrig_open_transactions WHERE space = %s AND (NOT recorded OR expires_at <= %s) "
+            "RETURNING id",
+            (space, now),
+        )
+        rows.aborted = [int(transaction) for (transaction,) in await cursor.fetchall()]
+        # What ended transactions left (their end is recorded with the last of their changes,
+        # but a row of version 2, or of one that ran out of lease, has only its end here).
+        await connection.execute(
+            "DELETE FROM outrig_entries AS e WHERE e.space = %s AND e.written_by IS NOT NULL AND NOT EXISTS "
+            "(SELECT 1 FROM outrig_open_transactions AS t WHERE t.space = e.space AND t.id = e.written_by)",
+            (space,),
+        )
+        await connection.execute(
+            "DELETE FROM outrig_transaction_locks AS l WHERE l.space = %s AND NOT EXISTS "
+            "(SELECT 1 FROM outrig_open_transactions AS t WHERE t.space = l.space AND t.id = l.transaction)",
+            (space,),
+        )
+        cursor = await connection.execute(
             "DELETE FROM outrig_entries WHERE space = %s AND taken_by IS NULL AND expires_at <= %s",
             (space, now),
         )
@@ -71,7 +92,7 @@ async def load_space(
         rows.types = [(name, list(supertypes)) for name, supertypes in await cursor.fetchall()]
         async with connection.cursor(binary=True) as binary:
             await binary.execute(
-                "SELECT id, arrival, expires_at, payload FROM outrig_entries "
+                "SELECT id, arrival, expires_at, payload, written_by FROM outrig_entries "
                 "WHERE space = %s AND taken_by IS NULL ORDER BY arrival",
                 (space,),
             )
@@ -91,8 +112,18 @@ async def load_space(
         )
         rows.requests = list(await cursor.fetchall())
         cursor = await connection.execute(
-            "DELETE FROM outrig_open_transactions WHERE space = %s RETURNING id", (space,)
+            "SELECT id, expires_at FROM outrig_open_transactions WHERE space = %s ORDER BY id", (space,)
         )
-        rows.transactions = [int(transaction) for (transaction,) in await cursor.fetchall()]
+        rows.transactions = [
+            (int(transaction), expires_at) for transaction, expires_at in await cursor.fetchall()
+        ]
+        cursor = await connection.execute(
+            "SELECT transaction, entry, mode FROM outrig_transaction_locks WHERE space = %s "
+            "ORDER BY transaction, entry",
+            (space,),
+        )
+        rows.locks = [
+            (int(transaction), int(entry), mode) for transaction, entry, mode in await cursor.fetchall()
+        ]
     rows.seconds = time.perf_counter() - started
     return rows

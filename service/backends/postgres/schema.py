@@ -7,7 +7,8 @@ refused (IncompatibleStoreError), as an old binary must not write a newer layout
 
 Version 1 was the stateless layout (every match in SQL); version 2 is the owner layout: the
 database is the record of spaces served from memory by their owners, plus the ownership itself
-(`outrig_spaces`), the tier's servers (`outrig_servers`) and its peer secret (`outrig_tier`).
+(`outrig_spaces`), the tier's servers (`outrig_servers`) and its peer secret (`outrig_tier`);
+version 3 records open transactions as they go, so that a new owner rebuilds them.
 Each payload column holds an entry's encoding, as the embedded store keeps it.
 """
 
@@ -202,6 +203,33 @@ MIGRATIONS: Final[tuple[tuple[int, str], ...]] = (
             PRIMARY KEY (space, id)
         );
         DROP SEQUENCE outrig_ids;
+        """,
+    ),
+    (
+        3,
+        """
+        -- Open transactions are recorded as they go, so that a server claiming a space rebuilds
+        -- them: their lease (expires_at), their writes (outrig_entries.written_by: invisible to
+        -- all but the transaction until it commits), and their takes and read locks
+        -- (outrig_transaction_locks; a take's request id and position answer its retry). A row
+        -- of version 2 (`recorded` false) was kept in its owner's memory only: it aborted with it.
+        ALTER TABLE outrig_open_transactions
+            ADD COLUMN expires_at double precision,
+            ADD COLUMN recorded boolean NOT NULL DEFAULT false;
+        ALTER TABLE outrig_entries ADD COLUMN written_by bigint;
+        CREATE INDEX outrig_entries_written_by ON outrig_entries (space, written_by)
+            WHERE written_by IS NOT NULL;
+        CREATE TABLE outrig_transaction_locks (
+            space text NOT NULL,
+            transaction bigint NOT NULL,
+            entry bigint NOT NULL,
+            mode text NOT NULL CHECK (mode IN ('take', 'read')),
+            request_id text,
+            position integer,
+            PRIMARY KEY (space, transaction, entry)
+        );
+        CREATE INDEX outrig_transaction_locks_request ON outrig_transaction_locks (request_id)
+            WHERE request_id IS NOT NULL;
         """,
     ),
 )
