@@ -1,7 +1,8 @@
 """The load and the verdict of the crash harnesses (test_crash.py: one durable server killed and
 restarted; test_owner_crash.py: the owner of a space in a tier killed): writer and taker threads,
-each with its own connection through the blocking SDK (which retries UNAVAILABLE with request
-ids), what they were told (`Tally`), and the checks of what is left against it (`check`)."""
+and optionally movers (each takes an item and writes its `Moved` in one transaction, then
+commits), each with its own connection through the blocking SDK (which retries UNAVAILABLE with
+request ids), what they were told (`Tally`), and the checks of what is left against it (`check`)."""
 
 from __future__ import annotations
 
@@ -24,12 +25,21 @@ class Item(outrig.Entry, type_name="crash.Item"):
 
 
 @dataclass
+class Moved(outrig.Entry, type_name="crash.Moved"):
+    """What a mover's transaction wrote in place of the item it took."""
+
+    uid: str | None = None
+
+
+@dataclass
 class Tally:
     """What the client threads saw; each thread appends only to lists of its own."""
 
     attempted: list[list[str]] = field(default_factory=list)  # uids sent in a write, acknowledged or not
     acknowledged: list[list[str]] = field(default_factory=list)  # uids whose write call returned
     taken: list[list[str]] = field(default_factory=list)  # uids a take returned
+    moved: list[list[str]] = field(default_factory=list)  # uids a mover's committed transaction took
+    aborted: list[int] = field(default_factory=list)  # movers' transactions told they had aborted
     errors: list[str] = field(default_factory=list)
     retries: list[int] = field(default_factory=list)
 
@@ -49,6 +59,7 @@ class Clients:
     space: str
     seed: int
     retry_deadline: float
+    movers: int = 0
 
 
 def _writer(address: str, number: int, stop: threading.Event, tally: Tally, clients: Clients) -> None:
@@ -93,17 +104,51 @@ def _taker(address: str, number: int, stop: threading.Event, tally: Tally, clien
             tally.retries.append(space.retries)
 
 
+def _mover(address: str, number: int, stop: threading.Event, tally: Tally, clients: Clients) -> None:
+    """Move items to `Moved` under transactions: one take and one write, committed. A commit that
+    returns counts the item as moved; one told its transaction aborted (or ended) counts an abort,
+    and the item is the space's again."""
+    moved = tally.slot(tally.moved)
+    aborted = 0
+    with outrig.connect(address, space=clients.space, retry_deadline=clients.retry_deadline) as space:
+        try:
+            while not stop.is_set():
+                txn = space.transaction(lease=4 * clients.retry_deadline)
+                try:
+                    item = txn.take(Item(), timeout=0.2)
+                    if isinstance(item, Item) and item.uid is not None:
+                        txn.write(Moved(uid=item.uid), lease=outrig.FOREVER)
+                    txn.commit()
+                except (outrig.TransactionAbortedError, outrig.TransactionNotFoundError):
+                    aborted += 1
+                    continue
+                if isinstance(item, Item) and item.uid is not None:
+                    moved.append(item.uid)
+        except Exception as err:
+            tally.errors.append(f"mover {number} via {address}: {err!r}")
+        finally:
+            tally.retries.append(space.retries)
+            tally.aborted.append(aborted)
+
+
 def start_load(
     address: Callable[[], str], stop: threading.Event, tally: Tally, clients: Clients
 ) -> list[threading.Thread]:
     """WRITERS writer and TAKERS taker threads, started, each connected to `address()`."""
-    threads = [
-        threading.Thread(target=_writer, args=(address(), n, stop, tally, clients), name=f"writer-{n}")
-        for n in range(WRITERS)
-    ] + [
-        threading.Thread(target=_taker, args=(address(), n, stop, tally, clients), name=f"taker-{n}")
-        for n in range(TAKERS)
-    ]
+    threads = (
+        [
+            threading.Thread(target=_writer, args=(address(), n, stop, tally, clients), name=f"writer-{n}")
+            for n in range(WRITERS)
+        ]
+        + [
+            threading.Thread(target=_taker, args=(address(), n, stop, tally, clients), name=f"taker-{n}")
+            for n in range(TAKERS)
+        ]
+        + [
+            threading.Thread(target=_mover, args=(address(), n, stop, tally, clients), name=f"mover-{n}")
+            for n in range(clients.movers)
+        ]
+    )
     for thread in threads:
         thread.start()
     return threads
@@ -115,12 +160,17 @@ def stop_load(threads: list[threading.Thread], stop: threading.Event, clients: C
         thread.join(timeout=clients.retry_deadline + 10)
 
 
-def check(tally: Tally, left_over: Sequence[str | None], where: str, run: str) -> None:
+def check(
+    tally: Tally, left_over: Sequence[str | None], where: str, run: str, moved_over: Sequence[str | None] = ()
+) -> None:
     """Print the figures of the `run` (a line saying what it did), then check what is
     `left_over` (the uids in the space at the end; `where` says how they were read) against what
-    the clients were told:
+    the clients were told (and `moved_over`, the uids of the `Moved` entries left, against what
+    the movers were told):
 
-    - every acknowledged write was taken or is left over (none lost);
+    - every acknowledged write was taken, moved or is left over (none lost);
+    - a `Moved` is left for every committed move and for nothing else, once each (a transaction
+      commits whole or not at all, and exactly once);
     - no entry was returned by two takes, none is stored twice, and no taken entry is left over
       (a take is not undone);
     - nothing taken or left over was never written (sanity).
@@ -128,12 +178,18 @@ def check(tally: Tally, left_over: Sequence[str | None], where: str, run: str) -
     attempted = {uid for uids in tally.attempted for uid in uids}
     acknowledged = {uid for uids in tally.acknowledged for uid in uids}
     taken_list = [uid for uids in tally.taken for uid in uids]
-    taken: set[str | None] = set(taken_list)
+    moved_list = [uid for uids in tally.moved for uid in uids]
+    taken: set[str | None] = set(taken_list) | set(moved_list)
     left = set(left_over)
     retries = sum(tally.retries)
     print(
         f"{run}; written {len(acknowledged)} acknowledged ({len(attempted)} attempted), taken "
-        f"{len(taken_list)}, {where} {len(left_over)}, retries {retries}"
+        f"{len(taken_list)}, moved {len(moved_list)} ({sum(tally.aborted)} transactions aborted), "
+        f"{where} {len(left_over)}, retries {retries}"
+    )
+    assert sorted(moved_over, key=str) == sorted(moved_list), (
+        "the Moved entries are not the committed moves: "
+        f"{sorted(set(map(str, moved_over)) ^ set(moved_list))[:20]}"
     )
     assert len(acknowledged) >= 100 and len(taken) >= 100, (
         f"too little load to mean anything: {len(acknowledged)} written, {len(taken)} taken"
@@ -141,7 +197,7 @@ def check(tally: Tally, left_over: Sequence[str | None], where: str, run: str) -
     assert retries > 0, "no call was interrupted by the kills, so nothing was tested"
     lost = acknowledged - taken - left
     assert not lost, f"{len(lost)} of {len(acknowledged)} acknowledged writes were lost: {sorted(lost)[:20]}"
-    twice = [uid for uid, n in Counter(taken_list).items() if n > 1]
+    twice = [uid for uid, n in Counter(taken_list + moved_list).items() if n > 1]
     assert not twice, f"{len(twice)} of {len(taken)} taken entries were returned by two takes: {twice[:20]}"
     doubled = [uid for uid, n in Counter(left_over).items() if n > 1]
     assert not doubled, f"{len(doubled)} of {len(left_over)} {where} entries are stored twice: {doubled[:20]}"

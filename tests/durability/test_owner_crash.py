@@ -13,7 +13,10 @@ the new owner; KILLS times. Then the load stops, the space is drained with take_
 was drained and taken is checked against what the clients were told (as tests/durability/
 test_crash.py checks a single server):
 
-- every acknowledged write was either taken or drained (none lost);
+- every acknowledged write was either taken, moved or drained (none lost);
+- the movers (a take and a write in a transaction, committed, while the owners die) moved each
+  item they were told they moved, once, and no transaction was told it aborted: the new owner
+  rebuilds the transactions open on the old one;
 - no entry was returned by two takes, or by a take and the drain (a take is not undone);
 - nothing taken or drained was never written (sanity).
 
@@ -36,14 +39,15 @@ import outrig
 from ..conftest import ServerProcess, free_port, start_server
 from ..polling import wait_until
 from ..postgres_server import PostgresServer
-from .load import Clients, Item, Tally, check, start_load, stop_load
+from .load import Clients, Item, Moved, Tally, check, start_load, stop_load
 
 SEED = 20240619
 KILLS = 4
 SERVERS = 3
 OWNER_LEASE = 1.5
 RETRY_DEADLINE = 30.0  # spans a takeover (a lease and a bit) by far
-CLIENTS = Clients(space="owner-crash", seed=SEED, retry_deadline=RETRY_DEADLINE)
+MOVERS = 2  # transactions open across the kills: the new owner rebuilds them
+CLIENTS = Clients(space="owner-crash", seed=SEED, retry_deadline=RETRY_DEADLINE, movers=MOVERS)
 SPACE = CLIENTS.space
 
 
@@ -145,10 +149,14 @@ def test_owner_sigkilled_under_load_loses_duplicates_and_resurrects_nothing(tier
     assert not tally.errors, f"client calls failed despite retries: {tally.errors} (logs {tier.logs})"
 
     drained: list[str] = []
+    moved: list[str] = []
     with outrig.connect(tier.addresses[0], space=SPACE, retry_deadline=RETRY_DEADLINE) as space:
         while (item := space.take_nowait(Item())) is not None:
             assert isinstance(item, Item) and item.uid is not None
             drained.append(item.uid)
+        while (done := space.take_nowait(Moved())) is not None:
+            assert isinstance(done, Moved) and done.uid is not None
+            moved.append(done.uid)
         assert space.count(Item()) == 0
 
     assert len(set(owners)) == KILLS, f"the same server id was killed twice: {owners}"
@@ -158,4 +166,9 @@ def test_owner_sigkilled_under_load_loses_duplicates_and_resurrects_nothing(tier
         "drained",
         f"owner crash harness: seed {SEED}, {KILLS} owners killed ({owners}, epochs {epochs} then "
         f"{owner.epoch}) in {loaded:.1f} s",
+        moved,
     )
+    # The movers' transactions were open across the kills and rebuilt by each new owner: none
+    # was told it aborted.
+    assert sum(tally.aborted) == 0, f"{sum(tally.aborted)} movers' transactions aborted"
+    assert len(moved) >= 20, f"too few moves to mean anything: {len(moved)}"

@@ -94,7 +94,7 @@ class PostgresBackend(MemoryBackend):
             "autocommit": True,
             "connect_timeout": CONNECT_TIMEOUT,
             # A cut link is noticed within a lease, not after TCP's minutes; and PostgreSQL
-            # itself ends a transaction of this server left open (its FOR SHARE locks would hold
+            # itself ends a transaction of this server left open (its fence locks would hold
             # up another server's claim) once it has idled for a lease.
             "keepalives": 1,
             "keepalives_idle": max(1, int(self.lease)),

@@ -7,13 +7,13 @@ the take of the same entry in one batch become one DELETE), then sent as a few `
 statements in one pipeline, then committed; every caller of the batch is answered only after
 the COMMIT returned.
 
-Fencing: a batch's first statement locks the `outrig_spaces` rows of the spaces it changes
-FOR SHARE and reads their owner and epoch. A change of a space whose epoch is no longer this
+Fencing: a batch's first statement (`outrig_fence`) takes a shared advisory lock per space it
+changes and reads their owner and epoch. A change of a space whose epoch is no longer this
 server's is not written: its callers get NotOwnerError and the backend drops the space. A claim
-by another server is an UPDATE of that row, so it waits for a batch that passed the check to
-commit, and every batch after the claim fails the check: nothing is acknowledged by a server
-that has lost a space, and the new owner, loading after its claim, sees every acknowledged
-change.
+by another server takes that lock exclusively before it changes the space's row, so it waits for
+a batch that passed the check to commit, and every batch after the claim fails the check:
+nothing is acknowledged by a server that has lost a space, and the new owner, loading after its
+claim, sees every acknowledged change.
 
 Failure: if a batch fails in any other way (the connection lost, a statement refused, no answer
 within the owner lease) its outcome may be unknown (a COMMIT sent whose answer never came), so

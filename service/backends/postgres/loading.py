@@ -1,8 +1,9 @@
 """Loading a space this server has just claimed: everything the database holds of it.
 
 The load runs in one transaction that first checks the claim's epoch is still current (FOR
-SHARE, as every batch does), so it reads the space exactly as its last owner left it: every
-change that owner had acknowledged committed before the claim could. Entries and registrations
+SHARE: a later claim's UPDATE of the row waits for the load), so it reads the space exactly as
+its last owner left it: every change that owner had acknowledged committed before the claim
+could (the claim waited for its fenced batches). Entries and registrations
 whose leases have run out are deleted rather than loaded; transactions the last owner had open
 come back with their writes, takes and read locks (each recorded before its call answered), but
 those whose lease has run out abort here, with what they wrote (a late commit is told so);

@@ -27,6 +27,7 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool
 
 from outrig.service.backends.base import Placement
+from outrig.service.backends.postgres.schema import FENCE_CLASS
 
 # The share of the lease this server trusts its own ownership for, counted from the send.
 TRUSTED = 0.8
@@ -75,10 +76,22 @@ class Ownership:
         for space in spaces:
             self._trusted_until[space] = until
 
-    async def _fetch(self, sql: str, parameters: Sequence[Any] | dict[str, Any]) -> list[tuple[Any, ...]]:
+    async def _fetch(
+        self, sql: str, parameters: Sequence[Any] | dict[str, Any], *, fencing: str | None = None
+    ) -> list[tuple[Any, ...]]:
+        """Run one statement. `fencing`: a space whose owner or epoch it changes; it first takes
+        the space's fence lock exclusively, in the same transaction, so that it waits for every
+        batch that passed the fence (schema.py, migration 3) and every later batch sees it."""
         async with self._pool.connection() as connection:
-            cursor = await connection.execute(sql, parameters)
-            return list(await cursor.fetchall()) if cursor.description else []
+            if fencing is None:
+                cursor = await connection.execute(sql, parameters)
+                return list(await cursor.fetchall()) if cursor.description else []
+            async with connection.transaction():
+                await connection.execute(
+                    "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (FENCE_CLASS, fencing)
+                )
+                cursor = await connection.execute(sql, parameters)
+                return list(await cursor.fetchall()) if cursor.description else []
 
     async def heartbeat(self, spaces: int) -> None:
         """Say this server is live, where it is reached and how many spaces it serves."""
@@ -106,6 +119,7 @@ class Ownership:
             "WHERE id = %(me)s AND EXISTS (SELECT 1 FROM claimed)) "
             "SELECT epoch FROM claimed",
             {"space": space, "me": self.server_id, "lease": self.lease},
+            fencing=space,
         )
         if not rows:
             return None
@@ -138,6 +152,7 @@ class Ownership:
             "owner_expires_at = now() + make_interval(secs => %s) "
             "WHERE space = %s AND owner = %s AND epoch = %s RETURNING space",
             (server, self.lease, space, self.server_id, epoch),
+            fencing=space,
         )
         self.forget(space)
         return bool(rows)
