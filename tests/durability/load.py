@@ -179,7 +179,7 @@ def check(
     acknowledged = {uid for uids in tally.acknowledged for uid in uids}
     taken_list = [uid for uids in tally.taken for uid in uids]
     moved_list = [uid for uids in tally.moved for uid in uids]
-    taken: set[str | None] = set(taken_list) | set(moved_list)
+    taken: set[str | None] = {*taken_list, *moved_list}
     left = set(left_over)
     retries = sum(tally.retries)
     print(

@@ -125,7 +125,9 @@ class PostgresBackend(MemoryBackend):
         self.owners.address = address
 
     async def _connect(self) -> psycopg.AsyncConnection[Any]:
-        return await psycopg.AsyncConnection.connect(self.dsn, **self._connect_kwargs)
+        """A connection of the journal's own. Its batches are simple queries, each unique: psycopg
+        would otherwise keep the last hundred (tens of KB each) to count how often it saw them."""
+        return await psycopg.AsyncConnection.connect(self.dsn, prepare_threshold=None, **self._connect_kwargs)
 
     async def _query(self, sql: str, parameters: Sequence[Any]) -> list[tuple[Any, ...]]:
         async with self._pool.connection() as connection:
