@@ -118,11 +118,11 @@ async def main() -> None:
     )
     print("| fence | PostgreSQL CPU us/batch | batches/s | WAL records/batch | WAL bytes/batch |")
     print("|---|---|---|---|---|")
-    medians = {}
+    medians: dict[str, list[float]] = {}
     for name, rows in results.items():
         medians[name] = [statistics.median(r[i] for r in rows) for i in range(4)]
-        cpu_us, rate, records, size = medians[name]
-        print(f"| {name} | {cpu_us:,.0f} | {rate:,.0f} | {records:.2f} | {size:,.0f} |")
+        cpu_us, rate, wal_records, wal_bytes = medians[name]
+        print(f"| {name} | {cpu_us:,.0f} | {rate:,.0f} | {wal_records:.2f} | {wal_bytes:,.0f} |")
     new, old = medians["advisory lock (outrig_fence)"], medians["row lock (FOR SHARE)"]
     print(
         f"\nratios advisory / row lock: CPU {new[0] / old[0]:.2f}, rate {new[1] / old[1]:.2f}, "
