@@ -8,8 +8,8 @@ flight hold it at once); now it takes a shared advisory lock per space. Both are
 throwaway PostgreSQL (fsync on), as batches like the journal's (one simple query: BEGIN, the
 fence, an INSERT and a DELETE of an entry, COMMIT) on 2 connections at once: the CPU seconds of
 PostgreSQL (the postmaster and its children, from /proc) per batch, batches/s, and the WAL records
-and bytes per batch (pg_stat_wal: exact, whatever else the machine does, where CPU and rate
-move with the load on a shared machine). Rounds are interleaved; figures are medians; the ratios
+and bytes per batch (pg_stat_wal: steady from run to run, where CPU and rate move with the
+load on a shared machine). Rounds are interleaved; figures are medians; the ratios
 are advisory / row lock. Asserts nothing.
 """
 
@@ -50,9 +50,9 @@ FENCES = {"row lock (FOR SHARE)": "fence_row_lock", "advisory lock (outrig_fence
 CONNECTIONS = 2
 
 
-async def batches(dsn: str, fence: str, count: int, ids: Iterator[int]) -> None:
-    connections = [await psycopg.AsyncConnection.connect(dsn, autocommit=True) for _ in range(CONNECTIONS)]
-
+async def batches(
+    connections: list[psycopg.AsyncConnection[Any]], fence: str, count: int, ids: Iterator[int]
+) -> None:
     async def send(connection: psycopg.AsyncConnection[Any]) -> None:
         for _ in range(count):
             entry = next(ids)
@@ -63,11 +63,7 @@ async def batches(dsn: str, fence: str, count: int, ids: Iterator[int]) -> None:
                 "COMMIT".encode()
             )
 
-    try:
-        await asyncio.gather(*(send(connection) for connection in connections))
-    finally:
-        for connection in connections:
-            await connection.close()
+    await asyncio.gather(*(send(connection) for connection in connections))
 
 
 async def wal(dsn: str) -> tuple[int, int]:
@@ -91,6 +87,12 @@ async def main() -> None:
             await migrate(connection)
             await connection.execute(ROW_LOCK)
             await connection.execute("INSERT INTO outrig_spaces (space, owner, epoch) VALUES ('s', 'me', 1)")
+        # Each fence's connections live through every round: a backend's CPU is read from its
+        # /proc entry while it lives (one that exited is counted only once the postmaster reaps it).
+        connections = {
+            name: [await psycopg.AsyncConnection.connect(dsn, autocommit=True) for _ in range(CONNECTIONS)]
+            for name in FENCES
+        }
         cpu = PostgresCpu(postgres.port)
         ids = itertools.count(10)
         results: dict[str, list[tuple[float, float, float, float]]] = {name: [] for name in FENCES}
@@ -99,7 +101,7 @@ async def main() -> None:
             for name in names[round_number % 2 :] + names[: round_number % 2]:
                 records, size = await wal(dsn)
                 cpu_before, started = cpu.seconds(), time.perf_counter()
-                await batches(dsn, FENCES[name], args.batches, ids)
+                await batches(connections[name], FENCES[name], args.batches, ids)
                 seconds = time.perf_counter() - started
                 cpu_after = cpu.seconds()
                 records_after, size_after = await wal(dsn)
@@ -112,6 +114,9 @@ async def main() -> None:
                         (size_after - size) / done,
                     )
                 )
+        for each in connections.values():
+            for connection in each:
+                await connection.close()
     print(
         f"## the fence: {args.rounds} rounds of {CONNECTIONS} x {args.batches} batches, "
         f"{os.cpu_count()} cores"
