@@ -235,8 +235,8 @@ MIGRATIONS: Final[tuple[tuple[int, str], ...]] = (
         CREATE INDEX outrig_transaction_locks_request ON outrig_transaction_locks (request_id)
             WHERE request_id IS NOT NULL;
         -- The fence takes a shared advisory lock per space (key: FENCE_CLASS, hashtext(space))
-        -- instead of a FOR SHARE lock of its row: a row lock is a write to the row (and, held by
-        -- two batches at once, a MultiXact), a quarter of a small batch's cost in PostgreSQL. A
+        -- instead of a FOR SHARE lock of its row: a row lock is a write to the row, with its WAL
+        -- record (and, held by two batches at once, a MultiXact; bench/fence.py: 0.8 of the WAL). A
         -- claim or hand-over takes the same key exclusively before it changes the row, so it
         -- waits for every batch that passed the fence, and every batch after it sees its epoch.
         CREATE OR REPLACE FUNCTION outrig_fence(me text, spaces text[], epochs bigint[]) RETURNS void
