@@ -39,6 +39,21 @@ class SpaceFigures:
 
 
 @dataclass(frozen=True, slots=True)
+class TierFigures:
+    """A tier server's ownership so far, for the metrics: the spaces it owns now, whether it can
+    serve, the spaces it claimed and the seconds their loads took, and the spaces it dropped by
+    why: "fenced" (a commit refused by the database: another server had claimed the space),
+    "renewal" (a renewal found it claimed elsewhere), "unreachable" (the database did not confirm a
+    commit: every space is dropped until it is back) or "moved" (handed to another server)."""
+
+    owned: int
+    serving: bool
+    claims: int
+    load_seconds: float
+    dropped: Mapping[str, int]
+
+
+@dataclass(frozen=True, slots=True)
 class Placement:
     """Where a space lives: its owner's server id and address, the ownership's epoch, the seconds
     left on it (None: no owner), and whether the owner is this server."""
@@ -156,6 +171,9 @@ class SpaceBackend(Protocol):
 
     async def placements(self) -> list[Placement]:
         """Every space of the tier and its owner (a lone server: its spaces, all here)."""
+
+    def tier_figures(self) -> TierFigures | None:
+        """This server's ownership so far (None: a lone server, which owns every space)."""
 
     async def move(self, space: str, to: str) -> str:
         """Hand `space` (served here) to the server `to` names (id or address; "": the least loaded

@@ -17,6 +17,12 @@ read from the backend when Prometheus scrapes, never kept up to date per request
 | `outrig_store_batch_changes` | histogram | (records per group commit) |
 | `outrig_policy_denials_total` | counter | action |
 | `outrig_mux_streams`, `outrig_mux_ops_in_flight` | gauge | (open Mux streams; their ops not yet answered) |
+| `outrig_routed_calls_total` | counter | method, how (forwarded, or redirected: NOT_OWNER) |
+| `outrig_tier_spaces_owned`, `outrig_tier_serving` | gauge | (spaces owned; 1 while it can serve) |
+| `outrig_tier_claims_total`, `outrig_tier_load_seconds_total` | counter | (claims; their loads' seconds) |
+| `outrig_tier_spaces_dropped_total` | counter | reason (fenced, renewal, unreachable, moved) |
+
+The tier's figures (a `--backend postgres` server only) are read from the backend at a scrape.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from outrig.service.backends.base import SpaceFigures
+from outrig.service.backends.base import SpaceFigures, TierFigures
 
 __all__ = ["Metrics"]
 
@@ -91,6 +97,32 @@ class _StreamsCollector(Collector):
         )
 
 
+class _TierCollector(Collector):
+    def __init__(self, figures: Callable[[], TierFigures | None]) -> None:
+        self._figures = figures
+
+    def collect(self) -> Iterable[Any]:
+        figures = self._figures()
+        if figures is None:  # a lone server: no tier
+            return
+        yield GaugeMetricFamily("outrig_tier_spaces_owned", "Spaces this server owns", value=figures.owned)
+        yield GaugeMetricFamily(
+            "outrig_tier_serving",
+            "1 while this server can serve (its database link works)",
+            value=figures.serving,
+        )
+        yield CounterMetricFamily("outrig_tier_claims", "Spaces this server claimed", value=figures.claims)
+        yield CounterMetricFamily(
+            "outrig_tier_load_seconds", "Seconds spent loading the spaces claimed", value=figures.load_seconds
+        )
+        dropped = CounterMetricFamily(
+            "outrig_tier_spaces_dropped", "Spaces this server stopped serving, by why", labels=["reason"]
+        )
+        for reason in ("fenced", "renewal", "unreachable", "moved"):
+            dropped.add_metric([reason], figures.dropped.get(reason, 0))
+        yield dropped
+
+
 class Metrics:
     """The server's metrics, in a registry of their own."""
 
@@ -118,6 +150,12 @@ class Metrics:
             buckets=_BATCH_BUCKETS,
             registry=self.registry,
         )
+        self._routed = Counter(
+            "outrig_routed_calls",
+            "Calls on a space another server owns: forwarded to it, or redirected (NOT_OWNER)",
+            ["method", "how"],
+            registry=self.registry,
+        )
         self._children: dict[tuple[str, str], Any] = {}
         self._timers: dict[str, Any] = {}
         self._http: Any = None  # the HTTP server `serve` started, until `close`
@@ -129,6 +167,14 @@ class Metrics:
     def watch_streams(self, figures: Callable[[], tuple[int, int]]) -> None:
         """Read (open Mux streams, their operations in flight) from `figures` at each scrape."""
         self.registry.register(_StreamsCollector(figures))
+
+    def watch_tier(self, figures: Callable[[], TierFigures | None]) -> None:
+        """Read a tier server's ownership figures from `figures` at each scrape."""
+        self.registry.register(_TierCollector(figures))
+
+    def routed(self, method: str, how: str) -> None:
+        """A call on a space another server owns was "forwarded" or "redirected"."""
+        self._routed.labels(method, how).inc()
 
     def call(self, method: str, code: str, seconds: float) -> None:
         """One call ended with `code` (a gRPC status name) after `seconds`."""

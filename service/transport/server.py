@@ -15,7 +15,7 @@ from grpc_reflection.v1alpha import reflection
 
 from outrig.service import process
 from outrig.service.backends import backend_for
-from outrig.service.backends.base import SpaceBackend
+from outrig.service.backends.base import SpaceBackend, TierFigures
 from outrig.service.config import ServerConfig
 from outrig.service.engine.clock import Clock
 from outrig.service.exceptions import ConfigError
@@ -141,6 +141,11 @@ class OutrigServer:
             lambda: asyncio.run_coroutine_threadsafe(backend.space_figures(), loop).result(10)
         )
         metrics.watch_streams(self._mux.figures)
+
+        async def tier_figures() -> TierFigures | None:
+            return backend.tier_figures()
+
+        metrics.watch_tier(lambda: asyncio.run_coroutine_threadsafe(tier_figures(), loop).result(10))
         backend.observe_commits(metrics.committed)
         try:
             metrics.serve(self.config.metrics_listen)

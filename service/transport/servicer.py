@@ -311,9 +311,16 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
         message = request.message if isinstance(request, handlers.Received) else request
         space = codec.space_name(message.space, self._limits)
         address = await self._backend.locate(space)
-        if address is not None and _routed_directly(context):
+        if address is None:
+            return None
+        metrics = self._metrics
+        if _routed_directly(context):
             # The SDK sent it here believing this server the owner: redirect, do not forward.
+            if metrics is not None:
+                metrics.routed(name, "redirected")
             raise NotOwnerError(f"space {space!r} is served by {address}", address)
+        if metrics is not None:
+            metrics.routed(name, "forwarded")
         return address
 
     async def perform(

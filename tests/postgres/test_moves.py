@@ -13,7 +13,7 @@ import pytest
 import outrig
 
 from ..conftest import start_server
-from ..polling import wait_until
+from ..polling import scrape, wait_until
 from ..postgres_server import PostgresServer
 from .test_servers import Job, drained
 
@@ -144,3 +144,48 @@ def test_a_client_routed_to_the_owner_follows_a_move(database: str) -> None:
     finally:
         a.stop()
         b.stop()
+
+
+def test_a_tiers_servers_report_claims_routing_and_moves_in_their_metrics(database: str) -> None:
+    a = start_server("--backend", "postgres", "--dsn", database, "--owner-lease", LEASE, metrics=True)
+    b = start_server("--backend", "postgres", "--dsn", database, "--owner-lease", LEASE, metrics=True)
+    try:
+        assert a.metrics is not None and b.metrics is not None
+        with outrig.connect(a.address, space="counted") as claim:
+            claim.write(Job(n=1))  # a claims it
+        with outrig.connect(b.address, space="counted", direct=False) as through_b:
+            through_b.write(Job(n=2))  # forwarded by b to a
+        metrics_a, metrics_b = a.metrics, b.metrics
+        at_a = wait_until(
+            lambda: s if (s := scrape(metrics_a))["outrig_tier_claims_total"] >= 1 else None,
+            what="a's claim in its metrics",
+        )
+        assert at_a["outrig_tier_spaces_owned"] == 1 and at_a["outrig_tier_serving"] == 1
+        assert at_a["outrig_tier_load_seconds_total"] > 0
+        at_b = scrape(metrics_b)
+        assert at_b['outrig_routed_calls_total{how="forwarded",method="Write"}'] >= 1
+        assert at_b["outrig_tier_spaces_owned"] == 0 and at_b["outrig_tier_claims_total"] == 0
+        moved = cli("move", "counted", "--to", b.address, "--address", a.address)
+        assert moved.returncode == 0, moved.stderr
+        with outrig.connect(b.address, space="counted") as space:
+            assert drained(space) == [1, 2]
+        assert scrape(metrics_a)['outrig_tier_spaces_dropped_total{reason="moved"}'] == 1
+        at_b = scrape(metrics_b)
+        assert at_b["outrig_tier_claims_total"] == 1 and at_b["outrig_tier_spaces_owned"] == 1
+        assert at_b['outrig_tier_spaces_dropped_total{reason="fenced"}'] == 0
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_a_lone_server_has_no_tier_metrics() -> None:
+    lone = start_server(metrics=True)
+    try:
+        assert lone.metrics is not None
+        with outrig.connect(lone.address, space="alone") as space:
+            space.write(Job(n=1))
+        assert not [
+            name for name in scrape(lone.metrics) if name.startswith(("outrig_tier_", "outrig_routed_"))
+        ]
+    finally:
+        lone.stop()

@@ -17,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 import outrig
 
 from ..conftest import ServerProcess, start_server
-from ..polling import wait_until
+from ..polling import scrape, wait_until
 from ..postgres_server import PostgresServer
 from ..tcp_proxy import CutMode, TcpProxy
 from .test_servers import Job, drained
@@ -41,6 +41,7 @@ def proxied(postgres: PostgresServer, database: str) -> Iterator[tuple[TcpProxy,
             f"postgresql://outrig@{proxy.address}/{database}",
             "--owner-lease",
             "1.5",
+            metrics=True,
         )
         try:
             yield proxy, server
@@ -66,6 +67,8 @@ def test_a_database_lost_and_back(proxied: tuple[TcpProxy, ServerProcess], cut: 
         proxy.cut(mode=cut)
         wait_until(lambda: health(server.address, "outrig.v1.Space") == NOT_SERVING, what="NOT_SERVING")
         assert health(server.address, "") == SERVING  # alive: a liveness probe must not restart it
+        assert server.metrics is not None
+        assert scrape(server.metrics)["outrig_tier_serving"] == 0  # and its metrics say so
         with pytest.raises(outrig.UnavailableError):
             space.write(Job(n=100))
 
@@ -89,6 +92,7 @@ def test_a_database_lost_and_back(proxied: tuple[TcpProxy, ServerProcess], cut: 
                 return False
 
         wait_until(served, what="the space served again")
+        assert scrape(server.metrics)["outrig_tier_serving"] == 1
         assert [n for n in drained(space) if n < 20] == list(range(20))  # every acknowledged write is there
 
 

@@ -171,6 +171,8 @@ async def test_a_late_owner_is_fenced_by_the_database(database: str) -> None:
             await a.write("s", [entry(n=99)], 600.0)
         with pytest.raises(NotOwnerError):  # a dropped the space when the fence refused it
             await a.match("s", [template()], take=True, max_entries=1, timeout=0, if_exists=False)
+        figures = a.tier_figures()
+        assert figures.dropped == {"fenced": 1} and figures.owned == 0 and figures.claims == 1
         got = await b.match("s", [template()], take=True, max_entries=100, timeout=0, if_exists=False)
         assert sorted(ids(got)) == sorted(g.id for g in acknowledged)  # all of a's, none refused
 

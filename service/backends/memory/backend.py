@@ -22,7 +22,7 @@ import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from outrig.service.backends.base import Placement, SpaceFigures
+from outrig.service.backends.base import Placement, SpaceFigures, TierFigures
 from outrig.service.backends.memory.idempotency import Outcome, RequestLog
 from outrig.service.backends.memory.journal import Journal, Record
 from outrig.service.backends.memory.recorder import Recorder
@@ -753,6 +753,9 @@ class MemoryBackend:
 
     async def placements(self) -> list[Placement]:
         return [Placement(name, "", "", 0, None, True) for name in self._spaces]
+
+    def tier_figures(self) -> TierFigures | None:
+        return None
 
     async def move(self, space: str, to: str) -> str:
         raise NoOtherServerError("a lone server has no other server to move a space to")
