@@ -5,7 +5,9 @@ their values inlined (`Changes.script`, `literal`). Whatever the records and the
 must leave the database as applying each record in order, one parameterized statement each, does
 (the SQLite journal's `_Writer` semantics: a put replaces the whole row, untaken; take, expiry and
 sequence update a row that may be absent; a type is inserted unless present; next_id and a
-registration's sequence only grow; a prune runs at commit over the owned spaces' requests).
+registration's sequence only grow; a prune runs at commit over the owned spaces: the rows taken
+by a request whose window has passed, and requests' rows; except that a take's request keeps no
+row of its own: its window's end goes on the rows it took, or locked under a transaction).
 
 Two databases start from the same drawn rows; database A gets the records one by one (the model),
 database B the folded script as one simple query; every table is then compared. Records are drawn
@@ -104,7 +106,7 @@ request_answers = st.tuples(
 ENTRY_ARGUMENTS: dict[str, st.SearchStrategy[tuple[Any, ...]]] = {
     "put": st.tuples(bigints, expiries, payloads),
     "delete": st.just(()),
-    "take": st.tuples(request_ids, positions),
+    "take": st.tuples(request_ids, positions, expiries),  # a request id, a position, its window's end
     "entry_expiry": st.tuples(expiries),
 }
 REGISTRATION_ARGUMENTS: dict[str, st.SearchStrategy[tuple[Any, ...]]] = {
@@ -116,7 +118,9 @@ REGISTRATION_ARGUMENTS: dict[str, st.SearchStrategy[tuple[Any, ...]]] = {
 entry_kinds = st.sampled_from(sorted(ENTRY_ARGUMENTS))
 registration_kinds = st.sampled_from(sorted(REGISTRATION_ARGUMENTS))
 lock_modes = st.sampled_from(["take", "read"])
-lock_marks = st.one_of(st.tuples(st.none(), st.none()), st.tuples(request_ids, positions))
+lock_marks = st.one_of(
+    st.tuples(st.none(), st.none(), st.none()), st.tuples(request_ids, positions, expiries)
+)
 # What a transaction does between its opening and its end, after its (space, id).
 TRANSACTION_STEPS: dict[str, Any] = {
     "transaction_expiry": lambda draw, space, txn: [("transaction_expiry", space, txn, draw(expiries))],
@@ -222,7 +226,10 @@ def take_operation(draw: st.DrawFn) -> list[Record]:
     if not draw(st.booleans()):
         return [("delete", space, entry_id) for entry_id in ids]
     request_id = draw(request_ids)
-    records: list[Record] = [("take", space, entry_id, request_id, i) for i, entry_id in enumerate(ids)]
+    until = draw(expiries)
+    records: list[Record] = [
+        ("take", space, entry_id, request_id, i, until) for i, entry_id in enumerate(ids)
+    ]
     records.append(("request", request_id, space, *draw(request_answers)))
     return records
 
@@ -294,10 +301,12 @@ class Initial:
     transactions: dict[tuple[str, int], tuple[Any, ...]]  # expires_at, recorded
     locks: dict[tuple[str, int, int], tuple[Any, ...]] = field(
         default_factory=dict
-    )  # mode, request, position
+    )  # mode, request, position, its window's end
 
 
-taken_marks = st.one_of(st.tuples(st.none(), st.none()), st.tuples(request_ids, positions))
+taken_marks = st.one_of(
+    st.tuples(st.none(), st.none(), st.none()), st.tuples(request_ids, positions, expiries)
+)
 initial_strategy = st.builds(
     Initial,
     next_ids=st.fixed_dictionaries({space: marks for space in SPACES}),
@@ -342,7 +351,7 @@ owned_strategy = st.sampled_from([list(SPACES), [SPACES[0]], [SPACES[1]], [SPACE
 TABLES = {
     "outrig_spaces": "SELECT space, next_id FROM outrig_spaces ORDER BY space",
     "outrig_entries": (
-        "SELECT space, id, arrival, expires_at, payload, taken_by, taken_position, written_by "
+        "SELECT space, id, arrival, expires_at, payload, taken_by, taken_position, taken_until, written_by "
         "FROM outrig_entries ORDER BY space, id"
     ),
     "outrig_registrations": (
@@ -357,7 +366,8 @@ TABLES = {
         "SELECT space, id, expires_at, recorded FROM outrig_open_transactions ORDER BY space, id"
     ),
     "outrig_transaction_locks": (
-        "SELECT space, transaction, entry, mode, request_id, position FROM outrig_transaction_locks "
+        "SELECT space, transaction, entry, mode, request_id, position, request_until "
+        "FROM outrig_transaction_locks "
         "ORDER BY space, transaction, entry"
     ),
 }
@@ -395,8 +405,8 @@ async def _load(connection: psycopg.AsyncConnection[Any], initial: Initial) -> N
             )
             await cursor.executemany(
                 "INSERT INTO outrig_entries "
-                "(space, id, arrival, expires_at, payload, taken_by, taken_position, written_by) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                "(space, id, arrival, expires_at, payload, taken_by, taken_position, taken_until, "
+                "written_by) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
                 [(*key, *row) for key, row in initial.entries.items()],
             )
             await cursor.executemany(
@@ -421,7 +431,8 @@ async def _load(connection: psycopg.AsyncConnection[Any], initial: Initial) -> N
             )
             await cursor.executemany(
                 "INSERT INTO outrig_transaction_locks "
-                "(space, transaction, entry, mode, request_id, position) VALUES (%s, %s, %s, %s, %s, %s)",
+                "(space, transaction, entry, mode, request_id, position, request_until) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s)",
                 [(*key, *row) for key, row in initial.locks.items()],
             )
 
@@ -432,18 +443,18 @@ NAIVE: dict[str, str | tuple[str, ...]] = {
         "INSERT INTO outrig_entries (space, id, arrival, expires_at, payload, taken_by, taken_position) "
         "VALUES (%s, %s, %s, %s, %s, NULL, NULL) ON CONFLICT (space, id) DO UPDATE SET "
         "arrival = EXCLUDED.arrival, expires_at = EXCLUDED.expires_at, payload = EXCLUDED.payload, "
-        "taken_by = NULL, taken_position = NULL, written_by = NULL"
+        "taken_by = NULL, taken_position = NULL, taken_until = NULL, written_by = NULL"
     ),
     "written": (
         "INSERT INTO outrig_entries "
         "(space, id, arrival, expires_at, payload, taken_by, taken_position, written_by) "
         "VALUES (%s, %s, %s, %s, %s, NULL, NULL, %s) ON CONFLICT (space, id) DO UPDATE SET "
         "arrival = EXCLUDED.arrival, expires_at = EXCLUDED.expires_at, payload = EXCLUDED.payload, "
-        "taken_by = NULL, taken_position = NULL, written_by = EXCLUDED.written_by"
+        "taken_by = NULL, taken_position = NULL, taken_until = NULL, written_by = EXCLUDED.written_by"
     ),
     "delete": "DELETE FROM outrig_entries WHERE space = %s AND id = %s",
     "take": (
-        "UPDATE outrig_entries SET taken_by = %(2)s, taken_position = %(3)s "
+        "UPDATE outrig_entries SET taken_by = %(2)s, taken_position = %(3)s, taken_until = %(4)s "
         "WHERE space = %(0)s AND id = %(1)s"
     ),
     "entry_expiry": "UPDATE outrig_entries SET expires_at = %(2)s WHERE space = %(0)s AND id = %(1)s",
@@ -485,16 +496,22 @@ NAIVE: dict[str, str | tuple[str, ...]] = {
         "DELETE FROM outrig_entries WHERE space = %(0)s AND written_by = %(1)s",
     ),
     "lock": (
-        "INSERT INTO outrig_transaction_locks (space, transaction, entry, mode, request_id, position) "
-        "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (space, transaction, entry) DO UPDATE SET "
-        "mode = EXCLUDED.mode, request_id = EXCLUDED.request_id, position = EXCLUDED.position"
+        "INSERT INTO outrig_transaction_locks "
+        "(space, transaction, entry, mode, request_id, position, request_until) "
+        "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (space, transaction, entry) DO UPDATE SET "
+        "mode = EXCLUDED.mode, request_id = EXCLUDED.request_id, position = EXCLUDED.position, "
+        "request_until = EXCLUDED.request_until"
     ),
     "unlock": "DELETE FROM outrig_transaction_locks WHERE space = %s AND transaction = %s AND entry = %s",
 }
-# At commit, as _Writer does (the last prune's `now`), over the owned spaces' requests only.
-PRUNE_EXPIRED = (
-    "SELECT id FROM outrig_requests WHERE space = ANY(%(spaces)s::text[]) AND expires_at <= %(now)s"
+# At commit, as _Writer does (the last prune's `now`), over the owned spaces only: the rows
+# taken by a request whose window has passed, and the requests' rows likewise.
+PRUNE = (
+    "DELETE FROM outrig_entries WHERE space = ANY(%(spaces)s::text[]) AND taken_until <= %(now)s",
+    "DELETE FROM outrig_requests WHERE space = ANY(%(spaces)s::text[]) AND expires_at <= %(now)s",
 )
+# Records that name a take's window last; drawn without it (as explicit examples may be), it is None.
+WINDOWED = {"take": 5, "lock": 7}
 
 
 async def apply_naively(
@@ -508,16 +525,18 @@ async def apply_naively(
                 continue
             if kind == "type":
                 args = [args[0], args[1], json.loads(args[2])]
+            if kind == "request" and args[2] == "take":
+                continue  # a take's request lives on the rows it took: no row of its own
+            if kind in WINDOWED:
+                args = [*args, *[None] * (WINDOWED[kind] - len(args))]
             statements = NAIVE[kind]
             for sql in (statements,) if isinstance(statements, str) else statements:
                 parameters: Any = {str(i): value for i, value in enumerate(args)} if "%(" in sql else args
                 await connection.execute(sql, parameters)
         if prune_before is not None and owned:
             parameters = {"spaces": list(owned), "now": prune_before}
-            await connection.execute(
-                f"DELETE FROM outrig_entries WHERE taken_by IN ({PRUNE_EXPIRED})", parameters
-            )
-            await connection.execute(f"DELETE FROM outrig_requests WHERE id IN ({PRUNE_EXPIRED})", parameters)
+            for sql in PRUNE:
+                await connection.execute(sql, parameters)
 
 
 def _dump(payload: object) -> bytes:
@@ -590,18 +609,21 @@ async def contents(connection: psycopg.AsyncConnection[Any]) -> dict[str, list[t
 @example(
     initial=Initial(
         {space: 10 for space in SPACES},
-        {(SPACES[0], 1): (1, 2.0, b"old", "r1", 0, None), (SPACES[0], 2): (2, None, b"w", None, None, 1)},
+        {
+            (SPACES[0], 1): (1, 2.0, b"old", "r1", 0, 1.0, None),  # taken, its window over at 1.0
+            (SPACES[0], 2): (2, None, b"w", None, None, None, 1),
+        },
         {(SPACES[1], 1): (None, b"t", 5)},
         {(SPACES[0], "T"): ["A"]},
         {"r1": (SPACES[0], "take", 1.0, None, 1, None, None)},
         {(SPACES[0], 1): (5.0, True)},
-        {(SPACES[0], 1, 1): ("take", "r1", 0)},
+        {(SPACES[0], 1, 1): ("take", "r1", 0, 3.0)},
     ),
     records=[
         ("put", SPACES[0], 1, 3, None, b"\x00'\\"),
         ("delete", SPACES[0], 1),
         ("put", SPACES[0], 1, 4, 1e300, b""),
-        ("take", SPACES[0], 1, "'; DROP", 2),
+        ("take", SPACES[0], 1, "'; DROP", 2, 1.5),
         ("take", SPACES[0], 5, "r2", 0),
         ("registration_expiry", SPACES[1], 1, -1.5),
         ("type", SPACES[0], "T", json.dumps(["B"])),
@@ -619,23 +641,26 @@ async def contents(connection: psycopg.AsyncConnection[Any]) -> dict[str, list[t
 @example(  # every kind on rows already there, none of them put again in the batch
     initial=Initial(
         {space: 7 for space in SPACES},
-        {(SPACES[1], 2): (1, None, b"a", None, None, None), (SPACES[1], 3): (2, 9.5, b"b", None, None, 2)},
+        {
+            (SPACES[1], 2): (1, None, b"a", None, None, None, None),
+            (SPACES[1], 3): (2, 9.5, b"b", None, None, None, 2),
+        },
         {(SPACES[0], 2): (3.0, b"t", 4), (SPACES[0], 3): (None, b"u", 0)},
         {},
         {"$$": (SPACES[1], "write", 1.0, 5, 1, None, None)},
         {(SPACES[1], 2): (None, True), (SPACES[1], 3): (1.0, False)},
-        {(SPACES[1], 2, 3): ("read", None, None), (SPACES[1], 3, 2): ("take", "$$", 1)},
+        {(SPACES[1], 2, 3): ("read", None, None, None), (SPACES[1], 3, 2): ("take", "$$", 1, 9.0)},
     ),
     records=[
         ("delete", SPACES[1], 2),
         ("entry_expiry", SPACES[1], 3, None),
-        ("take", SPACES[1], 3, "ünï☃", 0),
+        ("take", SPACES[1], 3, "ünï☃", 0, math.inf),
         ("unregister", SPACES[0], 2),
         ("registration_expiry", SPACES[0], 3, math.inf),
         ("sequence", SPACES[0], 3, 9),
         ("transaction_end", SPACES[1], 2),
         ("transaction_expiry", SPACES[1], 3, 4.5),
-        ("lock", SPACES[1], 3, 2, "read", "r2", 4),  # over a present row
+        ("lock", SPACES[1], 3, 2, "read", "r2", 4, 2.0),  # over a present row
         ("unlock", SPACES[1], 3, 5),  # of no row
         ("next_id", SPACES[1], 8),
         ("request", "$$", SPACES[1], "take", 2.0, None, 0, None, None),

@@ -12,7 +12,7 @@ import asyncio
 import random
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import psycopg
@@ -418,3 +418,38 @@ async def test_what_the_database_holds_is_what_memory_held_after_concurrent_work
         assert {stored.id: stored.expires_at for stored in loaded} == expiries
         resumed = await second.subscribe("s", [], None, resume=registration.lease.id)
         resumed.close()
+
+
+async def test_request_ids_past_their_window_leave_the_database(database: str) -> None:
+    """A take's request id lives on the rows it took (taken_until), a write's in its own row; once
+    the window has passed, the reaper's prune deletes both, and a retry acts afresh."""
+    async with tier(database, 1) as (a,):
+        await a.write("s", [entry(n=1), entry(n=2)], 600.0, request_id="w-1")
+        taken = await a.match(
+            "s", [template(n=1)], take=True, max_entries=1, timeout=0, if_exists=False, request_id="t-1"
+        )
+        assert len(taken) == 1
+        async with await psycopg.AsyncConnection.connect(database, autocommit=True) as connection:
+
+            async def marks() -> tuple[int, int]:
+                cursor = await connection.execute(
+                    "SELECT (SELECT count(*) FROM outrig_entries WHERE taken_by IS NOT NULL), "
+                    "(SELECT count(*) FROM outrig_requests)"
+                )
+                row = await cursor.fetchone()
+                assert row is not None
+                return int(row[0]), int(row[1])
+
+            assert await wait_until_async(lambda: marks_if(marks, (1, 1)), what="the marks recorded")
+            assert isinstance(a.clock, FakeClock)
+            a.clock.advance(CONFIG.request_window + 1)
+            await wait_until_async(lambda: marks_if(marks, (0, 0)), what="the prune")
+        retried = await a.match(
+            "s", [template(n=1)], take=True, max_entries=1, timeout=0, if_exists=False, request_id="t-1"
+        )
+        assert retried == []  # acted afresh: the entry it took is gone
+        assert await numbers(a, "s") == [2]
+
+
+async def marks_if(marks: Callable[[], Awaitable[tuple[int, int]]], wanted: tuple[int, int]) -> bool:
+    return await marks() == wanted

@@ -39,6 +39,7 @@ async def test_migrations_apply_once_even_from_several_servers_at_once(postgres:
             "outrig_entries_pkey",
             "outrig_entries_arrival",  # a load reads a space in arrival order
             "outrig_entries_taken_by",
+            "outrig_entries_taken_until",  # the prune of takes whose request window has passed
             "outrig_entries_written_by",
         }
         cursor = await connection.execute("SELECT count(*) FROM outrig_tier WHERE key = 'peer_secret'")

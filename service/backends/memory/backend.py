@@ -388,7 +388,9 @@ class MemoryBackend:
         if outcome is None:
             records: list[Record] = [("delete", space, stored.id) for stored in found]
         else:  # the rows stay, marked, to answer a retry until the request window passes
-            records = [("take", space, s.id, outcome.request_id, i) for i, s in enumerate(found)]
+            records = [
+                ("take", space, s.id, outcome.request_id, i, outcome.expires_at) for i, s in enumerate(found)
+            ]
             records.append((*Recorder.request_head(outcome), None, len(found), None, None))
         try:
             await self._commit(records, lambda: engine.restore(found), outcome=outcome, hands_out=True)
@@ -409,7 +411,7 @@ class MemoryBackend:
         engine: SpaceEngine,
         txn: Transaction,
         found: Sequence[StoredEntry],
-        request_id: str | None = None,
+        request: Outcome | None = None,
     ) -> tuple[list[Record], list[StoredEntry], list[StoredEntry]]:
         """The records of what a call under `txn` was handed (the owner tier): its takes and read
         locks, with the take's request id and positions to answer a retry, and its own writes
@@ -417,19 +419,20 @@ class MemoryBackend:
         records: list[Record] = []
         taken: list[StoredEntry] = []
         rewritten: list[StoredEntry] = []
+        request_id, until = (request.request_id, request.expires_at) if request else (None, None)
         for position, stored in enumerate(found):
             held = engine.held_by(txn, stored)
             if held is None:  # its own write, taken back: as if never written
                 rewritten.append(stored)
                 records.append(
-                    ("take", space, stored.id, request_id, position)
+                    ("take", space, stored.id, request_id, position, until)
                     if request_id
                     else ("delete", space, stored.id)
                 )
             elif held != "write":
                 if held == "take":
                     taken.append(stored)
-                mark = (request_id, position) if request_id and held == "take" else (None, None)
+                mark = (request_id, position, until) if request_id and held == "take" else (None, None, None)
                 records.append(("lock", space, txn.id, stored.id, held, *mark))
         return records, taken, rewritten
 
@@ -444,8 +447,7 @@ class MemoryBackend:
     ) -> None:
         """Record what a read or take under `txn` claimed before it answers (the owner tier), so
         that a new owner rebuilds the transaction holding it."""
-        request_id = outcome.request_id if outcome is not None else None
-        records, taken, rewritten = self._hold_records(space, engine, txn, found, request_id)
+        records, taken, rewritten = self._hold_records(space, engine, txn, found, outcome)
         if outcome is not None:
             records.append((*Recorder.request_head(outcome), None, len(found), None, None))
         if not records:

@@ -19,7 +19,8 @@ Record = tuple[Any, ...]
 
     put(space, id, arrival, expires_at, payload)      an entry is in the space
     delete(space, id)                                  it is gone
-    take(space, id, request_id, position)              taken by a request id: kept to answer a retry
+    take(space, id, request_id, position, until)       taken by a request id: kept to answer a retry
+                                                       until the request's window ends
     entry_expiry(space, id, expires_at)                its lease was renewed
     type(space, name, supertypes_json)                 a declared type
     next_id(space, mark)                               ids below mark may have been handed out
@@ -40,9 +41,10 @@ until they commit, and their commit is puts and deletes):
                                                        the rows it wrote that are still its own
     written(space, id, arrival, expires_at, payload, transaction)
                                                        an entry written under a transaction
-    lock(space, transaction, id, mode, request_id, position)
+    lock(space, transaction, id, mode, request_id, position, until)
                                                        held by it: mode "take" or "read" (a take's
-                                                       request id and position answer its retry)
+                                                       request id and position answer its retry
+                                                       until the request's window ends)
     unlock(space, transaction, id)                     given back (its caller went away)
 """
 

@@ -75,8 +75,8 @@ class Changes:
         self.requests: dict[str, tuple[Any, ...]] = {}
         # (space, id) -> ["open", expires_at] | ["expiry", expires_at] | ["end"]
         self.transactions: dict[tuple[str, int], list[Any]] = {}
-        # (space, transaction, entry) -> (mode, request id, position), or None: unlocked
-        self.locks: dict[tuple[str, int, int], tuple[str, str | None, int | None] | None] = {}
+        # (space, transaction, entry) -> (mode, request id, position, its window's end), or None
+        self.locks: dict[tuple[str, int, int], tuple[str, str | None, int | None, float | None] | None] = {}
         self.prune_before: float | None = None
 
     def add(self, records: Iterable[Record]) -> None:
@@ -123,8 +123,10 @@ class Changes:
     def _entry_expiry(self, space: str, entry_id: int, expires_at: float | None) -> None:
         self._update(self.entries, (space, entry_id), "expires_at", expires_at)
 
-    def _take(self, space: str, entry_id: int, request_id: str, position: int) -> None:
-        self._update(self.entries, (space, entry_id), "taken", (request_id, position))
+    def _take(
+        self, space: str, entry_id: int, request_id: str, position: int, until: float | None = None
+    ) -> None:
+        self._update(self.entries, (space, entry_id), "taken", (request_id, position, until))
 
     def _next_id(self, space: str, mark: int) -> None:
         self.next_ids[space] = max(mark, self.next_ids.get(space, 0))
@@ -151,6 +153,8 @@ class Changes:
         self._update(self.registrations, (space, registration_id), "sequence", sequence)
 
     def _request(self, request_id: str, space: str, kind: str, *answer: Any) -> None:
+        if kind == "take":
+            return  # kept on the rows it took (taken_by, taken_until) or locked: no row of its own
         self.requests[request_id] = (request_id, space, kind, *answer)
 
     def _transaction(self, space: str, transaction: int, expires_at: float | None) -> None:
@@ -174,8 +178,9 @@ class Changes:
         mode: str,
         request_id: str | None,
         position: int | None,
+        until: float | None = None,
     ) -> None:
-        self.locks[(space, transaction, entry_id)] = (mode, request_id, position)
+        self.locks[(space, transaction, entry_id)] = (mode, request_id, position, until)
 
     def _unlock(self, space: str, transaction: int, entry_id: int) -> None:
         self.locks[(space, transaction, entry_id)] = None
@@ -197,7 +202,7 @@ class Changes:
                 deleted.setdefault(space, []).append(entry_id)
             elif state[0] == "put":
                 row = state[1]
-                taken_by, position = row.get("taken", (None, None))
+                taken_by, position, until = row.get("taken", (None, None, None))
                 puts.append(
                     _row(
                         space,
@@ -207,6 +212,7 @@ class Changes:
                         row["payload"],
                         taken_by,
                         position,
+                        until,
                         row["written_by"],
                     )
                 )
@@ -215,8 +221,7 @@ class Changes:
                 if "expires_at" in columns:
                     expiries.append(_row(space, entry_id, columns["expires_at"]))
                 if "taken" in columns:
-                    request_id, position = columns["taken"]
-                    takes.append(_row(space, entry_id, request_id, position))
+                    takes.append(_row(space, entry_id, *columns["taken"]))
         for space, ids in deleted.items():
             out.append(
                 f"DELETE FROM outrig_entries WHERE space = {literal(space)} "
@@ -225,10 +230,12 @@ class Changes:
         if puts:
             out.append(
                 "INSERT INTO outrig_entries "
-                "(space, id, arrival, expires_at, payload, taken_by, taken_position, written_by) "
+                "(space, id, arrival, expires_at, payload, taken_by, taken_position, taken_until, "
+                "written_by) "
                 f"VALUES {', '.join(puts)} ON CONFLICT (space, id) DO UPDATE SET arrival = EXCLUDED.arrival, "
                 "expires_at = EXCLUDED.expires_at, payload = EXCLUDED.payload, taken_by = EXCLUDED.taken_by, "
-                "taken_position = EXCLUDED.taken_position, written_by = EXCLUDED.written_by"
+                "taken_position = EXCLUDED.taken_position, taken_until = EXCLUDED.taken_until, "
+                "written_by = EXCLUDED.written_by"
             )
         if expiries:
             out.append(
@@ -237,8 +244,9 @@ class Changes:
             )
         if takes:
             out.append(
-                "UPDATE outrig_entries AS e SET taken_by = v.r, taken_position = v.p::integer FROM (VALUES "
-                f"{', '.join(takes)}) AS v (space, id, r, p) WHERE e.space = v.space AND e.id = v.id"
+                "UPDATE outrig_entries AS e SET taken_by = v.r, taken_position = v.p::integer, "
+                f"taken_until = v.u::float8 FROM (VALUES {', '.join(takes)}) AS v (space, id, r, p, u) "
+                "WHERE e.space = v.space AND e.id = v.id"
             )
         deleted_registrations: list[str] = []
         put_registrations: list[str] = []
@@ -309,12 +317,15 @@ class Changes:
             )
         out += self._transaction_script()
         if self.prune_before is not None and spaces:
-            expired = (
-                f"SELECT id FROM outrig_requests WHERE space = ANY({literal(list(spaces))}) "
-                f"AND expires_at <= {literal(self.prune_before)} ORDER BY expires_at LIMIT {PRUNE_LIMIT}"
+            owned, before = literal(list(spaces)), literal(self.prune_before)
+            out.append(
+                "DELETE FROM outrig_entries WHERE (space, id) IN (SELECT space, id FROM outrig_entries "
+                f"WHERE space = ANY({owned}) AND taken_until <= {before} LIMIT {PRUNE_LIMIT})"
             )
-            out.append(f"DELETE FROM outrig_entries WHERE taken_by IN ({expired})")
-            out.append(f"DELETE FROM outrig_requests WHERE id IN ({expired})")
+            out.append(
+                f"DELETE FROM outrig_requests WHERE id IN (SELECT id FROM outrig_requests WHERE space = "
+                f"ANY({owned}) AND expires_at <= {before} ORDER BY expires_at LIMIT {PRUNE_LIMIT})"
+            )
         return out
 
     def _transaction_script(self) -> list[str]:
@@ -350,10 +361,12 @@ class Changes:
         if locked:
             out.append(
                 "INSERT INTO outrig_transaction_locks "
-                "(space, transaction, entry, mode, request_id, position) "
-                f"SELECT v.s, v.t, v.e, v.m, v.r, v.p::integer FROM (VALUES {', '.join(locked)}) "
-                "AS v (s, t, e, m, r, p) ON CONFLICT (space, transaction, entry) DO UPDATE SET "
-                "mode = EXCLUDED.mode, request_id = EXCLUDED.request_id, position = EXCLUDED.position"
+                "(space, transaction, entry, mode, request_id, position, request_until) "
+                "SELECT v.s, v.t, v.e, v.m, v.r, v.p::integer, v.u::float8 "
+                f"FROM (VALUES {', '.join(locked)}) "
+                "AS v (s, t, e, m, r, p, u) ON CONFLICT (space, transaction, entry) DO UPDATE SET "
+                "mode = EXCLUDED.mode, request_id = EXCLUDED.request_id, position = EXCLUDED.position, "
+                "request_until = EXCLUDED.request_until"
             )
         if unlocked:
             out.append(

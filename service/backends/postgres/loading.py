@@ -106,10 +106,16 @@ async def load_space(
             (int(reg), expires_at, bytes(templates), int(sequence))
             for reg, expires_at, templates, sequence in await cursor.fetchall()
         ]
+        # Request ids in their window: writes' rows, and takes' marks on the rows they took or
+        # locked (a take keeps no row of its own).
         cursor = await connection.execute(
-            "SELECT id, kind, expires_at FROM outrig_requests WHERE space = %s AND expires_at > %s "
-            "ORDER BY expires_at",
-            (space, now),
+            "SELECT id, kind, expires_at FROM outrig_requests WHERE space = %(s)s AND expires_at > %(now)s "
+            "UNION ALL SELECT taken_by, 'take', max(taken_until) FROM outrig_entries "
+            "WHERE space = %(s)s AND taken_by IS NOT NULL AND taken_until > %(now)s GROUP BY taken_by "
+            "UNION ALL SELECT request_id, 'take', max(request_until) FROM outrig_transaction_locks "
+            "WHERE space = %(s)s AND request_id IS NOT NULL AND request_until > %(now)s GROUP BY request_id "
+            "ORDER BY 3",
+            {"s": space, "now": now},
         )
         rows.requests = list(await cursor.fetchall())
         cursor = await connection.execute(

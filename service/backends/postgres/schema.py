@@ -230,8 +230,20 @@ MIGRATIONS: Final[tuple[tuple[int, str], ...]] = (
             mode text NOT NULL CHECK (mode IN ('take', 'read')),
             request_id text,
             position integer,
+            request_until double precision,
             PRIMARY KEY (space, transaction, entry)
         );
+        -- A take's request id lives on the rows it took, with the end of its window (taken_until:
+        -- a retry until then gets the same entries; the prune deletes the rows after it), instead
+        -- of a row of its own in outrig_requests: two row writes fewer per take. Rows of version 2
+        -- get their request's window, and its row goes.
+        ALTER TABLE outrig_entries ADD COLUMN taken_until double precision;
+        UPDATE outrig_entries AS e SET taken_until = r.expires_at FROM outrig_requests AS r
+            WHERE r.id = e.taken_by;
+        UPDATE outrig_entries SET taken_until = 0 WHERE taken_by IS NOT NULL AND taken_until IS NULL;
+        DELETE FROM outrig_requests WHERE kind = 'take';
+        CREATE INDEX outrig_entries_taken_until ON outrig_entries (taken_until)
+            WHERE taken_until IS NOT NULL;
         CREATE INDEX outrig_transaction_locks_request ON outrig_transaction_locks (request_id)
             WHERE request_id IS NOT NULL;
         -- The fence takes a shared advisory lock per space (key: FENCE_CLASS, hashtext(space))

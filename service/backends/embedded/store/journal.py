@@ -163,8 +163,11 @@ class _Writer:
             (sequence, self.space_number(space), registration_id),
         )
 
-    def _take(self, space: str, entry_id: int, request_id: str, position: int) -> None:
-        """A take with a request id keeps the row, marked, to answer the take's retry."""
+    def _take(
+        self, space: str, entry_id: int, request_id: str, position: int, until: float | None = None
+    ) -> None:
+        """A take with a request id keeps the row, marked, to answer the take's retry (`until`:
+        the request's window end, which this store keeps in its request's row)."""
         self.connection.execute(
             "UPDATE entries SET taken_by = ?, taken_position = ? WHERE space = ? AND id = ?",
             (request_id, position, self.space_number(space), entry_id),
