@@ -11,7 +11,8 @@ One pair = a write, then a take of that entry (two calls, two durable changes).
 a. One space, pairs/s through the SDK: 1 blocking client, and 10 asyncio tasks sharing one
    connection; the embedded durable backend (`--data-dir`, durability always: the baseline) vs
    the owner backend with one server, the clients on the owner. Ratio owner / embedded (targets:
-   >= 0.8 with 10 clients, >= 0.7 with 1).
+   >= 0.8 with 10 clients, >= 0.7 with 1); for the owner, also PostgreSQL's WAL records and bytes
+   per pair (pg_stat_wal over the measured window).
 b. Six spaces over a tier of 3 servers (and, the baseline, of 1), clients spread over the
    spaces, each space's connection to its owner (found in PostgreSQL): aggregate pairs/s, and CPU
    seconds per pair of the outrig servers, of PostgreSQL (the postmaster and its children, from
@@ -139,6 +140,19 @@ class PostgresCpu:
 
 
 CpuSource = Callable[[], float]
+
+
+def _wal_counter(postgres: PostgresServer, column: int) -> CpuSource:
+    """PostgreSQL's WAL written so far (pg_stat_wal: 0, records; 1, bytes), as a meter's source:
+    per pair, the WAL a pair costs (steadier than CPU on a shared machine)."""
+
+    def read() -> float:
+        with psycopg.connect(postgres.dsn(), autocommit=True) as connection:
+            row = connection.execute("SELECT wal_records, wal_bytes FROM pg_stat_wal").fetchone()
+        assert row is not None
+        return float(row[column])
+
+    return read
 
 
 def _client_cpu() -> float:
@@ -352,6 +366,10 @@ def part_a(postgres: PostgresServer, root: Path, settings: Settings) -> None:
                     tier = Tier(postgres, workdir, 1, settings.owner_lease)
                     server, stop = tier.servers[0], tier.stop
                     sources["postgres"] = PostgresCpu(postgres.port).seconds
+                    sources["wal_records"], sources["wal_bytes"] = (
+                        _wal_counter(postgres, 0),
+                        _wal_counter(postgres, 1),
+                    )
                 sources["server"] = server.cpu_seconds
 
                 def meter() -> Meter:
@@ -368,8 +386,8 @@ def part_a(postgres: PostgresServer, root: Path, settings: Settings) -> None:
                 print(f"  round {round_number + 1} {name} {clients} client(s): {run.rate:,.0f} pairs/s")
     print()
     print("| backend | clients | pairs/s (median) | min | max | vs embedded | server CPU us/pair | "
-          "PostgreSQL CPU us/pair | client CPU us/pair |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|")
+          "PostgreSQL CPU us/pair | client CPU us/pair | WAL records/pair | WAL bytes/pair |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     ratios = {}
     for clients in (1, 10):
         base = _median([r.rate for r in results[("embedded", clients)]])
@@ -379,11 +397,17 @@ def part_a(postgres: PostgresServer, root: Path, settings: Settings) -> None:
             if name == "owner":
                 ratios[clients] = rate / base
             pg = _us(_median([r.cpu["postgres"] for r in runs])) if name == "owner" else "-"
+            wal = (
+                f"{_median([r.cpu['wal_records'] for r in runs]):.1f} | "
+                f"{_median([r.cpu['wal_bytes'] for r in runs]):,.0f}"
+                if name == "owner"
+                else "- | -"
+            )
             print(
                 f"| {name} | {clients} | {rate:,.0f} | {min(r.rate for r in runs):,.0f} | "
                 f"{max(r.rate for r in runs):,.0f} | {rate / base:.2f} | "
                 f"{_us(_median([r.cpu['server'] for r in runs]))} | {pg} | "
-                f"{_us(_median([r.cpu['client'] for r in runs]))} |"
+                f"{_us(_median([r.cpu['client'] for r in runs]))} | {wal} |"
             )
     print()
     print(f"ratios: owner_1={ratios[1]:.2f} (target >= 0.7) owner_10={ratios[10]:.2f} (target >= 0.8)")
