@@ -28,6 +28,7 @@ from outrig.service.exceptions import (
     RequestConflictError,
     StoreError,
     StoreLockedError,
+    TransactionAbortedError,
     TypeConflictError,
 )
 from outrig.service.protocol import codec
@@ -383,3 +384,22 @@ async def test_a_file_that_is_not_a_store_is_refused(config: ServerConfig, clock
     database_path(config.data_dir).write_bytes(b"not a database" * 100)
     with pytest.raises(IncompatibleStoreError):
         await EmbeddedBackend(config, clock).start()
+
+
+async def test_a_retried_commit_is_answered_across_a_restart_in_each_space(
+    config: ServerConfig, clock: FakeClock
+) -> None:
+    """Two spaces committed a transaction of the same id (each numbers its own leases): after a
+    restart, a retry of either commit is answered OK, and an abort of it is told it committed."""
+    async with running(config, clock, crash=True) as backend:
+        grants = {space: await backend.begin(space, 60.0) for space in (SPACE, "other")}
+        assert grants[SPACE].id == grants["other"].id
+        for space, grant in grants.items():
+            await backend.write(space, [entry(n=1)], None, transaction=grant.id)
+            await backend.commit(space, grant.id)
+    async with running(config, clock) as backend:
+        for space, grant in grants.items():
+            await backend.commit(space, grant.id)
+            with pytest.raises(TransactionAbortedError, match="has committed"):
+                await backend.abort(space, grant.id)
+        assert numbers(await read_all(backend)) == [1]

@@ -453,3 +453,31 @@ async def test_request_ids_past_their_window_leave_the_database(database: str) -
 
 async def marks_if(marks: Callable[[], Awaitable[tuple[int, int]]], wanted: tuple[int, int]) -> bool:
     return await marks() == wanted
+
+
+async def test_ended_transactions_are_answered_by_the_next_owner(database: str) -> None:
+    """A commit or abort that an owner answered and then died is answered again by the next one
+    (a retry gets OK; the other end, TRANSACTION_ABORTED), even when two spaces had a transaction
+    of the same id (each space numbers its leases)."""
+    async with tier(database, 2) as (a, b):
+        committed = {space: await a.begin(space, 600.0) for space in ("s", "t")}
+        assert committed["s"].id == committed["t"].id  # the same id in both spaces
+        for space, txn in committed.items():
+            await a.write(space, [entry(n=1)], 600.0, transaction=txn.id)
+            await a.commit(space, txn.id)
+        aborted = await a.begin("s", 600.0)
+        await a.write("s", [entry(n=2)], 600.0, transaction=aborted.id)
+        await a.abort("s", aborted.id)
+        silence(a)
+        for space in ("s", "t"):
+            await wait_until_async(
+                lambda space=space: owner_is(b, space, "server-1:7480"), what="b's takeover"
+            )
+        await b.commit("s", committed["s"].id)  # retries: answered OK
+        await b.commit("t", committed["t"].id)
+        await b.abort("s", aborted.id)
+        with pytest.raises(TransactionAbortedError, match="has committed"):
+            await b.abort("s", committed["s"].id)
+        with pytest.raises(TransactionAbortedError, match="has aborted"):
+            await b.commit("s", aborted.id)
+        assert await numbers(b, "s") == [1] and await numbers(b, "t") == [1]

@@ -61,10 +61,17 @@ _SLICE = 1024
 _ENDED_REMEMBERED = 100_000
 
 
-def _commit_marker(transaction: int) -> str:
+def _commit_marker(space: str, transaction: int) -> str:
     """The request id under which a durable commit is recorded, to answer a commit retried
-    across a restart."""
-    return f"outrig:commit:{transaction}"
+    across a restart. A transaction's id is a lease id of its space, so the space is in it too
+    (spaces number their leases apart: transaction 5 of one space is not another's)."""
+    return f"outrig:commit:{transaction}:{space}"
+
+
+def _abort_marker(space: str, transaction: int) -> str:
+    """Likewise for an abort, where the store keeps open transactions (an abort answered by a
+    server that then died is answered again by the next owner, and a late commit told)."""
+    return f"outrig:abort:{transaction}:{space}"
 
 
 class MemoryBackend:
@@ -812,7 +819,7 @@ class MemoryBackend:
         self._ended(space, transaction, TransactionState.COMMITTED)
         if self._recorder is None:
             return
-        outcome = self._requests.begin(_commit_marker(transaction), space, "commit")
+        outcome = self._requests.begin(_commit_marker(space, transaction), space, "commit")
 
         def undo() -> None:  # the store failed: the commit did not happen
             engine.revoke(result.written)
@@ -839,11 +846,19 @@ class MemoryBackend:
         unless the store keeps open transactions, which is told before the call answers."""
         engine = self.engine(space)
         txn = self._ended_or_active(space, engine, transaction, TransactionState.ABORTED)
-        if txn is not None:
-            engine.abort(txn)
-            self._ended(space, transaction, TransactionState.ABORTED)
-            if self._keeping_transactions:
-                await self._commit([("transaction_end", space, transaction)], None)
+        if txn is None:
+            return
+        engine.abort(txn)
+        self._ended(space, transaction, TransactionState.ABORTED)
+        if self._keeping_transactions:
+            outcome = self._requests.begin(_abort_marker(space, transaction), space, "abort")
+            records: list[Record] = [
+                ("transaction_end", space, transaction),
+                (*Recorder.request_head(outcome), transaction, 0, None, None),
+            ]
+            with self._acting_for(outcome):
+                await self._commit(records, None, outcome=outcome)
+            self._acted(outcome, None)
 
     def _commit_records(
         self, space: str, engine: SpaceEngine, result: TransactionOutcome, outcome: Outcome
@@ -873,11 +888,11 @@ class MemoryBackend:
             return engine.transaction(transaction)
         except TransactionNotFoundError:
             ended = self._ended_transactions.get((space, transaction))
-            if (
-                ended is None
-                and self._requests.find(_commit_marker(transaction), space, "commit") is not None
-            ):
-                ended = TransactionState.COMMITTED
+            if ended is None:
+                if self._requests.find(_commit_marker(space, transaction), space, "commit") is not None:
+                    ended = TransactionState.COMMITTED
+                elif self._requests.find(_abort_marker(space, transaction), space, "abort") is not None:
+                    ended = TransactionState.ABORTED
             if ended is wanted:
                 return None
             if ended is TransactionState.ABORTED:
