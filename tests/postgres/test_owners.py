@@ -9,6 +9,7 @@ transport's work, tested with real server processes in tests/postgres/test_serve
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import time
 from collections import Counter
@@ -471,7 +472,7 @@ async def test_ended_transactions_are_answered_by_the_next_owner(database: str) 
         silence(a)
         for space in ("s", "t"):
             await wait_until_async(
-                lambda space=space: owner_is(b, space, "server-1:7480"), what="b's takeover"
+                functools.partial(owner_is, b, space, "server-1:7480"), what="b's takeover"
             )
         await b.commit("s", committed["s"].id)  # retries: answered OK
         await b.commit("t", committed["t"].id)
