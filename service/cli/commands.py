@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from outrig.service import software_version
-from outrig.service.cli import admin, health
+from outrig.service.cli import admin, health, inspection
 from outrig.service.cli import security as security_commands
 from outrig.service.exceptions import ConfigError, StoreError
 from outrig.service.logs import configure_logging
@@ -138,6 +138,7 @@ def _parser() -> argparse.ArgumentParser:
     health.add_parser(commands)
     security_commands.add_parsers(commands)
     admin.add_parsers(commands)
+    inspection.add_parsers(commands)
     commands.add_parser(
         "stress",
         add_help=False,
@@ -189,6 +190,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return health.run(args)
     if args.command in ("stats", "dump", "spaces", "move", "drain"):
         return admin.run(args)
+    if args.command in inspection.COMMANDS:
+        return inspection.run(args)
     if args.command != "serve":
         return _store_command(args)
     try:
