@@ -37,6 +37,8 @@ class SpaceFigures:
     transactions: int = 0
     expired: int = 0  # leases expired since the server started
     types: Mapping[str, int] = field(default_factory=dict)  # type -> entries of it or a subtype
+    max_entries: int = 0  # the space's quotas (0: not reported)
+    max_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)

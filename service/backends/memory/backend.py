@@ -639,6 +639,8 @@ class MemoryBackend:
                 transactions=stats.transactions,
                 expired=engine.expired,
                 types=engine.type_counts(),
+                max_entries=engine.settings.max_entries,
+                max_bytes=engine.settings.max_bytes,
             )
         return figures
 
