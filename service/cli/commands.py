@@ -99,6 +99,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help="serve Prometheus metrics on http://HOST:PORT/metrics (default: no metrics)",
     )
+    serve.add_argument(
+        "--console",
+        metavar="HOST:PORT",
+        help="serve the web console on http://HOST:PORT/ (default: none; loopback only unless the "
+        "server authenticates callers)",
+    )
     security = serve.add_argument_group("security (see docs/security.md)")
     security.add_argument("--tls-cert", metavar="PEM", help="the server's certificate chain: serve TLS")
     security.add_argument("--tls-key", metavar="PEM", help="the server certificate's private key")
@@ -220,6 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "log_level": args.log_level,
                 "log_format": args.log_format,
                 "metrics_listen": args.metrics_listen,
+                "console": args.console,
                 "tls_cert": args.tls_cert,
                 "tls_key": args.tls_key,
                 "tls_client_ca": args.tls_client_ca,
