@@ -13,8 +13,9 @@ from outrig.service.transport.metrics import Metrics
 def test_quantile_interpolates_inside_its_bucket() -> None:
     buckets = [(0.1, 50.0), (0.2, 90.0), (0.5, 100.0), (float("inf"), 100.0)]
     assert quantile(0.5, buckets) == 0.1  # the 50th of 100 is the top of the first bucket
-    assert abs(quantile(0.7, buckets) - 0.15) < 1e-9  # (70 - 50) / 40 of the way through (0.1, 0.2]
-    assert abs(quantile(0.99, buckets) - 0.47) < 1e-9
+    seventieth, top = quantile(0.7, buckets), quantile(0.99, buckets)
+    assert seventieth is not None and abs(seventieth - 0.15) < 1e-9  # 20 of the 40 in (0.1, 0.2]
+    assert top is not None and abs(top - 0.47) < 1e-9
     assert quantile(0.5, [(0.1, 0.0), (float("inf"), 0.0)]) is None
     assert quantile(0.99, [(0.1, 10.0), (float("inf"), 20.0)]) == 0.1  # in +Inf: its lower bound
 
