@@ -21,7 +21,8 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from outrig.service.backends.memory.backend import PURGE_BATCH, MemoryBackend
 from outrig.service.config import ServerConfig
@@ -57,7 +58,7 @@ async def _filled(entries: int) -> MemoryBackend:
 
 
 async def _longest_wait_during(
-    work: Callable[[MemoryBackend], Awaitable[object]], entries: int
+    work: Callable[[MemoryBackend], Coroutine[Any, Any, object]], entries: int
 ) -> tuple[float, float]:
     """(the counting caller's longest wait in ms while `work` runs, the work's seconds)."""
     backend = await _filled(entries)
