@@ -6,9 +6,9 @@ In process, no gRPC:
   - write: the engine's write of one entry with its write time noted (engine/ages.py, what the
     oldest entry's age needs) vs the same engine with the noting turned off, interleaved rounds;
   - purge under load: a memory backend holding N entries purges them all while a caller counts in
-    a loop; the caller's longest wait during the purge vs its longest wait with no purge running
+    a loop; the caller's waits during the purge (median, p99, longest) vs with no purge running
     (the baseline), and one purge batch's time (a wait is bounded by a batch, not by N);
-  - describe of N entries, likewise (its longest stall of the loop vs the baseline);
+  - describe of N entries, likewise;
   - browse: one page of 100 at 1,000 vs N entries (the candidate copy grows with the type's size).
 Medians over rounds, ratios in the same run, the core count. Asserts nothing.
 """
@@ -57,23 +57,23 @@ async def _filled(entries: int) -> MemoryBackend:
     return backend
 
 
-async def _longest_wait_during(
+async def _waits_during(
     work: Callable[[MemoryBackend], Coroutine[Any, Any, object]], entries: int
-) -> tuple[float, float]:
-    """(the counting caller's longest wait in ms while `work` runs, the work's seconds)."""
+) -> tuple[list[float], float]:
+    """(a counting caller's waits in ms while `work` runs, sorted; the work's seconds)."""
     backend = await _filled(entries)
-    longest = 0.0
+    waits: list[float] = []
     task = asyncio.create_task(work(backend))
     started = time.perf_counter()
     while not task.done():
         before = time.perf_counter()
         await backend.count("s", [Template("bench.Other", {})])
         await asyncio.sleep(0)
-        longest = max(longest, time.perf_counter() - before)
+        waits.append((time.perf_counter() - before) * 1000)
     seconds = time.perf_counter() - started
     await task
     await backend.close()
-    return longest * 1000, seconds
+    return sorted(waits), seconds
 
 
 async def _idle(backend: MemoryBackend) -> None:
@@ -111,28 +111,34 @@ def main() -> None:
     print(f"{where}  entries: {entries:,}  rounds: {args.rounds}")
 
     noted, plain = [], []
-    for _ in range(args.rounds):  # interleaved: the machine's noise falls on both alike
-        plain.append(_write_cost(False, writes))
-        noted.append(_write_cost(True, writes))
+    for round_ in range(args.rounds):  # interleaved, the order alternating: noise falls on both alike
+        for noting in (False, True) if round_ % 2 else (True, False):
+            (noted if noting else plain).append(_write_cost(noting, writes))
     base, real = statistics.median(plain), statistics.median(noted)
     print(
         f"write, 1 entry: {real:.2f} us with write times vs {base:.2f} us without (ratio {real / base:.3f})"
     )
 
-    waits: dict[str, list[float]] = {"idle": [], "purge": [], "describe": []}
+    # Per round and kind of work: the caller's median, 99th percentile and longest wait (ms).
+    waits: dict[str, list[tuple[float, float, float]]] = {"idle": [], "purge": [], "describe": []}
     spans: dict[str, list[float]] = {"purge": [], "describe": []}
     for _ in range(args.rounds):
         for name, work in (("idle", _idle), ("purge", _purge), ("describe", _describe)):
-            longest, seconds = asyncio.run(_longest_wait_during(work, entries))
-            waits[name].append(longest)
+            seen, seconds = asyncio.run(_waits_during(work, entries))
+            waits[name].append((seen[len(seen) // 2], seen[int(len(seen) * 0.99)], seen[-1]))
             if name in spans:
                 spans[name].append(seconds)
-    idle = statistics.median(waits["idle"])
+
+    def medians(name: str) -> tuple[float, ...]:
+        return tuple(statistics.median(round_[i] for round_ in waits[name]) for i in range(3))
+
+    idle = medians("idle")
+    print(f"idle: a caller's wait median {idle[0]:.3f} ms, p99 {idle[1]:.3f} ms, longest {idle[2]:.2f} ms")
     for name in ("purge", "describe"):
-        wait, span = statistics.median(waits[name]), statistics.median(spans[name])
+        (median, p99, longest), span = medians(name), statistics.median(spans[name])
         print(
-            f"{name} of {entries:,}: takes {span * 1000:.0f} ms; a caller's longest wait {wait:.2f} ms "
-            f"vs {idle:.2f} ms idle (ratio {wait / idle:.1f})"
+            f"{name} of {entries:,}: takes {span * 1000:.0f} ms; a caller's wait median {median:.2f} ms, "
+            f"p99 {p99:.2f} ms, longest {longest:.2f} ms (longest vs idle: {longest / idle[2]:.1f}x)"
         )
     batches = entries / PURGE_BATCH
     print(f"purge: {statistics.median(spans['purge']) / batches * 1000:.2f} ms per batch of {PURGE_BATCH:,}")
