@@ -256,10 +256,7 @@ class AsyncSpace(BaseSpace):
         return placements_of(reply)
 
     async def describe(self) -> SpaceDescription:
-        """Return what this space holds: its types (entries, bytes, indexed fields), parked reads
-        and takes by template, notify registrations, open transactions, the age of its oldest
-        entry and the settings and quotas it runs under. Needs the ``admin`` action on
-        ``outrig://SPACE`` under a policy."""
+        """What this space holds; see `outrig.Space.describe`."""
         request = pb.DescribeSpaceRequest(space=self._name)
         reply: pb.DescribeSpaceReply = await self._call(self._ops["DescribeSpace"], request)
         return description_of(reply)
@@ -267,31 +264,23 @@ class AsyncSpace(BaseSpace):
     async def browse(
         self, templates: Templates | None = None, *, after: int = 0, max_entries: int = 100
     ) -> BrowsePage:
-        """Return a page of the entries matching ``templates`` (None: every entry) in arrival order,
-        without taking them: at most ``max_entries`` (at most 1,000), after the cursor ``after``
-        (the ``next`` of the page before; 0: from the start). A page may hold fewer entries than
-        asked while ``next`` is not 0 (a page looks at a bounded number of entries). Needs the
-        ``admin`` action on the templates' types."""
+        """A page of the matching entries, none taken; see `outrig.Space.browse`."""
         request = self._browse_request(templates, after, max_entries)
         reply: pb.BrowseReply = await self._call(self._ops["Browse"], request)
         return browse_page_of(reply)
 
     async def purge(self, templates: Templates, *, dry_run: bool = False, max_entries: int = 0) -> int:
-        """Remove the entries matching ``templates`` (at most ``max_entries``; 0: all) and return
-        how many were removed; ``dry_run`` only counts them. The server removes a batch at a time
-        and serves other calls in between. Needs the ``admin`` action on the templates' types."""
+        """Remove (or count) the matching entries; see `outrig.Space.purge`."""
         request = self._purge_request(templates, dry_run, max_entries)
         reply: pb.PurgeReply = await self._call(self._ops["Purge"], request)
         return reply.count
 
     async def cancel_registration(self, registration_id: int) -> None:
-        """End the notify registration with this id (`describe` lists them), whoever made it.
-        `NotFoundError` if the space has none such. Needs the ``admin`` action on the space."""
+        """End a notify registration by id; see `outrig.Space.cancel_registration`."""
         await self._call(self._ops["CancelRegistration"], self._lease_id_request(registration_id))
 
     async def abort_transaction(self, transaction_id: int) -> None:
-        """Abort the transaction with this id (`describe` lists them), whoever began it. Needs the
-        ``admin`` action on the space."""
+        """Abort a transaction by id; see `outrig.Space.abort_transaction`."""
         await self._call(self._ops["AbortTransaction"], self._lease_id_request(transaction_id))
 
     def notify(self, templates: Templates, lease: LeaseArg = ANY) -> AsyncNotification:

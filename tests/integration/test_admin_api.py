@@ -13,6 +13,7 @@ import grpc
 import pytest
 
 import outrig
+import outrig.aio
 from outrig.service.config import ServerConfig
 from outrig.testing import LocalServer
 from outrig.v1 import space_pb2 as pb
@@ -157,3 +158,21 @@ def test_any_language_reaches_the_admin_rpcs_through_the_generated_stub(server: 
         assert [e.entry for e in page.entries] == [entry] and page.next == 0
         purged = stub.Purge(pb.PurgeRequest(space="stubbed", templates=[pb.Template(type_name="stub.T")]))
         assert purged.count == 1
+
+
+async def test_the_async_sdk_has_the_admin_calls(server: LocalServer) -> None:
+    async with outrig.aio.connect(server.address, space="inspect-async", retry_deadline=0) as space:
+        await space.write_many([Job(n=i) for i in range(5)])
+        described = await space.describe()
+        assert [(t.type_name, t.entries) for t in described.types] == [("inspect.Job", 5)]
+        page = await space.browse(Job(), max_entries=2)
+        assert [e.entry.n for e in page.entries] == [0, 1] and page.next  # type: ignore[union-attr]
+        assert await space.purge(Job(n=4), dry_run=True) == 1
+        assert await space.purge(Job()) == 5
+        async with space.notify(Job(), lease=60.0) as events:
+            await space.cancel_registration(events.lease.id)
+            assert [event async for event in events] == []
+        txn = await space.transaction(lease=60.0)
+        await space.abort_transaction(txn.id)
+        with pytest.raises(outrig.TransactionAbortedError):
+            await txn.commit()

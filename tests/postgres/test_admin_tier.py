@@ -4,8 +4,6 @@ the owner's spaces by asking it."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -13,8 +11,9 @@ import pytest
 
 import outrig
 
-from ..conftest import ServerProcess, start_server
+from ..conftest import ServerProcess
 from ..postgres_server import PostgresServer
+from .tier.conftest import drained_pair
 
 
 @dataclass
@@ -24,16 +23,8 @@ class Part(outrig.Entry, type_name="tier.Part"):
 
 @pytest.fixture(scope="module")
 def tier(postgres: PostgresServer) -> Iterator[tuple[ServerProcess, ServerProcess]]:
-    flags = ("--backend", "postgres", "--dsn", postgres.dsn(postgres.new_database("admin")))
-    owner, receiver = start_server(*flags), start_server(*flags)
+    owner, receiver = drained_pair(postgres, "admin")
     try:
-        drained = subprocess.run(
-            [sys.executable, "-m", "outrig.service", "drain", "--address", receiver.address],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert drained.returncode == 0, drained.stderr
         yield owner, receiver
     finally:
         receiver.stop()
