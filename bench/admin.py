@@ -110,7 +110,8 @@ def main() -> None:
     where = f"cores: {os.cpu_count()}  python: {platform.python_version()}"
     print(f"{where}  entries: {entries:,}  rounds: {args.rounds}")
 
-    noted, plain = [], []
+    noted: list[float] = []
+    plain: list[float] = []
     for round_ in range(args.rounds):  # interleaved, the order alternating: noise falls on both alike
         for noting in (False, True) if round_ % 2 else (True, False):
             (noted if noting else plain).append(_write_cost(noting, writes))
