@@ -46,7 +46,7 @@ actions = ["read", "write", "take", "notify"]
 
 
 @dataclass
-class Order(outrig.Entry, type_name="shop.Order"):
+class Order(outrig.Entry, type_name="console.Order"):
     n: int | None = None
     note: str | None = None
 
@@ -115,7 +115,7 @@ def test_the_console_shows_browses_and_tails_a_space(console: Console, browser: 
 
         row.locator("a").click()
         expect(page.locator("h1")).to_have_text("Space shop")
-        types = page.locator("#types tbody tr", has_text="shop.Order")
+        types = page.locator("#types tbody tr", has_text="console.Order")
         expect(types.locator("td").nth(1)).to_have_text("60")
         expect(types).to_contain_text("n (60)")
 
@@ -127,12 +127,15 @@ def test_the_console_shows_browses_and_tails_a_space(console: Console, browser: 
         expect(entries).to_have_count(60)
         expect(page.locator("#more")).to_have_count(0)
 
-        page.goto(console.url + "/spaces/shop/tail?type=shop.Order")
+        page.goto(console.url + "/spaces/shop/tail?type=console.Order")
         expect(page.locator("#tail-state")).to_have_text(re.compile("tailing"), timeout=15_000)
         space.write(Order(n=1000, note="live"))
         expect(page.locator("#tail-rows tr.event")).to_contain_text('"note": "live"', timeout=15_000)
         assert space.count(Order()) == 61  # the console took nothing
+        assert space.describe().registrations == 1  # the tail's
         page.close()
+        # The browser went away: the tail's handler is cancelled and its registration ends.
+        wait_until(lambda: space.describe().registrations == 0 or None, what="the tail's registration to end")
 
 
 def test_the_console_refuses_a_caller_without_the_admin_grant(console: Console, browser: Browser) -> None:
@@ -142,7 +145,11 @@ def test_the_console_refuses_a_caller_without_the_admin_grant(console: Console, 
     _log_in(page, console, "bob")
     expect(page.locator("h1")).to_have_text("PERMISSION_DENIED")
     expect(page.locator("#refusal")).to_contain_text("'bob' may not admin outrig://*")
-    for path in ("/spaces/shop", "/spaces/shop/browse?type=shop.Order", "/spaces/shop/tail?type=shop.Order"):
+    for path in (
+        "/spaces/shop",
+        "/spaces/shop/browse?type=console.Order",
+        "/spaces/shop/tail?type=console.Order",
+    ):
         response = page.goto(console.url + path)
         assert response is not None and response.status == 403, path
         expect(page.locator("#refusal")).to_contain_text("'bob' may not admin outrig://shop")

@@ -99,9 +99,12 @@ class Console:
 
     async def start(self, host: str, port: int) -> int:
         """Serve on host:port (0: any free port); the bound port."""
-        self._runner = web.AppRunner(self.app, access_log=None)
+        # A handler is cancelled when its browser goes away: a tail's registration ends with it.
+        self._runner = web.AppRunner(
+            self.app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0
+        )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
+        site = web.TCPSite(self._runner, host, port, shutdown_timeout=1.0)
         await site.start()
         server = site._server  # aiohttp keeps the asyncio server here; its socket says the port
         sockets = getattr(server, "sockets", None) or ()
