@@ -807,22 +807,21 @@ class MemoryBackend:
         if dry_run:
             number = await self.count(space, templates)
             return min(number, max_entries) if max_entries else number
-        candidates = engine.candidates(templates)
-        left = max_entries or len(candidates)
+        left = max_entries or 1 << 62
         removed = 0
-        for start in range(0, len(candidates), PURGE_BATCH):
-            batch = [
-                stored.id
-                for stored in candidates[start : start + PURGE_BATCH]
-                if engine.visible(templates, stored)
-            ][:left]
-            if batch:
-                outcomes = await self.cancel(space, batch)  # one store batch
-                done = sum(outcome is None for outcome in outcomes)
-                removed += done
-                left -= done
-                if left <= 0:
-                    break
+        while left > 0:
+            # The oldest matches anyone may read, found as a read finds them: no copy of the
+            # space's buckets, and what a batch removed is freed with the batch.
+            found, _ = engine.find_or_conflict(templates, take=False, max_entries=min(PURGE_BATCH, left))
+            if not found:
+                break
+            outcomes = await self.cancel(space, [stored.id for stored in found])  # one store batch
+            done = sum(outcome is None for outcome in outcomes)
+            if not done:
+                break  # nothing found could be removed: stop rather than find it again
+            removed += done
+            left -= done
+            del found
             await asyncio.sleep(0)  # a batch at a time: other callers run in between
         return removed
 
