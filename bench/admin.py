@@ -9,7 +9,8 @@ In process, no gRPC:
     a loop; the caller's waits during the purge (median, p99, longest) vs with no purge running
     (the baseline), and one purge batch's time (a wait is bounded by a batch, not by N);
   - describe of N entries, likewise;
-  - browse: one page of 100 at 1,000 vs N entries (the candidate copy grows with the type's size).
+  - browse: a page of 100 at 1,000 vs N entries, the first page (read from the front) and one from
+    the middle (its cursor is found in a copy of the type's entries, which grows with N).
 Medians over rounds, ratios in the same run, the core count. Asserts nothing.
 """
 
@@ -88,16 +89,19 @@ async def _describe(backend: MemoryBackend) -> None:
     await backend.describe("s")
 
 
-def _browse_ms(entries: int, rounds: int) -> float:
+def _browse_ms(entries: int, rounds: int) -> tuple[float, float]:
+    """A page of 100's median ms: (the first page, a page from the middle)."""
     space = SpaceEngine("bench", SETTINGS, FakeClock())
     for start in range(0, entries, 10_000):
         space.write([_entry(i) for i in range(start, min(start + 10_000, entries))], 3600.0)
-    times = []
+    firsts: list[float] = []
+    middles: list[float] = []
     for _ in range(rounds * 5):
-        started = time.perf_counter()
-        space.browse([TEMPLATE], entries // 2, 100, 1600)
-        times.append(time.perf_counter() - started)
-    return statistics.median(times) * 1000
+        for after, times in ((0, firsts), (entries // 2, middles)):
+            started = time.perf_counter()
+            space.browse([TEMPLATE], after, 100, 1600)
+            times.append(time.perf_counter() - started)
+    return statistics.median(firsts) * 1000, statistics.median(middles) * 1000
 
 
 def main() -> None:
@@ -144,9 +148,13 @@ def main() -> None:
     batches = entries / PURGE_BATCH
     print(f"purge: {statistics.median(spans['purge']) / batches * 1000:.2f} ms per batch of {PURGE_BATCH:,}")
 
-    small, large = _browse_ms(1_000, args.rounds), _browse_ms(entries, args.rounds)
-    sizes = f"{small:.3f} ms at 1,000 vs {large:.3f} ms at {entries:,}"
-    print(f"browse a page of 100: {sizes} (ratio {large / small:.1f})")
+    (small_first, small_middle), (large_first, large_middle) = (
+        _browse_ms(1_000, args.rounds),
+        _browse_ms(entries, args.rounds),
+    )
+    for which, small, large in (("first", small_first, large_first), ("middle", small_middle, large_middle)):
+        sizes = f"{small:.3f} ms at 1,000 vs {large:.3f} ms at {entries:,}"
+        print(f"browse a page of 100 ({which} page): {sizes} (ratio {large / small:.1f})")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ and must not report otherwise; the entry stays in the space, the waiter waits on
 from __future__ import annotations
 
 import bisect
+import itertools
 import logging
 import math
 from collections.abc import Callable, Hashable, Iterable, Sequence
@@ -859,13 +860,23 @@ class SpaceEngine(TransactionsMixin):
         (none: every entry), in arrival order, from the one after arrival number `after` on,
         looking at `scan` candidates at most; and the cursor of the next page (the arrival of the
         last candidate looked at), 0 when there is no next page."""
-        if templates:
-            candidates = self._index.candidates(templates)
-            if not self.settings.fifo:
-                candidates.reverse()
+        ordered: Iterable[StoredEntry]  # the candidates in arrival order (as filed)
+        if not templates:
+            ordered = self._entries.values()
+        elif len(templates) == 1:
+            bucket = self._index.bucket(templates[0])
+            ordered = (
+                () if bucket is None else (bucket,) if isinstance(bucket, StoredEntry) else bucket.values()
+            )
         else:
-            candidates = list(self._entries.values())  # filed in arrival order
-        start = bisect.bisect_right(candidates, after, key=lambda stored: stored.arrival)
+            ordered = self._index.candidates(templates)
+            if not self.settings.fifo:
+                ordered.reverse()
+        if after:
+            candidates = list(ordered)  # at C speed, to find the cursor by bisection
+            start = bisect.bisect_right(candidates, after, key=lambda stored: stored.arrival)
+        else:  # the first page: from the front, without a copy
+            candidates, start = list(itertools.islice(ordered, scan + 1)), 0
         found: list[StoredEntry] = []
         looked = start
         for stored in candidates[start : start + scan]:
