@@ -17,6 +17,8 @@ from outrig.service.cli.inspection import where_fields
 from outrig.service.config import ServerConfig
 from outrig.testing import LocalServer
 
+from ..conftest import start_server
+
 
 @dataclass
 class Order(outrig.Entry, type_name="shop.Order"):
@@ -142,3 +144,38 @@ def test_refusals_exit_2_with_the_reason(server: LocalServer, tmp_path: Path) ->
             denied = outrig_cli(*command, "--address", guarded.address)
             assert denied.returncode == 2
             assert "PermissionDeniedError" in denied.stderr and "admin outrig://shop" in denied.stderr
+
+
+def test_the_commands_speak_tls_with_a_token(tmp_path: Path) -> None:
+    from outrig.service.security import certs, tokens
+
+    certs.write_dev_certificates(tmp_path)
+    private, _ = tokens.write_key_pair(tmp_path)
+    token = tmp_path / "token"
+    token.write_text(tokens.issue_token(tokens.load_private_key(private), "ops", 3600))
+    server = start_server(
+        "--tls-cert", str(tmp_path / "server.pem"), "--tls-key", str(tmp_path / "server.key"),
+        "--token-public-key", str(tmp_path / "token.pub"),
+    )  # fmt: skip
+    try:
+        with outrig.connect(
+            server.address, space="tls", tls=outrig.TLS(ca=tmp_path / "ca.pem"), token=token.read_text()
+        ) as space:
+            space.write(Order(n=1))
+        secure = (
+            "--address",
+            server.address,
+            "--tls-ca",
+            str(tmp_path / "ca.pem"),
+            "--token-file",
+            str(token),
+        )
+        described = outrig_cli("describe", "tls", *secure, "--json")
+        assert described.returncode == 0, described.stderr
+        assert json.loads(described.stdout)["entries"] == 1
+        anonymous = outrig_cli(
+            "describe", "tls", "--address", server.address, "--tls-ca", str(tmp_path / "ca.pem")
+        )
+        assert anonymous.returncode == 2 and "UnauthenticatedError" in anonymous.stderr
+    finally:
+        server.stop()
