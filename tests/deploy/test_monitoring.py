@@ -124,7 +124,7 @@ def _exported_metric_names(tmp_path: Path) -> set[str]:
     config = ServerConfig(data_dir=tmp_path / "data", policy=policy, metrics_listen=metrics)
     with (
         LocalServer(config) as server,
-        outrig.connect(server.address, space="jobs", retry_deadline=0) as space,
+        outrig.connect(server.address, space="jobs", retry_deadline=10.0) as space,
     ):
         space.write(Probe(n=1))
         space.take(Probe(), timeout=0)

@@ -40,7 +40,7 @@ def outrig_cli(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
 @pytest.fixture
 def server() -> Iterator[LocalServer]:
     with LocalServer() as running:
-        with outrig.connect(running.address, space="shop", retry_deadline=0) as space:
+        with outrig.connect(running.address, space="shop", retry_deadline=10.0) as space:
             space.write_many([Order(n=i, state="new" if i < 6 else "paid") for i in range(10)])
         yield running
 
@@ -109,12 +109,12 @@ def test_purge_asks_unless_yes_and_counts_in_a_dry_run(server: LocalServer) -> N
     assert (confirmed.returncode, confirmed.stdout.strip()) == (0, "purged 2")
     scripted = outrig_cli("purge", "shop", "--address", server.address, *new, "--yes", "--json")
     assert json.loads(scripted.stdout) == {"count": 4, "dry_run": False}
-    with outrig.connect(server.address, space="shop", retry_deadline=0) as space:
+    with outrig.connect(server.address, space="shop", retry_deadline=10.0) as space:
         assert space.count(Order()) == 4
 
 
 def test_cancel_ends_a_registration_and_aborts_a_transaction(server: LocalServer) -> None:
-    with outrig.connect(server.address, space="shop", retry_deadline=0) as space:
+    with outrig.connect(server.address, space="shop", retry_deadline=10.0) as space:
         txn = space.transaction(lease=60.0)
         assert txn.take(Order(n=1), timeout=0) == Order(n=1, state="new")
         with space.notify(Order(), lease=60.0) as events:
