@@ -27,6 +27,16 @@ program that makes its own channel and wraps it in a `Space`.
 from importlib.metadata import PackageNotFoundError, version
 
 from outrig import aio as aio  # `import outrig` makes `outrig.aio` available
+from outrig._admin import (
+    BrowsedEntry,
+    BrowsePage,
+    RegistrationInfo,
+    SpaceConfiguration,
+    SpaceDescription,
+    TransactionInfo,
+    TypeFigures,
+    WaiterGroup,
+)
 from outrig._base import ANY, FOREVER, Event, LeaseResult, Location, Placement, channel_options
 from outrig._codec import entry_from_bytes, entry_to_bytes
 from outrig._entry import Entry, GenericEntry
@@ -74,6 +84,8 @@ __all__ = [
     "TLS",
     "AbortedError",
     "AlreadyExistsError",
+    "BrowsePage",
+    "BrowsedEntry",
     "CallCancelledError",
     "DataLossError",
     "DeadlineExceededError",
@@ -97,19 +109,25 @@ __all__ = [
     "Placement",
     "QuotaExceededError",
     "RegistrationBusyError",
+    "RegistrationInfo",
     "RequestConflictError",
     "ResourceExhaustedError",
     "ShuttingDownError",
     "Space",
+    "SpaceConfiguration",
+    "SpaceDescription",
     "StoreUnavailableError",
     "Transaction",
     "TransactionAbortedError",
+    "TransactionInfo",
     "TransactionNotFoundError",
     "TypeConflictError",
+    "TypeFigures",
     "UnauthenticatedError",
     "UnavailableError",
     "UnimplementedError",
     "UnknownStatusError",
+    "WaiterGroup",
     "__version__",
     "channel_options",
     "connect",

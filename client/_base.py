@@ -131,6 +131,9 @@ class Placement:
         expires_in: seconds left on the owner's lease of the space; None when it has no owner or
             the ownership does not expire (a lone server).
         here: whether the owner is the server this connection reached.
+        entries: the entries the space holds, as its owner counts them; None when its owner
+            (another server of the tier) could not be asked.
+        bytes: their encoded bytes, likewise.
     """
 
     space: str
@@ -139,6 +142,8 @@ class Placement:
     epoch: int
     expires_in: float | None
     here: bool
+    entries: int | None = None
+    bytes: int | None = None
 
 
 class BaseLease:
@@ -688,6 +693,26 @@ class BaseSpace:
     def _locate_request(self) -> pb.LocateRequest:
         return pb.LocateRequest(space=self._name)
 
+    def _browse_request(self, templates: Templates | None, after: int, max_entries: int) -> pb.BrowseRequest:
+        request = pb.BrowseRequest(
+            space=self._name,
+            after=_check_count(after, "after"),
+            max_entries=_check_count(max_entries, "max_entries"),
+        )
+        if templates is not None:
+            _fill_templates(request.templates, templates)
+        return request
+
+    def _purge_request(self, templates: Templates, dry_run: bool, max_entries: int) -> pb.PurgeRequest:
+        request = pb.PurgeRequest(
+            space=self._name, dry_run=bool(dry_run), max_entries=_check_count(max_entries, "max_entries")
+        )
+        _fill_templates(request.templates, templates)
+        return request
+
+    def _lease_id_request(self, lease_id: int) -> pb.LeaseIdRequest:
+        return pb.LeaseIdRequest(space=self._name, id=_check_count(lease_id, "id"))
+
     def _own_lease_id(self, lease: BaseLease) -> int:
         # Lease ids are only unique within a space, so a lease must go back to its own space.
         if not isinstance(lease, BaseLease):
@@ -747,6 +772,8 @@ def placements_of(reply: pb.ListSpacesReply) -> list[Placement]:
             item.epoch,
             item.expires_in if item.HasField("expires_in") else None,
             item.here,
+            item.entries if item.HasField("entries") else None,
+            item.bytes if item.HasField("bytes") else None,
         )
         for item in reply.spaces
     ]

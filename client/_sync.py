@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf.message import Message
 
+from outrig._admin import BrowsePage, SpaceDescription, browse_page_of, description_of
 from outrig._base import (
     ANY,
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -315,6 +316,45 @@ class Space(BaseSpace):
             self._connection.home.ops["ListSpaces"], pb.ListSpacesRequest(), home=True
         )
         return placements_of(reply)
+
+    def describe(self) -> SpaceDescription:
+        """Return what this space holds: its types (entries, bytes, indexed fields), parked reads
+        and takes by template, notify registrations, open transactions, the age of its oldest
+        entry and the settings and quotas it runs under. Needs the ``admin`` action on
+        ``outrig://SPACE`` under a policy."""
+        request = pb.DescribeSpaceRequest(space=self._name)
+        reply: pb.DescribeSpaceReply = self._call(self._ops["DescribeSpace"], request)
+        return description_of(reply)
+
+    def browse(
+        self, templates: Templates | None = None, *, after: int = 0, max_entries: int = 100
+    ) -> BrowsePage:
+        """Return a page of the entries matching ``templates`` (None: every entry) in arrival order,
+        without taking them: at most ``max_entries`` (at most 1,000), after the cursor ``after``
+        (the ``next`` of the page before; 0: from the start). A page may hold fewer entries than
+        asked while ``next`` is not 0 (a page looks at a bounded number of entries). Needs the
+        ``admin`` action on the templates' types."""
+        request = self._browse_request(templates, after, max_entries)
+        reply: pb.BrowseReply = self._call(self._ops["Browse"], request)
+        return browse_page_of(reply)
+
+    def purge(self, templates: Templates, *, dry_run: bool = False, max_entries: int = 0) -> int:
+        """Remove the entries matching ``templates`` (at most ``max_entries``; 0: all) and return
+        how many were removed; ``dry_run`` only counts them. The server removes a batch at a time
+        and serves other calls in between. Needs the ``admin`` action on the templates' types."""
+        request = self._purge_request(templates, dry_run, max_entries)
+        reply: pb.PurgeReply = self._call(self._ops["Purge"], request)
+        return reply.count
+
+    def cancel_registration(self, registration_id: int) -> None:
+        """End the notify registration with this id (`describe` lists them), whoever made it.
+        `NotFoundError` if the space has none such. Needs the ``admin`` action on the space."""
+        self._call(self._ops["CancelRegistration"], self._lease_id_request(registration_id))
+
+    def abort_transaction(self, transaction_id: int) -> None:
+        """Abort the transaction with this id (`describe` lists them), whoever began it. Needs the
+        ``admin`` action on the space."""
+        self._call(self._ops["AbortTransaction"], self._lease_id_request(transaction_id))
 
     def notify(self, templates: Templates, lease: LeaseArg = ANY) -> Notification:
         """Register for an event each time a matching entry is written.

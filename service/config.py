@@ -79,6 +79,7 @@ class ServerConfig:
     log_level: str = "INFO"
     log_format: str = "text"  # "text", or "json": one JSON object per line
     metrics_listen: str = ""  # HOST:PORT for Prometheus' /metrics; empty: no metrics
+    console: str = ""  # HOST:PORT of the web console (docs/operations.md); empty: none
     # Security (docs/security.md): TLS, mutual TLS, bearer tokens, a grant policy.
     tls_cert: Path | None = None  # server certificate chain (PEM); with tls_key, the server speaks TLS
     tls_key: Path | None = None
@@ -115,6 +116,7 @@ _SCALARS = (
     "log_level",
     "log_format",
     "metrics_listen",
+    "console",
     "tls_cert",
     "tls_key",
     "tls_client_ca",

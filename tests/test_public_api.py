@@ -18,6 +18,9 @@ OUTRIG = {
     # connecting and the space
     "connect", "Space", "Lease", "Notification", "Transaction", "Event", "LeaseResult", "TLS",
     "Location", "Placement",
+    # the admin API's results (Space.describe, Space.browse)
+    "SpaceDescription", "TypeFigures", "WaiterGroup", "RegistrationInfo", "TransactionInfo",
+    "SpaceConfiguration", "BrowsePage", "BrowsedEntry",
     "ANY", "FOREVER", "channel_options",
     # entries
     "Entry", "GenericEntry", "entry_to_bytes", "entry_from_bytes",

@@ -16,6 +16,7 @@ import grpc
 import grpc.aio
 from google.protobuf.message import Message
 
+from outrig._admin import BrowsePage, SpaceDescription, browse_page_of, description_of
 from outrig._base import (
     ANY,
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -253,6 +254,34 @@ class AsyncSpace(BaseSpace):
             self._connection.home.ops["ListSpaces"], pb.ListSpacesRequest(), home=True
         )
         return placements_of(reply)
+
+    async def describe(self) -> SpaceDescription:
+        """What this space holds; see `outrig.Space.describe`."""
+        request = pb.DescribeSpaceRequest(space=self._name)
+        reply: pb.DescribeSpaceReply = await self._call(self._ops["DescribeSpace"], request)
+        return description_of(reply)
+
+    async def browse(
+        self, templates: Templates | None = None, *, after: int = 0, max_entries: int = 100
+    ) -> BrowsePage:
+        """A page of the matching entries, none taken; see `outrig.Space.browse`."""
+        request = self._browse_request(templates, after, max_entries)
+        reply: pb.BrowseReply = await self._call(self._ops["Browse"], request)
+        return browse_page_of(reply)
+
+    async def purge(self, templates: Templates, *, dry_run: bool = False, max_entries: int = 0) -> int:
+        """Remove (or count) the matching entries; see `outrig.Space.purge`."""
+        request = self._purge_request(templates, dry_run, max_entries)
+        reply: pb.PurgeReply = await self._call(self._ops["Purge"], request)
+        return reply.count
+
+    async def cancel_registration(self, registration_id: int) -> None:
+        """End a notify registration by id; see `outrig.Space.cancel_registration`."""
+        await self._call(self._ops["CancelRegistration"], self._lease_id_request(registration_id))
+
+    async def abort_transaction(self, transaction_id: int) -> None:
+        """Abort a transaction by id; see `outrig.Space.abort_transaction`."""
+        await self._call(self._ops["AbortTransaction"], self._lease_id_request(transaction_id))
 
     def notify(self, templates: Templates, lease: LeaseArg = ANY) -> AsyncNotification:
         """Register for an event each time a matching entry is written::

@@ -404,20 +404,24 @@ class ListSpacesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class SpacePlacement(_message.Message):
-    __slots__ = ("space", "owner", "address", "epoch", "expires_in", "here")
+    __slots__ = ("space", "owner", "address", "epoch", "expires_in", "here", "entries", "bytes")
     SPACE_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_IN_FIELD_NUMBER: _ClassVar[int]
     HERE_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
     space: str
     owner: str
     address: str
     epoch: int
     expires_in: float
     here: bool
-    def __init__(self, space: _Optional[str] = ..., owner: _Optional[str] = ..., address: _Optional[str] = ..., epoch: _Optional[int] = ..., expires_in: _Optional[float] = ..., here: _Optional[bool] = ...) -> None: ...
+    entries: int
+    bytes: int
+    def __init__(self, space: _Optional[str] = ..., owner: _Optional[str] = ..., address: _Optional[str] = ..., epoch: _Optional[int] = ..., expires_in: _Optional[float] = ..., here: _Optional[bool] = ..., entries: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
 
 class ListSpacesReply(_message.Message):
     __slots__ = ("spaces",)
@@ -449,8 +453,186 @@ class DrainReply(_message.Message):
     moved: _containers.RepeatedCompositeFieldContainer[SpacePlacement]
     def __init__(self, moved: _Optional[_Iterable[_Union[SpacePlacement, _Mapping]]] = ...) -> None: ...
 
+class DescribeSpaceRequest(_message.Message):
+    __slots__ = ("space",)
+    SPACE_FIELD_NUMBER: _ClassVar[int]
+    space: str
+    def __init__(self, space: _Optional[str] = ...) -> None: ...
+
+class TypeFigures(_message.Message):
+    __slots__ = ("type_name", "supertypes", "entries", "bytes", "with_subtypes", "indexes")
+    TYPE_NAME_FIELD_NUMBER: _ClassVar[int]
+    SUPERTYPES_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    WITH_SUBTYPES_FIELD_NUMBER: _ClassVar[int]
+    INDEXES_FIELD_NUMBER: _ClassVar[int]
+    type_name: str
+    supertypes: _containers.RepeatedScalarFieldContainer[str]
+    entries: int
+    bytes: int
+    with_subtypes: int
+    indexes: _containers.RepeatedCompositeFieldContainer[IndexFigures]
+    def __init__(self, type_name: _Optional[str] = ..., supertypes: _Optional[_Iterable[str]] = ..., entries: _Optional[int] = ..., bytes: _Optional[int] = ..., with_subtypes: _Optional[int] = ..., indexes: _Optional[_Iterable[_Union[IndexFigures, _Mapping]]] = ...) -> None: ...
+
+class IndexFigures(_message.Message):
+    __slots__ = ("field", "buckets")
+    FIELD_FIELD_NUMBER: _ClassVar[int]
+    BUCKETS_FIELD_NUMBER: _ClassVar[int]
+    field: str
+    buckets: int
+    def __init__(self, field: _Optional[str] = ..., buckets: _Optional[int] = ...) -> None: ...
+
+class WaiterGroup(_message.Message):
+    __slots__ = ("templates", "take", "count", "transactional")
+    TEMPLATES_FIELD_NUMBER: _ClassVar[int]
+    TAKE_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTIONAL_FIELD_NUMBER: _ClassVar[int]
+    templates: _containers.RepeatedCompositeFieldContainer[Template]
+    take: bool
+    count: int
+    transactional: int
+    def __init__(self, templates: _Optional[_Iterable[_Union[Template, _Mapping]]] = ..., take: _Optional[bool] = ..., count: _Optional[int] = ..., transactional: _Optional[int] = ...) -> None: ...
+
+class RegistrationInfo(_message.Message):
+    __slots__ = ("id", "templates", "expires_at", "sequence", "transaction")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TEMPLATES_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    templates: _containers.RepeatedCompositeFieldContainer[Template]
+    expires_at: float
+    sequence: int
+    transaction: int
+    def __init__(self, id: _Optional[int] = ..., templates: _Optional[_Iterable[_Union[Template, _Mapping]]] = ..., expires_at: _Optional[float] = ..., sequence: _Optional[int] = ..., transaction: _Optional[int] = ...) -> None: ...
+
+class TransactionInfo(_message.Message):
+    __slots__ = ("id", "expires_at", "written", "taken", "read_locked", "waiters")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    TAKEN_FIELD_NUMBER: _ClassVar[int]
+    READ_LOCKED_FIELD_NUMBER: _ClassVar[int]
+    WAITERS_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    expires_at: float
+    written: int
+    taken: int
+    read_locked: int
+    waiters: int
+    def __init__(self, id: _Optional[int] = ..., expires_at: _Optional[float] = ..., written: _Optional[int] = ..., taken: _Optional[int] = ..., read_locked: _Optional[int] = ..., waiters: _Optional[int] = ...) -> None: ...
+
+class SpaceConfiguration(_message.Message):
+    __slots__ = ("fifo", "max_entries", "max_bytes", "default_lease", "max_lease", "max_registrations")
+    FIFO_FIELD_NUMBER: _ClassVar[int]
+    MAX_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_LEASE_FIELD_NUMBER: _ClassVar[int]
+    MAX_LEASE_FIELD_NUMBER: _ClassVar[int]
+    MAX_REGISTRATIONS_FIELD_NUMBER: _ClassVar[int]
+    fifo: bool
+    max_entries: int
+    max_bytes: int
+    default_lease: float
+    max_lease: float
+    max_registrations: int
+    def __init__(self, fifo: _Optional[bool] = ..., max_entries: _Optional[int] = ..., max_bytes: _Optional[int] = ..., default_lease: _Optional[float] = ..., max_lease: _Optional[float] = ..., max_registrations: _Optional[int] = ...) -> None: ...
+
+class DescribeSpaceReply(_message.Message):
+    __slots__ = ("space", "entries", "bytes", "types", "waiting", "waiters", "registration_list", "registrations", "transaction_list", "transactions", "locked", "oldest_entry_age", "expired", "configuration")
+    SPACE_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    TYPES_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    WAITERS_FIELD_NUMBER: _ClassVar[int]
+    REGISTRATION_LIST_FIELD_NUMBER: _ClassVar[int]
+    REGISTRATIONS_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_LIST_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTIONS_FIELD_NUMBER: _ClassVar[int]
+    LOCKED_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_ENTRY_AGE_FIELD_NUMBER: _ClassVar[int]
+    EXPIRED_FIELD_NUMBER: _ClassVar[int]
+    CONFIGURATION_FIELD_NUMBER: _ClassVar[int]
+    space: str
+    entries: int
+    bytes: int
+    types: _containers.RepeatedCompositeFieldContainer[TypeFigures]
+    waiting: _containers.RepeatedCompositeFieldContainer[WaiterGroup]
+    waiters: int
+    registration_list: _containers.RepeatedCompositeFieldContainer[RegistrationInfo]
+    registrations: int
+    transaction_list: _containers.RepeatedCompositeFieldContainer[TransactionInfo]
+    transactions: int
+    locked: int
+    oldest_entry_age: float
+    expired: int
+    configuration: SpaceConfiguration
+    def __init__(self, space: _Optional[str] = ..., entries: _Optional[int] = ..., bytes: _Optional[int] = ..., types: _Optional[_Iterable[_Union[TypeFigures, _Mapping]]] = ..., waiting: _Optional[_Iterable[_Union[WaiterGroup, _Mapping]]] = ..., waiters: _Optional[int] = ..., registration_list: _Optional[_Iterable[_Union[RegistrationInfo, _Mapping]]] = ..., registrations: _Optional[int] = ..., transaction_list: _Optional[_Iterable[_Union[TransactionInfo, _Mapping]]] = ..., transactions: _Optional[int] = ..., locked: _Optional[int] = ..., oldest_entry_age: _Optional[float] = ..., expired: _Optional[int] = ..., configuration: _Optional[_Union[SpaceConfiguration, _Mapping]] = ...) -> None: ...
+
+class BrowseRequest(_message.Message):
+    __slots__ = ("space", "templates", "after", "max_entries")
+    SPACE_FIELD_NUMBER: _ClassVar[int]
+    TEMPLATES_FIELD_NUMBER: _ClassVar[int]
+    AFTER_FIELD_NUMBER: _ClassVar[int]
+    MAX_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    space: str
+    templates: _containers.RepeatedCompositeFieldContainer[Template]
+    after: int
+    max_entries: int
+    def __init__(self, space: _Optional[str] = ..., templates: _Optional[_Iterable[_Union[Template, _Mapping]]] = ..., after: _Optional[int] = ..., max_entries: _Optional[int] = ...) -> None: ...
+
+class BrowsedEntry(_message.Message):
+    __slots__ = ("id", "entry", "expires_at", "locked")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    LOCKED_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    entry: Entry
+    expires_at: float
+    locked: bool
+    def __init__(self, id: _Optional[int] = ..., entry: _Optional[_Union[Entry, _Mapping]] = ..., expires_at: _Optional[float] = ..., locked: _Optional[bool] = ...) -> None: ...
+
+class BrowseReply(_message.Message):
+    __slots__ = ("entries", "next")
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[BrowsedEntry]
+    next: int
+    def __init__(self, entries: _Optional[_Iterable[_Union[BrowsedEntry, _Mapping]]] = ..., next: _Optional[int] = ...) -> None: ...
+
+class PurgeRequest(_message.Message):
+    __slots__ = ("space", "templates", "dry_run", "max_entries")
+    SPACE_FIELD_NUMBER: _ClassVar[int]
+    TEMPLATES_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    MAX_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    space: str
+    templates: _containers.RepeatedCompositeFieldContainer[Template]
+    dry_run: bool
+    max_entries: int
+    def __init__(self, space: _Optional[str] = ..., templates: _Optional[_Iterable[_Union[Template, _Mapping]]] = ..., dry_run: _Optional[bool] = ..., max_entries: _Optional[int] = ...) -> None: ...
+
+class PurgeReply(_message.Message):
+    __slots__ = ("count",)
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    count: int
+    def __init__(self, count: _Optional[int] = ...) -> None: ...
+
+class LeaseIdRequest(_message.Message):
+    __slots__ = ("space", "id")
+    SPACE_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    space: str
+    id: int
+    def __init__(self, space: _Optional[str] = ..., id: _Optional[int] = ...) -> None: ...
+
 class MuxOp(_message.Message):
-    __slots__ = ("id", "write", "write_many", "read", "take", "read_many", "take_many", "renew_leases", "cancel_leases", "count", "begin", "commit", "abort", "locate", "list_spaces", "move_space", "drain", "cancel")
+    __slots__ = ("id", "write", "write_many", "read", "take", "read_many", "take_many", "renew_leases", "cancel_leases", "count", "begin", "commit", "abort", "locate", "list_spaces", "move_space", "drain", "describe_space", "browse", "purge", "cancel_registration", "abort_transaction", "cancel")
     ID_FIELD_NUMBER: _ClassVar[int]
     WRITE_FIELD_NUMBER: _ClassVar[int]
     WRITE_MANY_FIELD_NUMBER: _ClassVar[int]
@@ -468,6 +650,11 @@ class MuxOp(_message.Message):
     LIST_SPACES_FIELD_NUMBER: _ClassVar[int]
     MOVE_SPACE_FIELD_NUMBER: _ClassVar[int]
     DRAIN_FIELD_NUMBER: _ClassVar[int]
+    DESCRIBE_SPACE_FIELD_NUMBER: _ClassVar[int]
+    BROWSE_FIELD_NUMBER: _ClassVar[int]
+    PURGE_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_REGISTRATION_FIELD_NUMBER: _ClassVar[int]
+    ABORT_TRANSACTION_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
     id: int
     write: WriteRequest
@@ -486,8 +673,13 @@ class MuxOp(_message.Message):
     list_spaces: ListSpacesRequest
     move_space: MoveSpaceRequest
     drain: DrainRequest
+    describe_space: DescribeSpaceRequest
+    browse: BrowseRequest
+    purge: PurgeRequest
+    cancel_registration: LeaseIdRequest
+    abort_transaction: LeaseIdRequest
     cancel: bool
-    def __init__(self, id: _Optional[int] = ..., write: _Optional[_Union[WriteRequest, _Mapping]] = ..., write_many: _Optional[_Union[WriteManyRequest, _Mapping]] = ..., read: _Optional[_Union[MatchRequest, _Mapping]] = ..., take: _Optional[_Union[MatchRequest, _Mapping]] = ..., read_many: _Optional[_Union[MatchRequest, _Mapping]] = ..., take_many: _Optional[_Union[MatchRequest, _Mapping]] = ..., renew_leases: _Optional[_Union[RenewLeasesRequest, _Mapping]] = ..., cancel_leases: _Optional[_Union[CancelLeasesRequest, _Mapping]] = ..., count: _Optional[_Union[CountRequest, _Mapping]] = ..., begin: _Optional[_Union[BeginRequest, _Mapping]] = ..., commit: _Optional[_Union[EndRequest, _Mapping]] = ..., abort: _Optional[_Union[EndRequest, _Mapping]] = ..., locate: _Optional[_Union[LocateRequest, _Mapping]] = ..., list_spaces: _Optional[_Union[ListSpacesRequest, _Mapping]] = ..., move_space: _Optional[_Union[MoveSpaceRequest, _Mapping]] = ..., drain: _Optional[_Union[DrainRequest, _Mapping]] = ..., cancel: _Optional[bool] = ...) -> None: ...
+    def __init__(self, id: _Optional[int] = ..., write: _Optional[_Union[WriteRequest, _Mapping]] = ..., write_many: _Optional[_Union[WriteManyRequest, _Mapping]] = ..., read: _Optional[_Union[MatchRequest, _Mapping]] = ..., take: _Optional[_Union[MatchRequest, _Mapping]] = ..., read_many: _Optional[_Union[MatchRequest, _Mapping]] = ..., take_many: _Optional[_Union[MatchRequest, _Mapping]] = ..., renew_leases: _Optional[_Union[RenewLeasesRequest, _Mapping]] = ..., cancel_leases: _Optional[_Union[CancelLeasesRequest, _Mapping]] = ..., count: _Optional[_Union[CountRequest, _Mapping]] = ..., begin: _Optional[_Union[BeginRequest, _Mapping]] = ..., commit: _Optional[_Union[EndRequest, _Mapping]] = ..., abort: _Optional[_Union[EndRequest, _Mapping]] = ..., locate: _Optional[_Union[LocateRequest, _Mapping]] = ..., list_spaces: _Optional[_Union[ListSpacesRequest, _Mapping]] = ..., move_space: _Optional[_Union[MoveSpaceRequest, _Mapping]] = ..., drain: _Optional[_Union[DrainRequest, _Mapping]] = ..., describe_space: _Optional[_Union[DescribeSpaceRequest, _Mapping]] = ..., browse: _Optional[_Union[BrowseRequest, _Mapping]] = ..., purge: _Optional[_Union[PurgeRequest, _Mapping]] = ..., cancel_registration: _Optional[_Union[LeaseIdRequest, _Mapping]] = ..., abort_transaction: _Optional[_Union[LeaseIdRequest, _Mapping]] = ..., cancel: _Optional[bool] = ...) -> None: ...
 
 class MuxRequest(_message.Message):
     __slots__ = ("ops",)
@@ -515,7 +707,7 @@ class MuxError(_message.Message):
     def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., reason: _Optional[_Union[ErrorReason, str]] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class MuxResult(_message.Message):
-    __slots__ = ("id", "write", "write_many", "match", "renew_leases", "cancel_leases", "count", "begin", "end", "locate", "list_spaces", "move_space", "drain", "error")
+    __slots__ = ("id", "write", "write_many", "match", "renew_leases", "cancel_leases", "count", "begin", "end", "locate", "list_spaces", "move_space", "drain", "describe_space", "browse", "purge", "error")
     ID_FIELD_NUMBER: _ClassVar[int]
     WRITE_FIELD_NUMBER: _ClassVar[int]
     WRITE_MANY_FIELD_NUMBER: _ClassVar[int]
@@ -529,6 +721,9 @@ class MuxResult(_message.Message):
     LIST_SPACES_FIELD_NUMBER: _ClassVar[int]
     MOVE_SPACE_FIELD_NUMBER: _ClassVar[int]
     DRAIN_FIELD_NUMBER: _ClassVar[int]
+    DESCRIBE_SPACE_FIELD_NUMBER: _ClassVar[int]
+    BROWSE_FIELD_NUMBER: _ClassVar[int]
+    PURGE_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     id: int
     write: WriteReply
@@ -543,8 +738,11 @@ class MuxResult(_message.Message):
     list_spaces: ListSpacesReply
     move_space: MoveSpaceReply
     drain: DrainReply
+    describe_space: DescribeSpaceReply
+    browse: BrowseReply
+    purge: PurgeReply
     error: MuxError
-    def __init__(self, id: _Optional[int] = ..., write: _Optional[_Union[WriteReply, _Mapping]] = ..., write_many: _Optional[_Union[WriteManyReply, _Mapping]] = ..., match: _Optional[_Union[MatchReply, _Mapping]] = ..., renew_leases: _Optional[_Union[RenewLeasesReply, _Mapping]] = ..., cancel_leases: _Optional[_Union[CancelLeasesReply, _Mapping]] = ..., count: _Optional[_Union[CountReply, _Mapping]] = ..., begin: _Optional[_Union[BeginReply, _Mapping]] = ..., end: _Optional[_Union[EndReply, _Mapping]] = ..., locate: _Optional[_Union[LocateReply, _Mapping]] = ..., list_spaces: _Optional[_Union[ListSpacesReply, _Mapping]] = ..., move_space: _Optional[_Union[MoveSpaceReply, _Mapping]] = ..., drain: _Optional[_Union[DrainReply, _Mapping]] = ..., error: _Optional[_Union[MuxError, _Mapping]] = ...) -> None: ...
+    def __init__(self, id: _Optional[int] = ..., write: _Optional[_Union[WriteReply, _Mapping]] = ..., write_many: _Optional[_Union[WriteManyReply, _Mapping]] = ..., match: _Optional[_Union[MatchReply, _Mapping]] = ..., renew_leases: _Optional[_Union[RenewLeasesReply, _Mapping]] = ..., cancel_leases: _Optional[_Union[CancelLeasesReply, _Mapping]] = ..., count: _Optional[_Union[CountReply, _Mapping]] = ..., begin: _Optional[_Union[BeginReply, _Mapping]] = ..., end: _Optional[_Union[EndReply, _Mapping]] = ..., locate: _Optional[_Union[LocateReply, _Mapping]] = ..., list_spaces: _Optional[_Union[ListSpacesReply, _Mapping]] = ..., move_space: _Optional[_Union[MoveSpaceReply, _Mapping]] = ..., drain: _Optional[_Union[DrainReply, _Mapping]] = ..., describe_space: _Optional[_Union[DescribeSpaceReply, _Mapping]] = ..., browse: _Optional[_Union[BrowseReply, _Mapping]] = ..., purge: _Optional[_Union[PurgeReply, _Mapping]] = ..., error: _Optional[_Union[MuxError, _Mapping]] = ...) -> None: ...
 
 class MuxReply(_message.Message):
     __slots__ = ("results",)

@@ -127,6 +127,31 @@ class SpaceStub:
                 request_serializer=outrig_dot_v1_dot_space__pb2.DrainRequest.SerializeToString,
                 response_deserializer=outrig_dot_v1_dot_space__pb2.DrainReply.FromString,
                 _registered_method=True)
+        self.DescribeSpace = channel.unary_unary(
+                '/outrig.v1.Space/DescribeSpace',
+                request_serializer=outrig_dot_v1_dot_space__pb2.DescribeSpaceRequest.SerializeToString,
+                response_deserializer=outrig_dot_v1_dot_space__pb2.DescribeSpaceReply.FromString,
+                _registered_method=True)
+        self.Browse = channel.unary_unary(
+                '/outrig.v1.Space/Browse',
+                request_serializer=outrig_dot_v1_dot_space__pb2.BrowseRequest.SerializeToString,
+                response_deserializer=outrig_dot_v1_dot_space__pb2.BrowseReply.FromString,
+                _registered_method=True)
+        self.Purge = channel.unary_unary(
+                '/outrig.v1.Space/Purge',
+                request_serializer=outrig_dot_v1_dot_space__pb2.PurgeRequest.SerializeToString,
+                response_deserializer=outrig_dot_v1_dot_space__pb2.PurgeReply.FromString,
+                _registered_method=True)
+        self.CancelRegistration = channel.unary_unary(
+                '/outrig.v1.Space/CancelRegistration',
+                request_serializer=outrig_dot_v1_dot_space__pb2.LeaseIdRequest.SerializeToString,
+                response_deserializer=outrig_dot_v1_dot_space__pb2.EndReply.FromString,
+                _registered_method=True)
+        self.AbortTransaction = channel.unary_unary(
+                '/outrig.v1.Space/AbortTransaction',
+                request_serializer=outrig_dot_v1_dot_space__pb2.LeaseIdRequest.SerializeToString,
+                response_deserializer=outrig_dot_v1_dot_space__pb2.EndReply.FromString,
+                _registered_method=True)
         self.Mux = channel.stream_stream(
                 '/outrig.v1.Space/Mux',
                 request_serializer=outrig_dot_v1_dot_space__pb2.MuxRequest.SerializeToString,
@@ -253,6 +278,42 @@ class SpaceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DescribeSpace(self, request, context):
+        """What a space holds: its types, indexes, parked waiters, registrations, transactions and
+        settings (run by its owner, wherever it is called).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Browse(self, request, context):
+        """A page of the entries matching the templates, without taking them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Purge(self, request, context):
+        """Remove (or, dry_run, count) the entries matching the templates.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelRegistration(self, request, context):
+        """End a notify registration by its id: NOT_FOUND if the space has no such registration.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AbortTransaction(self, request, context):
+        """Abort a transaction by its id, as Abort does.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Mux(self, request_iterator, context):
         """Many operations in flight over one stream: every MuxOp runs as its unary method would (the
         same checks, quotas, idempotency and durability), and its MuxResult comes back when it
@@ -358,6 +419,31 @@ def add_SpaceServicer_to_server(servicer, server):
                     servicer.Drain,
                     request_deserializer=outrig_dot_v1_dot_space__pb2.DrainRequest.FromString,
                     response_serializer=outrig_dot_v1_dot_space__pb2.DrainReply.SerializeToString,
+            ),
+            'DescribeSpace': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeSpace,
+                    request_deserializer=outrig_dot_v1_dot_space__pb2.DescribeSpaceRequest.FromString,
+                    response_serializer=outrig_dot_v1_dot_space__pb2.DescribeSpaceReply.SerializeToString,
+            ),
+            'Browse': grpc.unary_unary_rpc_method_handler(
+                    servicer.Browse,
+                    request_deserializer=outrig_dot_v1_dot_space__pb2.BrowseRequest.FromString,
+                    response_serializer=outrig_dot_v1_dot_space__pb2.BrowseReply.SerializeToString,
+            ),
+            'Purge': grpc.unary_unary_rpc_method_handler(
+                    servicer.Purge,
+                    request_deserializer=outrig_dot_v1_dot_space__pb2.PurgeRequest.FromString,
+                    response_serializer=outrig_dot_v1_dot_space__pb2.PurgeReply.SerializeToString,
+            ),
+            'CancelRegistration': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelRegistration,
+                    request_deserializer=outrig_dot_v1_dot_space__pb2.LeaseIdRequest.FromString,
+                    response_serializer=outrig_dot_v1_dot_space__pb2.EndReply.SerializeToString,
+            ),
+            'AbortTransaction': grpc.unary_unary_rpc_method_handler(
+                    servicer.AbortTransaction,
+                    request_deserializer=outrig_dot_v1_dot_space__pb2.LeaseIdRequest.FromString,
+                    response_serializer=outrig_dot_v1_dot_space__pb2.EndReply.SerializeToString,
             ),
             'Mux': grpc.stream_stream_rpc_method_handler(
                     servicer.Mux,
@@ -853,6 +939,141 @@ class Space:
             '/outrig.v1.Space/Drain',
             outrig_dot_v1_dot_space__pb2.DrainRequest.SerializeToString,
             outrig_dot_v1_dot_space__pb2.DrainReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeSpace(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/outrig.v1.Space/DescribeSpace',
+            outrig_dot_v1_dot_space__pb2.DescribeSpaceRequest.SerializeToString,
+            outrig_dot_v1_dot_space__pb2.DescribeSpaceReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Browse(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/outrig.v1.Space/Browse',
+            outrig_dot_v1_dot_space__pb2.BrowseRequest.SerializeToString,
+            outrig_dot_v1_dot_space__pb2.BrowseReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Purge(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/outrig.v1.Space/Purge',
+            outrig_dot_v1_dot_space__pb2.PurgeRequest.SerializeToString,
+            outrig_dot_v1_dot_space__pb2.PurgeReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelRegistration(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/outrig.v1.Space/CancelRegistration',
+            outrig_dot_v1_dot_space__pb2.LeaseIdRequest.SerializeToString,
+            outrig_dot_v1_dot_space__pb2.EndReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AbortTransaction(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/outrig.v1.Space/AbortTransaction',
+            outrig_dot_v1_dot_space__pb2.LeaseIdRequest.SerializeToString,
+            outrig_dot_v1_dot_space__pb2.EndReply.FromString,
             options,
             channel_credentials,
             insecure,

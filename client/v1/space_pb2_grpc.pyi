@@ -70,6 +70,18 @@ class SpaceStub:
     """Move a space to another server of the tier (run by its owner, wherever it is called)."""
     Drain: _grpc.UnaryUnaryMultiCallable[_space_pb2.DrainRequest, _space_pb2.DrainReply]
     """Drain the server called (not forwarded): an administrative change of the whole tier."""
+    DescribeSpace: _grpc.UnaryUnaryMultiCallable[_space_pb2.DescribeSpaceRequest, _space_pb2.DescribeSpaceReply]
+    """What a space holds: its types, indexes, parked waiters, registrations, transactions and
+    settings (run by its owner, wherever it is called).
+    """
+    Browse: _grpc.UnaryUnaryMultiCallable[_space_pb2.BrowseRequest, _space_pb2.BrowseReply]
+    """A page of the entries matching the templates, without taking them."""
+    Purge: _grpc.UnaryUnaryMultiCallable[_space_pb2.PurgeRequest, _space_pb2.PurgeReply]
+    """Remove (or, dry_run, count) the entries matching the templates."""
+    CancelRegistration: _grpc.UnaryUnaryMultiCallable[_space_pb2.LeaseIdRequest, _space_pb2.EndReply]
+    """End a notify registration by its id: NOT_FOUND if the space has no such registration."""
+    AbortTransaction: _grpc.UnaryUnaryMultiCallable[_space_pb2.LeaseIdRequest, _space_pb2.EndReply]
+    """Abort a transaction by its id, as Abort does."""
     Mux: _grpc.StreamStreamMultiCallable[_space_pb2.MuxRequest, _space_pb2.MuxReply]
     """Many operations in flight over one stream: every MuxOp runs as its unary method would (the
     same checks, quotas, idempotency and durability), and its MuxResult comes back when it
@@ -110,6 +122,18 @@ class SpaceAsyncStub(SpaceStub):
     """Move a space to another server of the tier (run by its owner, wherever it is called)."""
     Drain: _aio.UnaryUnaryMultiCallable[_space_pb2.DrainRequest, _space_pb2.DrainReply]  # type: ignore[assignment]
     """Drain the server called (not forwarded): an administrative change of the whole tier."""
+    DescribeSpace: _aio.UnaryUnaryMultiCallable[_space_pb2.DescribeSpaceRequest, _space_pb2.DescribeSpaceReply]  # type: ignore[assignment]
+    """What a space holds: its types, indexes, parked waiters, registrations, transactions and
+    settings (run by its owner, wherever it is called).
+    """
+    Browse: _aio.UnaryUnaryMultiCallable[_space_pb2.BrowseRequest, _space_pb2.BrowseReply]  # type: ignore[assignment]
+    """A page of the entries matching the templates, without taking them."""
+    Purge: _aio.UnaryUnaryMultiCallable[_space_pb2.PurgeRequest, _space_pb2.PurgeReply]  # type: ignore[assignment]
+    """Remove (or, dry_run, count) the entries matching the templates."""
+    CancelRegistration: _aio.UnaryUnaryMultiCallable[_space_pb2.LeaseIdRequest, _space_pb2.EndReply]  # type: ignore[assignment]
+    """End a notify registration by its id: NOT_FOUND if the space has no such registration."""
+    AbortTransaction: _aio.UnaryUnaryMultiCallable[_space_pb2.LeaseIdRequest, _space_pb2.EndReply]  # type: ignore[assignment]
+    """Abort a transaction by its id, as Abort does."""
     Mux: _aio.StreamStreamMultiCallable[_space_pb2.MuxRequest, _space_pb2.MuxReply]  # type: ignore[assignment]
     """Many operations in flight over one stream: every MuxOp runs as its unary method would (the
     same checks, quotas, idempotency and durability), and its MuxResult comes back when it
@@ -237,6 +261,43 @@ class SpaceServicer:
         context: _ServicerContext,
     ) -> _typing.Union[_space_pb2.DrainReply, _abc.Awaitable[_space_pb2.DrainReply]]:
         """Drain the server called (not forwarded): an administrative change of the whole tier."""
+
+    def DescribeSpace(
+        self,
+        request: _space_pb2.DescribeSpaceRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_space_pb2.DescribeSpaceReply, _abc.Awaitable[_space_pb2.DescribeSpaceReply]]:
+        """What a space holds: its types, indexes, parked waiters, registrations, transactions and
+        settings (run by its owner, wherever it is called).
+        """
+
+    def Browse(
+        self,
+        request: _space_pb2.BrowseRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_space_pb2.BrowseReply, _abc.Awaitable[_space_pb2.BrowseReply]]:
+        """A page of the entries matching the templates, without taking them."""
+
+    def Purge(
+        self,
+        request: _space_pb2.PurgeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_space_pb2.PurgeReply, _abc.Awaitable[_space_pb2.PurgeReply]]:
+        """Remove (or, dry_run, count) the entries matching the templates."""
+
+    def CancelRegistration(
+        self,
+        request: _space_pb2.LeaseIdRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_space_pb2.EndReply, _abc.Awaitable[_space_pb2.EndReply]]:
+        """End a notify registration by its id: NOT_FOUND if the space has no such registration."""
+
+    def AbortTransaction(
+        self,
+        request: _space_pb2.LeaseIdRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_space_pb2.EndReply, _abc.Awaitable[_space_pb2.EndReply]]:
+        """Abort a transaction by its id, as Abort does."""
 
     def Mux(
         self,

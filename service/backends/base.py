@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from outrig.service.engine.inspection import SpaceDescription
 from outrig.service.engine.model import LeaseGrant, NewEntry, StoredEntry, Template
 from outrig.service.exceptions import SpaceError
 
@@ -36,6 +37,8 @@ class SpaceFigures:
     transactions: int = 0
     expired: int = 0  # leases expired since the server started
     types: Mapping[str, int] = field(default_factory=dict)  # type -> entries of it or a subtype
+    max_entries: int = 0  # the space's quotas (0: not reported)
+    max_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,3 +196,26 @@ class SpaceBackend(Protocol):
     def observe_commits(self, observe: Callable[[float, int], None]) -> None:
         """Have `observe(seconds, records)` called after each group commit of the backend's own
         store (a backend whose durability is another server's calls it never)."""
+
+    # ------------------------------------------------------------------ inspection (admin)
+
+    async def describe(self, space: str) -> SpaceDescription:
+        """What the space holds: its types, indexes, parked waiters, registrations, transactions,
+        the age of its oldest entry and its settings (engine/inspection.py)."""
+
+    async def browse(
+        self, space: str, templates: Sequence[Template], after: int, max_entries: int
+    ) -> tuple[list[StoredEntry], int]:
+        """A page of at most `max_entries` entries matching one of `templates` (none: any), in
+        arrival order after the cursor `after` (0: from the start), without taking them; and the
+        next page's cursor (0: none)."""
+
+    async def purge(
+        self, space: str, templates: Sequence[Template], *, dry_run: bool, max_entries: int
+    ) -> int:
+        """Remove the entries matching one of `templates` (at most `max_entries`; 0: all), a batch
+        at a time, letting other calls run between batches: how many were removed (`dry_run`:
+        how many would be)."""
+
+    async def cancel_registration(self, space: str, registration_id: int) -> None:
+        """End a notify registration; LeaseNotFoundError if the space has no such registration."""

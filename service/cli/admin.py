@@ -7,7 +7,8 @@
   "supertypes": [...], "fields": {...}}`. Bytes and arrays are written as base64 (arrays with
   their typecode), so that a dump can be read back by any language.
 - `outrig spaces --address HOST:PORT` lists every space of the server's tier and its owner (the
-  ListSpaces RPC, through the SDK), as a table: space, owner, address, epoch, lease left, here.
+  ListSpaces RPC, through the SDK), as a table: space, owner, address, epoch, lease left, here,
+  entries and bytes (or `--json`).
   `--tls-ca`, `--tls-cert`/`--tls-key` and `--server-name` as `outrig health` takes them, and
   `--token-file` for a bearer token (over TLS only, as the SDK sends one).
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import array
 import base64
+import dataclasses
 import json
 import re
 import sys
@@ -68,11 +70,13 @@ def add_parsers(commands: Any) -> None:
         "spaces",
         help="list the spaces of a server's tier and their owners",
         description="List every space of the tier of the server at --address and its owner, as a table: "
-        "space, owner (server id), address, epoch, lease left (seconds) and here (owned by the server "
-        "asked). A lone server lists its own spaces, all here. Under a policy it needs the admin action on "
-        "outrig://*. Exit status 2 if the server cannot be reached or refuses.",
+        "space, owner (server id), address, epoch, lease left (seconds), here (owned by the server "
+        "asked), and the entries and bytes it holds (- when its owner did not answer). A lone server lists "
+        "its own spaces, all here. Under a policy it needs the admin action on outrig://*. Exit status 2 if "
+        "the server cannot be reached or refuses.",
     )
     _connection_options(spaces)
+    spaces.add_argument("--json", action="store_true", help="print JSON (for scripts) instead of a table")
     move = commands.add_parser(
         "move",
         help="move a space to another server of its tier",
@@ -266,7 +270,7 @@ def _lease_left(seconds: float | None) -> str:
 
 def spaces_table(placements: Sequence[Any]) -> list[str]:
     """The lines `outrig spaces` prints for `outrig.Placement`s: a header, then one per space."""
-    rows = [("space", "owner", "address", "epoch", "lease left", "here")]
+    rows = [("space", "owner", "address", "epoch", "lease left", "here", "entries", "bytes")]
     rows += [
         (
             p.space,
@@ -275,6 +279,8 @@ def spaces_table(placements: Sequence[Any]) -> list[str]:
             str(p.epoch),
             _lease_left(p.expires_in),
             "yes" if p.here else "no",
+            "-" if p.entries is None else f"{p.entries:,}",
+            "-" if p.bytes is None else f"{p.bytes:,}",
         )
         for p in placements
     ]
@@ -293,6 +299,9 @@ def _spaces(args: argparse.Namespace) -> int:
     except (outrig.OutrigError, ValueError, TypeError) as err:
         print(f"outrig spaces: {type(err).__name__}: {err}", file=sys.stderr)
         return 2
+    if args.json:
+        print(json.dumps([dataclasses.asdict(p) for p in placements]))
+        return 0
     for line in spaces_table(placements):
         print(line)
     return 0

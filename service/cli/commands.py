@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from outrig.service import software_version
-from outrig.service.cli import admin, health
+from outrig.service.cli import admin, health, inspection
 from outrig.service.cli import security as security_commands
 from outrig.service.exceptions import ConfigError, StoreError
 from outrig.service.logs import configure_logging
@@ -99,6 +99,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help="serve Prometheus metrics on http://HOST:PORT/metrics (default: no metrics)",
     )
+    serve.add_argument(
+        "--console",
+        metavar="HOST:PORT",
+        help="serve the web console on http://HOST:PORT/ (default: none; loopback only unless the "
+        "server authenticates callers)",
+    )
     security = serve.add_argument_group("security (see docs/security.md)")
     security.add_argument("--tls-cert", metavar="PEM", help="the server's certificate chain: serve TLS")
     security.add_argument("--tls-key", metavar="PEM", help="the server certificate's private key")
@@ -138,6 +144,7 @@ def _parser() -> argparse.ArgumentParser:
     health.add_parser(commands)
     security_commands.add_parsers(commands)
     admin.add_parsers(commands)
+    inspection.add_parsers(commands)
     commands.add_parser(
         "stress",
         add_help=False,
@@ -189,6 +196,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return health.run(args)
     if args.command in ("stats", "dump", "spaces", "move", "drain"):
         return admin.run(args)
+    if args.command in inspection.COMMANDS:
+        return inspection.run(args)
     if args.command != "serve":
         return _store_command(args)
     try:
@@ -217,6 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "log_level": args.log_level,
                 "log_format": args.log_format,
                 "metrics_listen": args.metrics_listen,
+                "console": args.console,
                 "tls_cert": args.tls_cert,
                 "tls_key": args.tls_key,
                 "tls_client_ca": args.tls_client_ca,

@@ -150,3 +150,7 @@ class EntryIndex:
     def type_counts(self) -> dict[str, int]:
         """Entries filed under each type (of that type or a subtype)."""
         return {type_name: len(bucket) for type_name, bucket in self._by_type.items()}
+
+    def field_slots(self) -> list[tuple[str, str, Hashable]]:
+        """Every (type, field, value key) slot, a copy."""
+        return list(self._by_field)  # type: ignore[arg-type]  # the slots `insert` files

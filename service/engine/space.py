@@ -20,11 +20,14 @@ and must not report otherwise; the entry stays in the space, the waiter waits on
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import logging
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
+from outrig.service.engine.ages import PRUNE_AT, WriteTimes
 from outrig.service.engine.clock import Clock
 from outrig.service.engine.index import EntryIndex
 from outrig.service.engine.leases import MAX_LEASE_SECONDS, LeaseQueue, check_lease_duration
@@ -115,6 +118,7 @@ class SpaceEngine(TransactionsMixin):
         self._by_seq: dict[int, Waiter] = {}  # parked waiters under a transaction, by seq
         # Told of every commit and abort, including aborts by lease expiry (the reaper's).
         self.on_transaction_end: Callable[[TransactionOutcome], None] | None = None
+        self._written_at = WriteTimes()  # when entries were written, to about a second
 
     # ------------------------------------------------------------------ recovery
 
@@ -127,6 +131,8 @@ class SpaceEngine(TransactionsMixin):
         Call in arrival order; nobody is waiting yet, so nothing is offered or published."""
         stored = StoredEntry(entry_id, new, expires_at)
         stored.arrival = arrival
+        if not self._written_at:
+            self._written_at.note(entry_id, self._clock.time())  # recovered: counted from now
         lineage = stored.lineage
         for depth, type_name in enumerate(lineage):
             self._types.setdefault(type_name, lineage[depth + 1 :])
@@ -205,7 +211,8 @@ class SpaceEngine(TransactionsMixin):
 
         Every entry is filed before any is published or offered: a write that fails has handed
         nothing to anyone, and one that has handed something out has stored all of it."""
-        expires_at, granted = self._grant(lease, self._clock.time())
+        now = self._clock.time()
+        expires_at, granted = self._grant(lease, now)
         if txn is not None:
             self._check_active(txn)
         declared = self._declare_types(entries)
@@ -224,6 +231,7 @@ class SpaceEngine(TransactionsMixin):
             raise
         # Only now, so that a refused write leaves no type declared behind it.
         self._types.update(declared)
+        self._note_written(first_id, now)
         self.declared = declared
         if txn is not None:
             for stored in written:
@@ -805,3 +813,82 @@ class SpaceEngine(TransactionsMixin):
             transactions=len(self._transactions),
             locked=self._locked,
         )
+
+    # ------------------------------------------------------------------ inspection (admin)
+
+    def _note_written(self, first_id: int, now: float) -> None:
+        times = self._written_at
+        times.note(first_id, now)
+        if len(times) >= PRUNE_AT and self._entries:
+            times.prune(next(iter(self._entries)))  # the oldest filed, but for one put back
+
+    def oldest_written(self) -> float | None:
+        """About when (to a second, at or before) the oldest entry still in the space was written;
+        None when the space is empty."""
+        if not self._entries:
+            return None
+        oldest = min(self._entries)  # ids grow with each write; at C speed
+        self._written_at.prune(oldest)
+        return self._written_at.written_at(oldest)
+
+    def snapshot(self) -> list[StoredEntry]:
+        """Every entry in the space, a copy (made at C speed) for callers that walk it in slices."""
+        return list(self._entries.values())
+
+    def index_slots(self) -> list[tuple[str, str, Hashable]]:
+        """Every (type, field, value key) index slot, a copy."""
+        return self._index.field_slots()
+
+    def declared_types(self) -> dict[str, tuple[str, ...]]:
+        """Every type the space knows, with its supertypes."""
+        return dict(self._types)
+
+    def parked(self) -> list[Waiter]:
+        """The parked reads and takes."""
+        return list(self._waiters.all())
+
+    def registration_list(self) -> list[Registration]:
+        return list(self._registration_by_id.values())
+
+    def transaction_list(self) -> list[Transaction]:
+        return list(self._transactions.values())
+
+    def browse(
+        self, templates: Sequence[Template], after: int, limit: int, scan: int
+    ) -> tuple[list[StoredEntry], int]:
+        """Up to `limit` entries readable outside a transaction that match one of `templates`
+        (none: every entry), in arrival order, from the one after arrival number `after` on,
+        looking at `scan` candidates at most; and the cursor of the next page (the arrival of the
+        last candidate looked at), 0 when there is no next page."""
+        ordered: Iterable[StoredEntry]  # the candidates in arrival order (as filed)
+        if not templates:
+            ordered = self._entries.values()
+        elif len(templates) == 1:
+            bucket = self._index.bucket(templates[0])
+            ordered = (
+                () if bucket is None else (bucket,) if isinstance(bucket, StoredEntry) else bucket.values()
+            )
+        else:
+            ordered = self._index.candidates(templates)
+            if not self.settings.fifo:
+                ordered.reverse()
+        if after:
+            candidates = list(ordered)  # at C speed, to find the cursor by bisection
+            start = bisect.bisect_right(candidates, after, key=lambda stored: stored.arrival)
+        else:  # the first page: from the front, without a copy
+            candidates, start = list(itertools.islice(ordered, scan + 1)), 0
+        found: list[StoredEntry] = []
+        looked = start
+        for stored in candidates[start : start + scan]:
+            looked += 1
+            lock = stored.lock
+            if (
+                self.is_live(stored)
+                and (not templates or any(template.matches(stored) for template in templates))
+                and (lock is None or read_access(lock, None) == OK)
+            ):
+                found.append(stored)
+                if len(found) >= limit:
+                    break
+        more = looked < len(candidates)
+        return found, candidates[looked - 1].arrival if more and looked > start else 0

@@ -63,6 +63,8 @@ class _SpacesCollector(Collector):
                 ("waiters", "Blocked reads and takes parked in the space"),
                 ("registrations", "Notify registrations of the space"),
                 ("transactions", "Open transactions of the space"),
+                ("space_max_entries", "The space's quota of entries (max_entries)"),
+                ("space_max_bytes", "The space's quota of bytes (max_bytes)"),
             )
         }
         per_type = GaugeMetricFamily(
@@ -75,6 +77,10 @@ class _SpacesCollector(Collector):
             gauges["waiters"].add_metric([space], figures.waiters)
             gauges["registrations"].add_metric([space], figures.registrations)
             gauges["transactions"].add_metric([space], figures.transactions)
+            if figures.max_entries:
+                gauges["space_max_entries"].add_metric([space], figures.max_entries)
+            if figures.max_bytes:
+                gauges["space_max_bytes"].add_metric([space], figures.max_bytes)
             expired.add_metric([space], figures.expired)
             for type_name, count in figures.types.items():
                 per_type.add_metric([space, type_name], count)
@@ -186,6 +192,11 @@ class Metrics:
         if timer is None:
             timer = self._timers[method] = self._latency.labels(method)
         timer.observe(seconds)
+
+    def calls(self) -> list[Any]:
+        """The request counter's and latency histogram's metric families now (the console reads
+        its throughput and latency from them)."""
+        return [*self._requests.collect(), *self._latency.collect()]
 
     def denied(self, action: str) -> None:
         self._denials.labels(action).inc()

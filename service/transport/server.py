@@ -7,6 +7,7 @@ import gc
 import logging
 import signal
 import socket
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -19,12 +20,15 @@ from outrig.service.backends.base import SpaceBackend, TierFigures
 from outrig.service.config import ServerConfig
 from outrig.service.engine.clock import Clock
 from outrig.service.exceptions import ConfigError
-from outrig.service.security.settings import build_guard, check_listen, server_credentials
+from outrig.service.security.settings import build_guard, check_listen, is_loopback, server_credentials
 from outrig.service.transport import handlers
 from outrig.service.transport.metrics import Metrics
 from outrig.service.transport.mux import MuxService
 from outrig.service.transport.peers import Peers
 from outrig.service.transport.servicer import SpaceServicer
+
+if TYPE_CHECKING:
+    from outrig.service.transport.console.app import Console
 from outrig.v1 import space_pb2
 
 log = logging.getLogger("outrig.service")
@@ -73,7 +77,8 @@ class OutrigServer:
                 ("grpc.server.max_pending_requests_hard_limit", 2 * pending),
             ]
         )
-        self.metrics = Metrics() if config.metrics_listen else None
+        # The console shows calls a second and latency from the metrics, served or not.
+        self.metrics = Metrics() if config.metrics_listen or config.console else None
         if self.metrics is not None:
             self.guard.on_denied = self.metrics.denied
         # The channels to the tier's other servers, for the calls this one forwards (peers.py).
@@ -82,6 +87,11 @@ class OutrigServer:
         self._servicer = servicer
         self._mux = MuxService(servicer, config.limits.max_stream_ops, limit)
         handlers.add_to_server(servicer, self._server, self._mux.handle)
+        self.console: Console | None = None  # the web console (transport/console), with `console`
+        if config.console:
+            from outrig.service.transport.console.app import Console
+
+            self.console = Console(servicer, self.metrics, authenticates=self.guard.authenticates)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         reflection.enable_server_reflection(
             (
@@ -129,6 +139,8 @@ class OutrigServer:
         for service in ("", SERVICE_NAME):
             await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
         self._serving = asyncio.create_task(self._report_serving(), name="outrig-health")
+        if self.console is not None:
+            await self._serve_console()
         if self.guard.policy is not None:
             self._watch = asyncio.create_task(self.guard.policy.watch(self.config.policy_poll_interval))
         return self.port
@@ -147,6 +159,8 @@ class OutrigServer:
 
         metrics.watch_tier(lambda: asyncio.run_coroutine_threadsafe(tier_figures(), loop).result(10))
         backend.observe_commits(metrics.committed)
+        if not self.config.metrics_listen:
+            return  # kept for the console only
         try:
             metrics.serve(self.config.metrics_listen)
         except (OSError, ValueError) as err:
@@ -154,6 +168,22 @@ class OutrigServer:
                 f"metrics_listen: cannot serve on {self.config.metrics_listen!r}: {err}"
             ) from err
         log.info("metrics on http://%s/metrics", self.config.metrics_listen)
+
+    async def _serve_console(self) -> None:
+        """Start the web console on `console` (HOST:PORT): on loopback only unless the server
+        authenticates its callers, whom the console calls the API as."""
+        host, port = split_listen(self.config.console)
+        if not self.guard.authenticates and not is_loopback(host):
+            raise ConfigError(
+                f"console: refusing to serve on {host} without authentication (configure "
+                "--token-public-key, whose tokens the console's users log in with)"
+            )
+        assert self.console is not None
+        try:
+            await self.console.start(host.strip("[]"), port)
+        except OSError as err:
+            raise ConfigError(f"console: cannot serve on {self.config.console!r}: {err}") from err
+        log.info("console on http://%s:%d/", host, self.console.port)
 
     async def _report_serving(self) -> None:
         """Keep outrig.v1.Space's health in step with whether the backend can serve (a tier's
@@ -185,6 +215,8 @@ class OutrigServer:
         await self._health.enter_graceful_shutdown()
         await self.backend.close()
         self._mux.close()
+        if self.console is not None:
+            await self.console.stop()
         await self._server.stop(self.config.grace_seconds if grace is None else grace)
         await self.peers.close()
         await self.backend.shutdown()

@@ -48,7 +48,7 @@ from outrig.service.exceptions import (
     UnsupportedError,
 )
 from outrig.service.logs import Throttle
-from outrig.service.protocol import codec, wire
+from outrig.service.protocol import admin, codec, wire
 from outrig.service.security.access import ACCESS
 from outrig.service.security.guard import Authenticator, Guard
 from outrig.service.transport import handlers
@@ -85,6 +85,9 @@ STATUS_BY_ERROR: dict[type[SpaceError], tuple[grpc.StatusCode, pb.ErrorReason]] 
 
 #: The methods the server called answers itself, whoever serves the space: never forwarded.
 ANSWERED_HERE = frozenset({"Locate", "ListSpaces", "Drain"})
+
+#: Seconds ListSpaces waits at most for another server of the tier to count its spaces.
+FIGURES_TIMEOUT = 5.0
 
 #: The most bytes (UTF-8) of any status message the service sends, whatever made it: gRPC carries
 #: it in the call's trailing metadata, which a client refuses beyond its limit (8 KiB by
@@ -530,7 +533,12 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
         self, request: pb.ListSpacesRequest, context: handlers.Context
     ) -> pb.ListSpacesReply:
         reply = pb.ListSpacesReply()
-        for placement in sorted(await self._backend.placements(), key=lambda p: p.space):
+        placements = sorted(await self._backend.placements(), key=lambda p: p.space)
+        figures = {name: (f.entries, f.bytes) for name, f in (await self._backend.space_figures()).items()}
+        if _peer_secret(context) is None:  # asked by a client: the owners elsewhere count theirs
+            others = {p.address for p in placements if not p.here and p.address and p.expires_in}
+            figures.update(await self._figures_at(others, context.time_remaining()))
+        for placement in placements:
             item = reply.spaces.add(
                 space=placement.space,
                 owner=placement.owner,
@@ -540,7 +548,32 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
             )
             if placement.expires_in is not None:
                 item.expires_in = placement.expires_in
+            counted = figures.get(placement.space) if placement.here or placement.address else None
+            if counted is not None:
+                item.entries, item.bytes = counted
         return reply
+
+    async def _figures_at(self, addresses: set[str], timeout: float | None) -> dict[str, tuple[int, int]]:
+        """The (entries, bytes) of the spaces the servers at `addresses` serve, each asked with
+        a forwarded ListSpaces; a server that does not answer in time counts none."""
+        limit = FIGURES_TIMEOUT if timeout is None else min(timeout, FIGURES_TIMEOUT)
+
+        async def ask(address: str) -> pb.ListSpacesReply | None:
+            try:
+                answer: pb.ListSpacesReply = await self._peers.unary(
+                    address, METHODS["ListSpaces"], pb.ListSpacesRequest(), self._backend.peer_secret, limit
+                )
+            except Exception as err:  # that server's spaces are shown without figures
+                log.info("ListSpaces: no figures from %s: %s", address, err)
+                return None
+            return answer
+
+        figures: dict[str, tuple[int, int]] = {}
+        for answer in await asyncio.gather(*(ask(address) for address in sorted(addresses))):
+            for item in () if answer is None else answer.spaces:
+                if item.here and item.HasField("entries"):
+                    figures[item.space] = (item.entries, item.bytes)
+        return figures
 
     @unary
     async def MoveSpace(self, request: pb.MoveSpaceRequest, context: handlers.Context) -> pb.MoveSpaceReply:
@@ -555,6 +588,47 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
         for space, address in await self._backend.drain():
             reply.moved.add(space=space, address=address)
         return reply
+
+    # ------------------------------------------------------------------ inspection (admin)
+
+    @unary
+    async def DescribeSpace(
+        self, request: pb.DescribeSpaceRequest, context: handlers.Context
+    ) -> pb.DescribeSpaceReply:
+        return admin.describe_reply(await self._backend.describe(self._space(request)))
+
+    @unary
+    async def Browse(self, request: pb.BrowseRequest, context: handlers.Context) -> pb.BrowseReply:
+        space = self._space(request)
+        templates = admin.templates(request.templates, self._limits)
+        found, cursor = await self._backend.browse(space, templates, request.after, admin.page_size(request))
+        return admin.browse_reply(found, cursor)
+
+    @unary
+    async def Purge(self, request: pb.PurgeRequest, context: handlers.Context) -> pb.PurgeReply:
+        space = self._space(request)
+        limit = admin.purge_limit(request)
+        templates = codec.templates(request.templates, self._limits)
+        count = await self._backend.purge(space, templates, dry_run=request.dry_run, max_entries=limit)
+        if not request.dry_run:
+            log.warning("purge: %d entries of space %r removed by %s", count, space, context.peer())
+        return pb.PurgeReply(count=count)
+
+    @unary
+    async def CancelRegistration(self, request: pb.LeaseIdRequest, context: handlers.Context) -> pb.EndReply:
+        await self._backend.cancel_registration(self._space(request), _lease_id(request))
+        return pb.EndReply()
+
+    @unary
+    async def AbortTransaction(self, request: pb.LeaseIdRequest, context: handlers.Context) -> pb.EndReply:
+        await self._backend.abort(self._space(request), _lease_id(request))
+        return pb.EndReply()
+
+
+def _lease_id(request: pb.LeaseIdRequest) -> int:
+    if not request.id:
+        raise InvalidArgumentError("id: is required (a registration's or a transaction's id)")
+    return int(request.id)
 
 
 def _peer_secret(context: handlers.Context) -> str | None:

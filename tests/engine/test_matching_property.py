@@ -204,6 +204,23 @@ class MatchingMachine(RuleBasedStateMachine):
     def count(self, templates: list[tuple[int, dict[str, int]]]) -> None:
         assert self.space.count(self.engine_templates(templates)) == len(self.ref_select(templates))
 
+    @rule(templates=st.one_of(st.just([]), templates_st), page=st.integers(1, 4))
+    def browse(self, templates: list[tuple[int, dict[str, int]]], page: int) -> None:
+        """Browsing page by page lists every live match once, in arrival order (whatever the
+        space's order), and takes nothing; no template: every live entry."""
+        expected = self.ref_select(templates) if templates else [e.id for e in self.live()]
+        found: list[int] = []
+        cursor, pages = 0, 0
+        while True:
+            entries, cursor = self.space.browse(self.engine_templates(templates), cursor, page, page * 2)
+            assert len(entries) <= page
+            found += [e.id for e in entries]
+            pages += 1
+            assert pages <= len(self.entries) + 1  # every page moves the cursor on
+            if not cursor:
+                break
+        assert found == expected
+
     @rule(templates=templates_st, max_entries=st.integers(0, 4))
     def contents(self, templates: list[tuple[int, dict[str, int]]], max_entries: int) -> None:
         found = [e.id for e in contents(self.space, self.engine_templates(templates), max_entries)]

@@ -137,7 +137,7 @@ def test_results_carry_the_replies_and_errors_of_the_unary_methods(stream: Strea
 
 
 def test_an_unknown_operation_and_a_repeated_id_are_refused(stream: Stream, space_name: str) -> None:
-    unknown = b"\x0a\x05\x08\x07\xa0\x01\x01"  # MuxRequest{ops: MuxOp{id: 7, field 20: 1}}
+    unknown = b"\x0a\x05\x08\x07\x98\x06\x01"  # MuxRequest{ops: MuxOp{id: 7, field 99: 1}}
     stream.send(unknown)
     result = stream.result()
     assert (result.id, result.error.code) == (7, grpc.StatusCode.UNIMPLEMENTED.value[0])

@@ -150,7 +150,10 @@ def test_locate_and_list_spaces_on_an_embedded_server() -> None:
                 assert space.locate() == outrig.Location(server.address, True)
                 assert space.with_space("other").locate() == outrig.Location(server.address, True)
                 placements = space.list_spaces()
-            assert placements == [outrig.Placement("placed", "", server.address, 0, None, True)]
+            written = 1 if mux else 2  # an entry per round, as the server counts them
+            assert placements == [
+                outrig.Placement("placed", "", server.address, 0, None, True, written, 22 * written)
+            ]
 
 
 async def test_locate_and_list_spaces_async() -> None:
@@ -217,10 +220,20 @@ def test_outrig_spaces_prints_the_placements() -> None:
         )
     assert done.returncode == 0, done.stderr
     header, *rows = done.stdout.splitlines()
-    assert header.split() == ["space", "owner", "address", "epoch", "lease", "left", "here"]
+    assert header.split() == [
+        "space",
+        "owner",
+        "address",
+        "epoch",
+        "lease",
+        "left",
+        "here",
+        "entries",
+        "bytes",
+    ]
     assert [row.split() for row in rows] == [
-        ["alpha", "-", server.address, "0", "-", "yes"],
-        ["jobs", "-", server.address, "0", "-", "yes"],
+        ["alpha", "-", server.address, "0", "-", "yes", "1", "22"],
+        ["jobs", "-", server.address, "0", "-", "yes", "1", "22"],
     ]
 
 
@@ -243,13 +256,13 @@ def test_the_spaces_table_shows_owners_and_leases() -> None:
 
     lines = spaces_table(
         [
-            outrig.Placement("jobs", "server-a", "10.0.0.1:7480", 3, 2.5, True),
+            outrig.Placement("jobs", "server-a", "10.0.0.1:7480", 3, 2.5, True, 12345, 1048576),
             outrig.Placement("idle", "", "", 0, None, False),
         ]
     )
     assert [line.split() for line in lines[1:]] == [
-        ["jobs", "server-a", "10.0.0.1:7480", "3", "2.5s", "yes"],
-        ["idle", "-", "-", "0", "-", "no"],
+        ["jobs", "server-a", "10.0.0.1:7480", "3", "2.5s", "yes", "12,345", "1,048,576"],
+        ["idle", "-", "-", "0", "-", "no", "-", "-"],
     ]
 
 

@@ -53,6 +53,12 @@ OLD_METHODS: dict[str, tuple[str, Any, bool]] = {
     "ListSpaces": ("unary", pb.ListSpacesRequest, False),
     "MoveSpace": ("unary", pb.MoveSpaceRequest, False),
     "Drain": ("unary", pb.DrainRequest, False),
+    # Added with the admin API (inspection): served by the space's owner, on the Mux too.
+    "DescribeSpace": ("unary", pb.DescribeSpaceRequest, False),
+    "Browse": ("unary", pb.BrowseRequest, False),
+    "Purge": ("unary", pb.PurgeRequest, False),
+    "CancelRegistration": ("unary", pb.LeaseIdRequest, False),
+    "AbortTransaction": ("unary", pb.LeaseIdRequest, False),
 }
 OLD_RECEIVED = {"Write", "WriteMany"}
 OLD_OPERATIONS: dict[int, tuple[str, type[Any], int]] = {
@@ -72,6 +78,11 @@ OLD_OPERATIONS: dict[int, tuple[str, type[Any], int]] = {
     16: ("ListSpaces", pb.ListSpacesRequest, 11),
     17: ("MoveSpace", pb.MoveSpaceRequest, 12),
     18: ("Drain", pb.DrainRequest, 13),
+    19: ("DescribeSpace", pb.DescribeSpaceRequest, 14),
+    20: ("Browse", pb.BrowseRequest, 16),
+    21: ("Purge", pb.PurgeRequest, 17),
+    22: ("CancelRegistration", pb.LeaseIdRequest, 9),
+    23: ("AbortTransaction", pb.LeaseIdRequest, 9),
 }
 OLD_ACCESS = {
     "Write": ("write", ENTRIES),
@@ -92,6 +103,11 @@ OLD_ACCESS = {
     "ListSpaces": ("admin", TIER),
     "MoveSpace": ("admin", SPACE),
     "Drain": ("admin", TIER),
+    "DescribeSpace": ("admin", SPACE),
+    "Browse": ("admin", TEMPLATES),
+    "Purge": ("admin", TEMPLATES),
+    "CancelRegistration": ("admin", SPACE),
+    "AbortTransaction": ("admin", SPACE),
 }
 
 SPACE_SERVICE = pb.DESCRIPTOR.services_by_name["Space"]

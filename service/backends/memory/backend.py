@@ -28,6 +28,7 @@ from outrig.service.backends.memory.journal import Journal, Record
 from outrig.service.backends.memory.recorder import Recorder
 from outrig.service.backends.memory.subscription import SHUTTING_DOWN, MemorySubscription
 from outrig.service.config import ServerConfig
+from outrig.service.engine import inspection
 from outrig.service.engine.clock import Clock, SystemClock
 from outrig.service.engine.leases import check_lease_duration
 from outrig.service.engine.model import (
@@ -59,6 +60,10 @@ log = logging.getLogger("outrig.service")
 _SLICE = 1024
 # Transactions whose end is remembered, so that a retried commit or abort gets its answer.
 _ENDED_REMEMBERED = 100_000
+# Entries a purge removes (one store batch) before it lets other requests run.
+PURGE_BATCH = 1024
+# Candidates a browse looks at per entry of a page asked for, at most (a bounded page).
+_BROWSE_SCAN = 16
 
 
 def _commit_marker(space: str, transaction: int) -> str:
@@ -748,6 +753,8 @@ class MemoryBackend:
                 transactions=stats.transactions,
                 expired=engine.expired,
                 types=engine.type_counts(),
+                max_entries=engine.settings.max_entries,
+                max_bytes=engine.settings.max_bytes,
             )
         return figures
 
@@ -911,3 +918,61 @@ class MemoryBackend:
         ended[(space, transaction)] = state
         while len(ended) > _ENDED_REMEMBERED:
             del ended[next(iter(ended))]
+
+    # ------------------------------------------------------------------ inspection (admin)
+
+    async def describe(self, space: str) -> inspection.SpaceDescription:
+        engine = self.engine(space)
+        tally = inspection.Tally(engine.declared_types())
+        entries = engine.snapshot()
+        for start in range(0, len(entries), _SLICE):
+            tally.add_entries(entries[start : start + _SLICE])
+            await asyncio.sleep(0)  # a slice at a time: a large space never holds the loop
+        slots = engine.index_slots()
+        for start in range(0, len(slots), _SLICE):
+            tally.add_slots(slots[start : start + _SLICE])
+            await asyncio.sleep(0)
+        return inspection.describe(engine, tally, self.clock.time(), self.config.limits.max_registrations)
+
+    async def browse(
+        self, space: str, templates: Sequence[Template], after: int, max_entries: int
+    ) -> tuple[list[StoredEntry], int]:
+        engine = self.engine(space)
+        found, cursor = engine.browse(templates, after, max_entries, max_entries * _BROWSE_SCAN)
+        await self.settled(found)
+        return found, cursor
+
+    async def purge(
+        self, space: str, templates: Sequence[Template], *, dry_run: bool, max_entries: int
+    ) -> int:
+        engine = self.engine(space)
+        if dry_run:
+            number = await self.count(space, templates)
+            return min(number, max_entries) if max_entries else number
+        left = max_entries or 1 << 62
+        removed = 0
+        while left > 0:
+            # The oldest matches anyone may read, found as a read finds them: no copy of the
+            # space's buckets, and what a batch removed is freed with the batch.
+            found, _ = engine.find_or_conflict(templates, take=False, max_entries=min(PURGE_BATCH, left))
+            if not found:
+                break
+            outcomes = await self.cancel(space, [stored.id for stored in found])  # one store batch
+            done = sum(outcome is None for outcome in outcomes)
+            if not done:
+                break  # nothing found could be removed: stop rather than find it again
+            removed += done
+            left -= done
+            del found
+            await asyncio.sleep(0)  # a batch at a time: other callers run in between
+        return removed
+
+    async def cancel_registration(self, space: str, registration_id: int) -> None:
+        engine = self.engine(space)
+        if engine.registration(registration_id) is None:
+            raise LeaseNotFoundError(
+                f"id: registration {registration_id} in space {space!r} is unknown or has ended"
+            )
+        (outcome,) = await self.cancel(space, [registration_id])
+        if outcome is not None:
+            raise outcome

@@ -44,6 +44,7 @@ from outrig.service.backends.postgres.ownership import LiveServer, Ownership
 from outrig.service.backends.postgres.schema import migrate
 from outrig.service.config import ServerConfig
 from outrig.service.engine.clock import Clock
+from outrig.service.engine.inspection import SpaceDescription
 from outrig.service.engine.model import LeaseGrant, NewEntry, StoredEntry, Template, TransactionState
 from outrig.service.engine.space import SpaceEngine
 from outrig.service.exceptions import (
@@ -620,3 +621,23 @@ class PostgresBackend(MemoryBackend):
     async def abort(self, space: str, transaction: int) -> None:
         await self._ensure(space)
         await super().abort(space, transaction)
+
+    async def describe(self, space: str) -> SpaceDescription:
+        await self._ensure(space)
+        return await super().describe(space)
+
+    async def browse(
+        self, space: str, templates: Sequence[Template], after: int, max_entries: int
+    ) -> tuple[list[StoredEntry], int]:
+        await self._ensure(space)
+        return await super().browse(space, templates, after, max_entries)
+
+    async def purge(
+        self, space: str, templates: Sequence[Template], *, dry_run: bool, max_entries: int
+    ) -> int:
+        await self._ensure(space)
+        return await super().purge(space, templates, dry_run=dry_run, max_entries=max_entries)
+
+    async def cancel_registration(self, space: str, registration_id: int) -> None:
+        await self._ensure(space)
+        await super().cancel_registration(space, registration_id)

@@ -29,20 +29,31 @@ from ...conftest import ServerProcess, start_server
 from ...postgres_server import PostgresServer
 
 
+def drained_pair(
+    postgres: PostgresServer, prefix: str, *, metrics: bool = False
+) -> tuple[ServerProcess, ServerProcess]:
+    """Two servers of a tier on a fresh database: (owner, receiver), the receiver drained, so that
+    the owner claims every space; tests/postgres/test_admin_tier.py uses it too."""
+    flags = ("--backend", "postgres", "--dsn", postgres.dsn(postgres.new_database(prefix)))
+    owner = start_server(*flags, metrics=metrics)
+    receiver = start_server(*flags, metrics=metrics)
+    drained = subprocess.run(
+        [sys.executable, "-m", "outrig.service", "drain", "--address", receiver.address],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if drained.returncode != 0:
+        receiver.stop()
+        owner.stop()
+    assert drained.returncode == 0, drained.stderr
+    return owner, receiver
+
+
 @pytest.fixture(scope="module", params=["forwarded", "direct"])
 def server(request: pytest.FixtureRequest, postgres: PostgresServer) -> Iterator[ServerProcess]:
-    name = postgres.new_database("k")
-    flags = ("--backend", "postgres", "--dsn", postgres.dsn(name))
-    owner = start_server(*flags, metrics=True)
-    receiver = start_server(*flags, metrics=True)
+    owner, receiver = drained_pair(postgres, "k", metrics=True)
     try:
-        drained = subprocess.run(
-            [sys.executable, "-m", "outrig.service", "drain", "--address", receiver.address],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert drained.returncode == 0, drained.stderr
         with pytest.MonkeyPatch.context() as patch:
             if request.param == "forwarded":
                 patch.setattr(outrig, "connect", functools.partial(outrig.connect, direct=False))
