@@ -1,7 +1,7 @@
 """deploy/monitoring: the Prometheus alert rules pass `promtool check rules` and their own unit
-tests (`promtool test rules`), and the Grafana dashboard's queries are valid PromQL over metrics a
-real server exports (scraped here), covering throughput, latency, commit latency, parked waiters,
-quota use and denials."""
+tests (`promtool test rules`), and the Grafana dashboard's queries are valid PromQL over metrics
+real servers export (scraped here: a lone one and a tier's), covering throughput, latency, commit
+latency, parked waiters, quota use, denials and a tier's ownership."""
 
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ import outrig
 from outrig.service.config import ServerConfig
 from outrig.testing import LocalServer
 
-from ..conftest import free_port
+from ..conftest import free_port, start_server
 from ..polling import scrape, wait_until
+from ..postgres_server import PostgresServer
 from .files import DEPLOY
 
 MONITORING = DEPLOY / "monitoring"
@@ -73,7 +74,7 @@ def _as_promql(query: str) -> str:
 def test_the_alert_rules_pass_promtool_and_their_unit_tests() -> None:
     checked = _run("check", "rules", ALERTS.name)
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS: 7 rules found" in checked.stdout
+    assert "SUCCESS: 9 rules found" in checked.stdout
     tested = _run("test", "rules", "alerts.test.yaml")
     assert tested.returncode == 0, tested.stdout + tested.stderr
 
@@ -142,8 +143,28 @@ def _exported_metric_names(tmp_path: Path) -> set[str]:
     return names
 
 
-def test_every_metric_the_dashboard_and_alerts_use_is_exported(tmp_path: Path) -> None:
-    exported = _exported_metric_names(tmp_path) | {"up"}  # `up` is Prometheus' own
+def _tier_metric_names(postgres: PostgresServer) -> set[str]:
+    """The sample names two servers of a tier (`--backend postgres`) export once one owns a space
+    and the other has forwarded a call to it."""
+    dsn = postgres.dsn(postgres.new_database("m"))
+    servers = [start_server("--backend", "postgres", "--dsn", dsn, metrics=True) for _ in range(2)]
+    try:
+        owner, other = servers
+        with outrig.connect(owner.address, space="jobs") as space:
+            space.write(Probe(n=1))  # the owner claims it
+        with outrig.connect(other.address, space="jobs", direct=False) as space:
+            space.write(Probe(n=2))  # forwarded
+        return {name.split("{")[0] for server in servers if server.metrics for name in scrape(server.metrics)}
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def test_every_metric_the_dashboard_and_alerts_use_is_exported(
+    tmp_path: Path, postgres: PostgresServer
+) -> None:
+    # `up` is Prometheus' own; a tier's metrics, a tier server's.
+    exported = _exported_metric_names(tmp_path) | _tier_metric_names(postgres) | {"up"}
     used = {name for query in (*_queries(), *_alert_exprs()) for name in _METRIC.findall(query)}
     assert used - exported == set(), f"not exported by the server: {sorted(used - exported)}"
     covered = {name for query in _queries() for name in _METRIC.findall(query)}
