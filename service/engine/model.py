@@ -4,10 +4,11 @@ waiters, notify registrations, transactions, and what a transaction's end change
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from outrig.service.engine.locks import EntryLock
+from outrig.service.engine.matchers import Matcher
 from outrig.service.engine.values import FieldValue
 
 
@@ -54,32 +55,79 @@ class StoredEntry:
 
 
 class Template:
-    """A type name and the fields an entry must equal; absent fields are wildcards.
+    """A type name, the fields an entry must equal, and matchers its fields must satisfy
+    (matchers.py); absent fields are wildcards.
 
     Null-valued fields are dropped here: a null template field is a wildcard (JavaSpaces).
-    Fields are kept sorted by name so that two equal templates index identically.
+    Fields and matchers are kept sorted by name so that two equal templates index identically.
     """
 
-    __slots__ = ("fields", "type_name")
+    __slots__ = ("fields", "matchers", "type_name")
 
-    def __init__(self, type_name: str, fields: Mapping[str, FieldValue]) -> None:
+    def __init__(
+        self,
+        type_name: str,
+        fields: Mapping[str, FieldValue],
+        matchers: Mapping[str, Matcher] | None = None,
+    ) -> None:
         self.type_name = type_name
         self.fields: tuple[tuple[str, FieldValue], ...] = tuple(
             sorted((name, value) for name, value in fields.items() if value.kind != "null")
         )
+        self.matchers: tuple[tuple[str, Matcher], ...] = (
+            tuple(sorted(matchers.items(), key=_name_of)) if matchers else ()
+        )
 
     def matches(self, entry: StoredEntry) -> bool:
-        """True when `entry` is of this type (or a subtype) and equals every set field."""
+        """True when `entry` is of this type (or a subtype), equals every set field and satisfies
+        every matcher."""
         if self.type_name not in entry.lineage:
             return False
         fields = entry.fields
-        for name, value in self.fields:  # noqa: SIM110 - a plain loop: this is the hottest path
+        for name, value in self.fields:  # a plain loop: this is the hottest path
             if fields.get(name) != value:
                 return False
+        if self.matchers:
+            for name, matcher in self.matchers:
+                if not matcher.test(fields.get(name)):
+                    return False
         return True
 
+    @property
+    def empty(self) -> bool:
+        """True when no entry can match (a matcher that holds for nothing, as an empty range)."""
+        return any(matcher.empty for _, matcher in self.matchers)
+
     def __repr__(self) -> str:
+        if self.matchers:
+            return f"Template({self.type_name!r}, {dict(self.fields)!r}, {dict(self.matchers)!r})"
         return f"Template({self.type_name!r}, {dict(self.fields)!r})"
+
+
+def _name_of(item: tuple[str, Matcher]) -> str:
+    return item[0]
+
+
+OrderKey = tuple[str, bool]
+"""One key of a request's order: (field name, descending)."""
+
+
+class Templates(tuple[Template, ...]):
+    """A request's templates (a match of any qualifies) and the order it asks for its matches in:
+    `order_by`, empty for the space's order. It passes through the backends as the plain tuple of
+    templates it is, so that only the engine, which sorts, needs to know of the order."""
+
+    order_by: tuple[OrderKey, ...]
+
+    def __new__(cls, templates: Iterable[Template], order_by: Iterable[OrderKey] = ()) -> Templates:
+        made = super().__new__(cls, templates)
+        made.order_by = tuple(order_by)
+        return made
+
+
+def order_of(templates: Sequence[Template]) -> tuple[OrderKey, ...]:
+    """The order a request's templates ask for (empty: the space's)."""
+    return templates.order_by if isinstance(templates, Templates) else ()
 
 
 @dataclass(frozen=True, slots=True)
