@@ -158,7 +158,7 @@ def ref_test(matcher: tuple[object, ...], value: tuple[str, object] | None) -> b
     if what == "missing":
         return not present
     if what == "not":
-        return value != VALUES[matcher[1]]  # type: ignore[index]
+        return value != VALUES[matcher[1]]  # type: ignore[call-overload]
     if what == "one_of":
         return value in [VALUES[i] for i in matcher[1]]  # type: ignore[attr-defined]
     if what == "all":
