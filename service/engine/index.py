@@ -20,6 +20,7 @@ leases and their locks, and makes each of its calls all or nothing around these 
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 
@@ -33,6 +34,12 @@ __all__ = ["Bucket", "EntryIndex"]
 Bucket = OrderedDict[int, StoredEntry] | StoredEntry
 """The entries filed under one key, in arrival order; a (type, field, value) slot of one entry
 holds it bare."""
+
+
+# A range of at most this many distinct values is read as its groups of one value each (each in
+# arrival order, in the ordered index), merged: the oldest match at the cost of a bisection per
+# group, however the matches are spread in arrival order.
+_MERGED_GROUPS = 32
 
 
 def _size(bucket: Bucket) -> int:
@@ -212,10 +219,11 @@ class EntryIndex:
 
         The sources: the smallest equality bucket (the type's when there is none), a set
         matcher's union of buckets (both in arrival order), the narrowest range of an ordered
-        index (by value: gathered, then sorted), and with an order, a walk of the first key's
-        ordered index (in the order asked for). A source of n entries when the others hold s
-        is gathered when n * n <= limit * s: walking s for `limit` matches spread among the n
-        costs about limit * s / n."""
+        index, and with an order, a walk of the first key's ordered index (in the order asked
+        for). A range of few distinct values is read group by group (each group, of one value, is
+        in arrival order), the groups merged; one of more values, n entries when the other
+        sources hold s, is gathered and sorted when n * n <= limit * s, since walking s for
+        `limit` matches spread among the n costs about limit * s / n."""
         if template.empty:
             return ()
         type_name = template.type_name
@@ -249,8 +257,13 @@ class EntryIndex:
                 if ranged is None or count < ranged[2]:
                     ranged = (index, bounds, count)
         if not order_by:
-            if ranged is not None and ranged[2] < size and ranged[2] * ranged[2] <= limit * size:
-                return self.in_order(ranged[0].within(ranged[1]))
+            if ranged is not None and ranged[2] < size:
+                index, bounds, count = ranged
+                groups = list(itertools.islice(index.walk(False, bounds), _MERGED_GROUPS + 1))
+                if len(groups) <= _MERGED_GROUPS:  # few values: the groups merged by arrival
+                    return heapq.merge(*groups, key=_arrival, reverse=not self._fifo)
+                if count * count <= limit * size:
+                    return self.in_order(index.within(bounds))
             return source
         smallest = size if ranged is None else min(size, ranged[2])
         if smallest < len(typed) and smallest * smallest <= limit * len(typed):

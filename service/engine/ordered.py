@@ -12,7 +12,7 @@ order; the index walks (`OrderedField.walk`) give the same order lazily.
 
 from __future__ import annotations
 
-import itertools
+import math
 from collections.abc import Iterable, Iterator, Sequence
 
 from sortedcontainers import SortedKeyList
@@ -21,6 +21,8 @@ from outrig.service.engine.matchers import Bounds, sort_key
 from outrig.service.engine.model import OrderKey, StoredEntry
 
 __all__ = ["OrderedField", "in_request_order"]
+
+_AFTER = math.inf  # after every tie key: (*value, _AFTER) follows each (*value, tie)
 
 
 def _arrival(stored: StoredEntry) -> int:
@@ -78,15 +80,17 @@ class OrderedField:
         start, stop = self._span(bounds)
         return self._entries.islice(start, stop)
 
-    def walk(
-        self, descending: bool, bounds: Bounds | None = None
-    ) -> Iterator[list[StoredEntry] | Iterator[StoredEntry]]:
+    def walk(self, descending: bool, bounds: Bounds | None = None) -> Iterator[Iterator[StoredEntry]]:
         """The entries within `bounds` in groups of equal value, ascending or descending by value;
-        each group in the space's order. Lazily: a priority take looks at one group."""
+        each group in the space's order. Lazily, a bisection per group: a priority take looks at
+        one group, and the oldest entry of a range is the oldest of its groups' first entries."""
         start, stop = self._span(bounds)
         entries = self._entries
         if not descending:
-            yield from (group for _, group in itertools.groupby(entries.islice(start, stop), key=self._value))
+            while start < stop:
+                after = min(stop, entries.bisect_key_left((*self._value(entries[start]), _AFTER)))
+                yield entries.islice(start, after)
+                start = after
             return
         while stop > start:
             top = self._value(entries[stop - 1])
@@ -96,10 +100,6 @@ class OrderedField:
 
     def _value(self, stored: StoredEntry) -> tuple[object, ...]:
         return sort_key(stored.fields[self.field])  # type: ignore[return-value]
-
-
-def _holds(field: str, stored: StoredEntry) -> bool:
-    return sort_key(stored.fields.get(field)) is not None
 
 
 def in_request_order(

@@ -116,9 +116,13 @@ class _Ranges(Generic[W]):
         """Add the watchers whose range holds the point `at` to `found`."""
         probe: Any = (at, math.inf)  # after every (at, seq)
         started = self.starts.bisect_right(probe)  # ranges with start <= at
+        if not started:
+            return
         ending = self.stops.bisect_right(probe)  # ranges with stop <= at: the rest end above it
+        if ending == len(self.by_seq):
+            return
         by_seq = self.by_seq
-        if started <= len(self.stops) - ending:
+        if started <= len(self.by_seq) - ending:
             for _, seq in self.starts.islice(0, started):
                 bounds, watcher = by_seq[seq]
                 if at < bounds[1]:
