@@ -88,8 +88,9 @@ class OrderedField:
         entries = self._entries
         if not descending:
             while start < stop:
-                after = min(stop, entries.bisect_key_left((*self._value(entries[start]), _AFTER)))
-                yield entries.islice(start, after)
+                head = entries[start]
+                after = min(stop, entries.bisect_key_left((*self._value(head), _AFTER)))
+                yield self._group(head, start, after)
                 start = after
             return
         while stop > start:
@@ -97,6 +98,13 @@ class OrderedField:
             first = max(start, entries.bisect_key_left(top))
             yield entries.islice(first, stop)
             stop = first
+
+    def _group(self, head: StoredEntry, start: int, stop: int) -> Iterator[StoredEntry]:
+        """The entries at [start, stop), `head` (the one at start) known: a merge of groups that
+        stops at the first match looks no further into the others."""
+        yield head
+        if stop - start > 1:
+            yield from self._entries.islice(start + 1, stop)
 
     def _value(self, stored: StoredEntry) -> tuple[object, ...]:
         return sort_key(stored.fields[self.field])  # type: ignore[return-value]
