@@ -26,17 +26,11 @@ import time
 import tracemalloc
 from collections.abc import Callable
 
-from outrig.service.engine import (
-    FakeClock,
-    FieldValue,
-    NewEntry,
-    SpaceEngine,
-    SpaceSettings,
-    Template,
-    Waiter,
-)
+from outrig.service.engine.clock import FakeClock
 from outrig.service.engine.matchers import Matcher, Prefix, Range
-from outrig.service.engine.model import Templates
+from outrig.service.engine.model import NewEntry, Template, Templates, Waiter
+from outrig.service.engine.space import SpaceEngine, SpaceSettings
+from outrig.service.engine.values import FieldValue
 
 LEVELS = 100
 

@@ -95,11 +95,8 @@ class EntryIndex:
                 else:
                     current[entry_id] = stored
         if self._ordered:
-            for type_name in stored.lineage:
-                fields = self._ordered.get(type_name)
-                if fields:
-                    for ordered in fields.values():
-                        ordered.add(stored)
+            for ordered in self._ordered_of(stored):
+                ordered.add(stored)
 
     def remove(self, stored: StoredEntry) -> None:
         """Unfile an entry that is filed."""
@@ -120,11 +117,12 @@ class EntryIndex:
                     if len(current) == 1:
                         by_field[slot] = next(iter(current.values()))
         if self._ordered:
-            for type_name in stored.lineage:
-                fields = self._ordered.get(type_name)
-                if fields:
-                    for ordered in fields.values():
-                        ordered.discard(stored)
+            for ordered in self._ordered_of(stored):
+                ordered.discard(stored)
+
+    def _ordered_of(self, stored: StoredEntry) -> list[OrderedField]:
+        """The ordered indexes of the types of an entry's lineage."""
+        return [index for t in stored.lineage for index in self._ordered.get(t, {}).values()]
 
     def reorder(self, stored: StoredEntry) -> None:
         """Return an entry just filed again (undoing a step that failed) to its place in arrival

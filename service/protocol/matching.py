@@ -76,12 +76,7 @@ def _matcher(message: pb.Matcher, where: str, limits: Limits) -> Matcher:
         return Presence(message.present)
     if kind == "one_of":
         values = message.one_of.values
-        if not values:
-            raise InvalidArgumentError(f"{where}.one_of.values: must not be empty")
-        if len(values) > limits.max_batch:
-            raise InvalidArgumentError(
-                f"{where}.one_of.values: {len(values)} values exceeds the limit max_batch={limits.max_batch}"
-            )
+        _check_count(len(values), f"{where}.one_of.values", "values", "max_batch", limits.max_batch)
         return OneOf(_value(value, f"{where}.one_of.values[{i}]", limits) for i, value in enumerate(values))
     if kind == "prefix":
         value = _value(message.prefix, f"{where}.prefix", limits)
@@ -92,16 +87,18 @@ def _matcher(message: pb.Matcher, where: str, limits: Limits) -> Matcher:
         return _range(message.range, f"{where}.range", limits)
     if kind == "all":
         parts = message.all.matchers
-        if not parts:
-            raise InvalidArgumentError(f"{where}.all.matchers: must not be empty")
-        if len(parts) > limits.max_fields:
-            raise InvalidArgumentError(
-                f"{where}.all.matchers: {len(parts)} matchers exceeds the limit "
-                f"max_fields={limits.max_fields}"
-            )
+        _check_count(len(parts), f"{where}.all.matchers", "matchers", "max_fields", limits.max_fields)
         found = [_matcher(part, f"{where}.all.matchers[{i}]", limits) for i, part in enumerate(parts)]
         return found[0] if len(found) == 1 else All(found)
     raise InvalidArgumentError(f"{where}: no matcher set")
+
+
+def _check_count(count: int, where: str, what: str, limit_name: str, limit: int) -> None:
+    """At least one, and at most the limit."""
+    if not count:
+        raise InvalidArgumentError(f"{where}: must not be empty")
+    if count > limit:
+        raise InvalidArgumentError(f"{where}: {count} {what} exceeds the limit {limit_name}={limit}")
 
 
 def _bound(message: pb.Value, where: str, limits: Limits) -> tuple[str, object]:

@@ -29,6 +29,7 @@ from outrig.service.engine.model import StoredEntry, Templates
 from outrig.service.engine.values import FieldValue
 from outrig.service.engine.watchers import WatcherIndex
 
+from .test_matching_property import lineages
 from .test_space import contents, find
 
 
@@ -262,11 +263,7 @@ class MatcherMachine(RuleBasedStateMachine):
         declared=st.booleans(),
     )
     def setup(self, parents: list[int | None], fifo: bool, declared: bool) -> None:
-        for i, parent in enumerate(parents):
-            lineage: tuple[str, ...] = (f"T{i}",)
-            if parent is not None and i > 0:
-                lineage += self.lineages[parent % i]
-            self.lineages.append(lineage)
+        self.lineages = lineages(parents)
         self.fifo = fifo
         # Declared indexes exist before the first write; the others are made on first need.
         indexes = (("T0", "a"), ("T1", "b")) if declared else ()

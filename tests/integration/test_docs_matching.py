@@ -4,11 +4,11 @@ server, and print what their comments say."""
 from __future__ import annotations
 
 import re
-import sys
-import types
 from pathlib import Path
 
 import pytest
+
+from .test_readme import run_example
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "matching.md"
 
@@ -23,10 +23,5 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "matching.md"
 def test_example_runs(server, capsys, heading, printed):
     (example,) = re.findall(rf"## {heading}\n\n.*?```python\n(.*?)```", DOC.read_text(), re.S)
     code = example.replace("127.0.0.1:7480", server.address)
-    module = types.ModuleType("docs_example")
-    sys.modules[module.__name__] = module  # dataclasses look their module up
-    try:
-        exec(compile(code, str(DOC), "exec", dont_inherit=True), module.__dict__)
-    finally:
-        del sys.modules[module.__name__]
+    run_example(code, DOC)
     assert capsys.readouterr().out.split() == printed
