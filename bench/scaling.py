@@ -4,6 +4,9 @@ Through one `outrig serve` process and the blocking SDK (1 client, calls one aft
   - read latency, template with a set field (a random key), with SMALL vs LARGE entries in the space;
   - take latency, the oldest entry by wildcard template (FIFO); the entry is written back after
     each take, untimed, so the space keeps its size;
+  - the same for a range take (the oldest entry with key in a random [k, k + 10)) and an order_by
+    take (the entry with the highest key, `order_by=outrig.desc("key")`), through the ordered
+    index of (Small, key) that the first of them makes;
   - write latency with WAITERS parked non-matching takes in the space vs none: the waiters are
     blocked takes of a key that is never written, from an asyncio client in a thread of this
     process (10 connections), sent 250 at a time a quarter of a second apart (gRPC's server
@@ -64,6 +67,8 @@ class ScalingResult:
     # microseconds per call, one sample per run: {"small": [...], "large": [...]}
     read_us: dict[str, list[float]] = field(default_factory=dict)
     take_us: dict[str, list[float]] = field(default_factory=dict)
+    range_take_us: dict[str, list[float]] = field(default_factory=dict)
+    order_take_us: dict[str, list[float]] = field(default_factory=dict)
     # {"none": [...], "parked": [...]}
     write_us: dict[str, list[float]] = field(default_factory=dict)
 
@@ -181,16 +186,32 @@ def _read_us(space: outrig.Space, size: int, ops: int, rng: random.Random) -> fl
     return (time.perf_counter() - started) / ops * 1e6
 
 
-def _take_us(space: outrig.Space, ops: int) -> float:
+def _take_us(
+    space: outrig.Space,
+    ops: int,
+    templates: Callable[[], Small] = lambda: _ANY,
+    order_by: outrig.OrderKey | None = None,
+) -> float:
     taking = 0.0
     for _ in range(ops):
+        template = templates()
         started = time.perf_counter()
-        entry = space.take(_ANY, timeout=_WAIT)
+        entry = space.take(template, timeout=_WAIT, order_by=order_by)
         taking += time.perf_counter() - started
         if entry is None:
             raise RuntimeError("a take of the oldest entry found nothing")
         space.write(entry, lease=_LEASE)  # untimed: keep the space's size
     return taking / ops * 1e6
+
+
+def _ranges(size: int, rng: random.Random) -> Callable[[], Small]:
+    """Templates of a random range of 10 keys, all held by the space (keys 0 .. size - 1)."""
+
+    def draw() -> Small:
+        low = rng.randrange(size - 10)
+        return Small(key=outrig.Range(low, low + 10, high_inclusive=False))
+
+    return draw
 
 
 def _write_us(space: outrig.Space, ops: int, first_key: int) -> float:
@@ -252,6 +273,10 @@ def run_scaling(
                         _read_us(space, size, ops // 10, rng)  # warm-up
                         result.read_us.setdefault(name, []).append(_read_us(space, size, ops, rng))
                         result.take_us.setdefault(name, []).append(_take_us(space, ops // 2))
+                        ranged = _ranges(size, rng)
+                        result.range_take_us.setdefault(name, []).append(_take_us(space, ops // 2, ranged))
+                        highest = _take_us(space, ops // 2, order_by=outrig.desc("key"))
+                        result.order_take_us.setdefault(name, []).append(highest)
                 for name in sorted(writes, reverse=flip):
                     with connect(server, plan, writes[name]) as space:
                         _write_us(space, ops // 10, next_key)  # warm-up
