@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 from outrig.service.engine.clock import FakeClock
 from outrig.service.engine.matchers import Matcher, Prefix, Range
-from outrig.service.engine.model import NewEntry, Template, Templates, Waiter
+from outrig.service.engine.model import NewEntry, Templates, Waiter, make_template
 from outrig.service.engine.space import SpaceEngine, SpaceSettings
 from outrig.service.engine.values import FieldValue
 
@@ -76,7 +76,7 @@ def _query(
     order_by: tuple[tuple[str, bool], ...] = (),
     **fields: FieldValue,
 ) -> Templates:
-    return Templates([Template("bench.Job", fields, matchers)], order_by)
+    return Templates([make_template("bench.Job", fields, matchers)], order_by)
 
 
 RANGE = _query({"priority": Range("int", 90, True, 99, True)})
@@ -161,7 +161,7 @@ def main() -> None:
     def writer(parked: int, make: Callable[[int], Matcher]) -> Callable[[], float]:
         space = _space(0, clock)
         for i in range(parked):
-            template = Template(
+            template = make_template(
                 "bench.Job", {}, {"priority": make(i)} if make is not _prefix else {"region": make(i)}
             )
             space.park(Waiter(space.new_waiter_seq(), (template,), True, lambda entries: True))

@@ -36,6 +36,7 @@ from outrig.service.engine.model import (
     Registration,
     StoredEntry,
     Template,
+    Templates,
     Transaction,
     TransactionOutcome,
     Waiter,
@@ -448,16 +449,17 @@ class SpaceEngine(TransactionsMixin):
         now: float,
         txn: Transaction | None,
         take: bool,
-        order_by: Sequence[OrderKey] = (),
+        order_by: Sequence[OrderKey] | None = None,
     ) -> tuple[list[StoredEntry], bool]:
         """Up to `limit` entries `txn` may use that match `template` (the first in `order_by`'s
         order, or the space's), and whether some other match was skipped for another
-        transaction's lock (a CONFLICT: it may yet become usable)."""
+        transaction's lock (a CONFLICT: it may yet become usable). With `order_by` None (not
+        a `Templates` request) its candidates come from equality buckets alone."""
         index = self._index
         candidates: Iterable[StoredEntry]
-        if template.matchers or order_by:
+        if order_by is not None:  # matchers or an order: planned (index.plan)
             candidates = index.plan(template, order_by, limit)
-        else:  # equality only: the fast path, as it always was
+        else:  # equality: the fast path, as it always was
             bucket = index.bucket(template)
             if bucket is None:
                 return [], False
@@ -494,7 +496,9 @@ class SpaceEngine(TransactionsMixin):
         self, templates: Sequence[Template], limit: int, txn: Transaction | None = None, take: bool = False
     ) -> tuple[list[StoredEntry], bool]:
         now = self._clock.time()
-        order_by = order_of(templates)
+        # Only `Templates` (a request with matchers or an order) is planned; a plain sequence of
+        # templates, the equality fast path, pays this one comparison and no other.
+        order_by = templates.order_by if templates.__class__ is Templates else None
         if len(templates) == 1:
             return self._matches(templates[0], limit, now, txn, take, order_by)
         conflicted = False

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 
 from outrig.service.config import Limits
 from outrig.service.engine.leases import check_lease_duration
-from outrig.service.engine.model import LeaseGrant, NewEntry, Template, Templates
+from outrig.service.engine.model import LeaseGrant, NewEntry, Template, Templates, make_template
 from outrig.service.engine.values import NULL, FieldValue
 from outrig.service.exceptions import InvalidArgumentError, excerpt
 from outrig.service.protocol import matching, wire
@@ -246,8 +246,10 @@ def templates(
             if message.matchers
             else None
         )
-        result.append(Template(type_name, fields, found))
-    return Templates(result, matching.order_by(order, limits)) if order else tuple(result)
+        result.append(make_template(type_name, fields, found))
+    if order or any(template.matchers for template in result):
+        return Templates(result, matching.order_by(order, limits))
+    return tuple(result)
 
 
 def lease_duration(

@@ -25,7 +25,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
 from outrig.service.engine import FakeClock, NewEntry, SpaceEngine, SpaceSettings, Template
 from outrig.service.engine.matchers import All, Matcher, NotEqual, OneOf, Prefix, Presence, Range
-from outrig.service.engine.model import StoredEntry, Templates
+from outrig.service.engine.model import StoredEntry, Templates, make_template
 from outrig.service.engine.values import FieldValue
 from outrig.service.engine.watchers import WatcherIndex
 
@@ -242,7 +242,7 @@ def engine_matcher(matcher: tuple[object, ...]) -> Matcher:
 
 def engine_template(template: RefTemplate) -> Template:
     type_index, fields, matchers = template
-    return Template(
+    return make_template(
         f"T{type_index}",
         {name: field_value(i) for name, i in fields.items()},
         {name: engine_matcher(m) for name, m in matchers.items()},
