@@ -304,6 +304,12 @@ def print_scaling(result: ScalingResult) -> dict[str, float]:
         "write_parked": row(
             f"write (0 vs {result.waiters:,} parked non-matching takes)", result.write_us, "none", "parked"
         ),
+        "write_ranged": row(
+            f"write (0 vs {result.waiters:,} parked non-matching range takes)",
+            result.write_us,
+            "none",
+            "ranged",
+        ),
     }
     print()
     print(

@@ -7,7 +7,8 @@ Through one `outrig serve` process and the blocking SDK (1 client, calls one aft
   - the same for a range take (the oldest entry with key in a random [k, k + 10)) and an order_by
     take (the entry with the highest key, `order_by=outrig.desc("key")`), through the ordered
     index of (Small, key) that the first of them makes;
-  - write latency with WAITERS parked non-matching takes in the space vs none: the waiters are
+  - write latency with WAITERS parked non-matching takes in the space vs none (and vs as many
+    parked range takes, `key >= 2**60`, that no write matches either): the waiters are
     blocked takes of a key that is never written, from an asyncio client in a thread of this
     process (10 connections), sent 250 at a time a quarter of a second apart (gRPC's server
     cancels calls that arrive in a burst of more than about 1,000 it has not yet taken on);
@@ -39,12 +40,13 @@ from outrig._codec import encode_entry
 from outrig.aio import AsyncSpace
 
 SMALL_SPACE, LARGE_SPACE = "scale-small", "scale-large"
-QUIET_SPACE, PARKED_SPACE = "scale-quiet", "scale-parked"
+QUIET_SPACE, PARKED_SPACE, RANGED_SPACE = "scale-quiet", "scale-parked", "scale-ranged"
 SMALL = 1000
 FILL_BATCH, FILLERS = 1000, 4
 _WAIT = 10.0
 _LEASE = 3600.0
 _NEVER = Small(key=-1)  # the parked takes' template: no entry ever has key -1
+_NEVER_RANGE = Small(key=outrig.GE(1 << 60))  # the parked range takes': no key is that large
 _ANY = Small()
 _PARK_BURST, _PARK_PAUSE = 250, 0.25
 
@@ -119,8 +121,17 @@ def _settled_rss(server: ServerProcess, timeout: float = 30.0) -> int:
 class ParkedWaiters:
     """``count`` blocked takes that never match, from an asyncio client on a thread of its own."""
 
-    def __init__(self, server: ServerProcess, plan: Plan, count: int, connections: int = 10) -> None:
+    def __init__(
+        self,
+        server: ServerProcess,
+        plan: Plan,
+        count: int,
+        connections: int = 10,
+        space: str = PARKED_SPACE,
+        template: Small = _NEVER,
+    ) -> None:
         self._server, self._plan, self._count, self._connections = server, plan, count, connections
+        self._space, self._template = space, template
         self._started = threading.Event()
         self._failure: BaseException | None = None
         self._loop = asyncio.new_event_loop()
@@ -142,14 +153,14 @@ class ParkedWaiters:
         self._stopping = asyncio.Event()
         spaces: list[AsyncSpace] = []
         try:
-            spaces = [connect_async(self._server, self._plan, PARKED_SPACE) for _ in range(self._connections)]
+            spaces = [connect_async(self._server, self._plan, self._space) for _ in range(self._connections)]
             await asyncio.gather(*(space.count(_ANY) for space in spaces))
             # In bursts, each followed by a round trip on every connection: gRPC's server cancels
             # calls that arrive while more than 1,000 already wait for the server to take them on
             # (grpc.server.max_pending_requests), and a Python server takes them on one by one.
             for start in range(0, self._count, _PARK_BURST):
                 self._tasks += [
-                    asyncio.create_task(spaces[i % len(spaces)].take(_NEVER, timeout=None))
+                    asyncio.create_task(spaces[i % len(spaces)].take(self._template, timeout=None))
                     for i in range(start, min(start + _PARK_BURST, self._count))
                 ]
                 await asyncio.sleep(_PARK_PAUSE)
@@ -236,6 +247,7 @@ def run_scaling(
     """The scaling section; ``ops`` reads (and half as many takes, and as many writes) per run."""
     server = start_outrig(workdir, "outrig-scaling")
     parked: ParkedWaiters | None = None
+    range_parked: ParkedWaiters | None = None
     try:
         _fill(server, plan, SMALL_SPACE, SMALL)
         before = _settled_rss(server)
@@ -249,6 +261,10 @@ def run_scaling(
         time.sleep(1.0)
         per_waiter = (_settled_rss(server) - before) / waiters
         parked.check()
+        log(f"scaling: parking {waiters:,} range takes ...")
+        range_parked = ParkedWaiters(server, plan, waiters, space=RANGED_SPACE, template=_NEVER_RANGE)
+        time.sleep(1.0)
+        range_parked.check()
         result = ScalingResult(
             small=SMALL,
             large=large,
@@ -261,7 +277,7 @@ def run_scaling(
         )
         rng = random.Random(7)
         sizes = {"small": (SMALL_SPACE, SMALL), "large": (LARGE_SPACE, large)}
-        writes = {"none": QUIET_SPACE, "parked": PARKED_SPACE}
+        writes = {"none": QUIET_SPACE, "parked": PARKED_SPACE, "ranged": RANGED_SPACE}
         next_key = 0
         for round_number in range(rounds):
             log(f"scaling: round {round_number + 1}/{rounds}")
@@ -284,9 +300,11 @@ def run_scaling(
                         result.write_us.setdefault(name, []).append(_write_us(space, ops, next_key))
                         next_key += ops
         parked.check()
+        range_parked.check()
         server.check_alive()
         return result
     finally:
-        if parked is not None:
-            parked.stop()
+        for waiting in (parked, range_parked):
+            if waiting is not None:
+                waiting.stop()
         server.stop()
