@@ -295,8 +295,20 @@ def print_scaling(result: ScalingResult) -> dict[str, float]:
     scaling = {
         "read": row(f"read, template with a set field ({sizes})", result.read_us, "small", "large"),
         "take": row(f"take of the oldest, wildcard template ({sizes})", result.take_us, "small", "large"),
+        "range_take": row(
+            f"take of the oldest in a range of 10 keys ({sizes})", result.range_take_us, "small", "large"
+        ),
+        "order_take": row(
+            f"take of the highest key, order_by desc ({sizes})", result.order_take_us, "small", "large"
+        ),
         "write_parked": row(
             f"write (0 vs {result.waiters:,} parked non-matching takes)", result.write_us, "none", "parked"
+        ),
+        "write_ranged": row(
+            f"write (0 vs {result.waiters:,} parked non-matching range takes)",
+            result.write_us,
+            "none",
+            "ranged",
         ),
     }
     print()

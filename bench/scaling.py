@@ -4,7 +4,11 @@ Through one `outrig serve` process and the blocking SDK (1 client, calls one aft
   - read latency, template with a set field (a random key), with SMALL vs LARGE entries in the space;
   - take latency, the oldest entry by wildcard template (FIFO); the entry is written back after
     each take, untimed, so the space keeps its size;
-  - write latency with WAITERS parked non-matching takes in the space vs none: the waiters are
+  - the same for a range take (the oldest entry with key in a random [k, k + 10)) and an order_by
+    take (the entry with the highest key, `order_by=outrig.desc("key")`), through the ordered
+    index of (Small, key) that the first of them makes;
+  - write latency with WAITERS parked non-matching takes in the space vs none (and vs as many
+    parked range takes, `key >= 2**60`, that no write matches either): the waiters are
     blocked takes of a key that is never written, from an asyncio client in a thread of this
     process (10 connections), sent 250 at a time a quarter of a second apart (gRPC's server
     cancels calls that arrive in a burst of more than about 1,000 it has not yet taken on);
@@ -36,12 +40,13 @@ from outrig._codec import encode_entry
 from outrig.aio import AsyncSpace
 
 SMALL_SPACE, LARGE_SPACE = "scale-small", "scale-large"
-QUIET_SPACE, PARKED_SPACE = "scale-quiet", "scale-parked"
+QUIET_SPACE, PARKED_SPACE, RANGED_SPACE = "scale-quiet", "scale-parked", "scale-ranged"
 SMALL = 1000
 FILL_BATCH, FILLERS = 1000, 4
 _WAIT = 10.0
 _LEASE = 3600.0
 _NEVER = Small(key=-1)  # the parked takes' template: no entry ever has key -1
+_NEVER_RANGE = Small(key=outrig.GE(1 << 60))  # the parked range takes': no key is that large
 _ANY = Small()
 _PARK_BURST, _PARK_PAUSE = 250, 0.25
 
@@ -64,6 +69,8 @@ class ScalingResult:
     # microseconds per call, one sample per run: {"small": [...], "large": [...]}
     read_us: dict[str, list[float]] = field(default_factory=dict)
     take_us: dict[str, list[float]] = field(default_factory=dict)
+    range_take_us: dict[str, list[float]] = field(default_factory=dict)
+    order_take_us: dict[str, list[float]] = field(default_factory=dict)
     # {"none": [...], "parked": [...]}
     write_us: dict[str, list[float]] = field(default_factory=dict)
 
@@ -114,8 +121,17 @@ def _settled_rss(server: ServerProcess, timeout: float = 30.0) -> int:
 class ParkedWaiters:
     """``count`` blocked takes that never match, from an asyncio client on a thread of its own."""
 
-    def __init__(self, server: ServerProcess, plan: Plan, count: int, connections: int = 10) -> None:
+    def __init__(
+        self,
+        server: ServerProcess,
+        plan: Plan,
+        count: int,
+        connections: int = 10,
+        space: str = PARKED_SPACE,
+        template: Small = _NEVER,
+    ) -> None:
         self._server, self._plan, self._count, self._connections = server, plan, count, connections
+        self._space, self._template = space, template
         self._started = threading.Event()
         self._failure: BaseException | None = None
         self._loop = asyncio.new_event_loop()
@@ -137,14 +153,14 @@ class ParkedWaiters:
         self._stopping = asyncio.Event()
         spaces: list[AsyncSpace] = []
         try:
-            spaces = [connect_async(self._server, self._plan, PARKED_SPACE) for _ in range(self._connections)]
+            spaces = [connect_async(self._server, self._plan, self._space) for _ in range(self._connections)]
             await asyncio.gather(*(space.count(_ANY) for space in spaces))
             # In bursts, each followed by a round trip on every connection: gRPC's server cancels
             # calls that arrive while more than 1,000 already wait for the server to take them on
             # (grpc.server.max_pending_requests), and a Python server takes them on one by one.
             for start in range(0, self._count, _PARK_BURST):
                 self._tasks += [
-                    asyncio.create_task(spaces[i % len(spaces)].take(_NEVER, timeout=None))
+                    asyncio.create_task(spaces[i % len(spaces)].take(self._template, timeout=None))
                     for i in range(start, min(start + _PARK_BURST, self._count))
                 ]
                 await asyncio.sleep(_PARK_PAUSE)
@@ -181,16 +197,32 @@ def _read_us(space: outrig.Space, size: int, ops: int, rng: random.Random) -> fl
     return (time.perf_counter() - started) / ops * 1e6
 
 
-def _take_us(space: outrig.Space, ops: int) -> float:
+def _take_us(
+    space: outrig.Space,
+    ops: int,
+    templates: Callable[[], Small] = lambda: _ANY,
+    order_by: outrig.OrderKey | None = None,
+) -> float:
     taking = 0.0
     for _ in range(ops):
+        template = templates()
         started = time.perf_counter()
-        entry = space.take(_ANY, timeout=_WAIT)
+        entry = space.take(template, timeout=_WAIT, order_by=order_by)
         taking += time.perf_counter() - started
         if entry is None:
             raise RuntimeError("a take of the oldest entry found nothing")
         space.write(entry, lease=_LEASE)  # untimed: keep the space's size
     return taking / ops * 1e6
+
+
+def _ranges(size: int, rng: random.Random) -> Callable[[], Small]:
+    """Templates of a random range of 10 keys, all held by the space (keys 0 .. size - 1)."""
+
+    def draw() -> Small:
+        low = rng.randrange(size - 10)
+        return Small(key=outrig.Range(low, low + 10, high_inclusive=False))
+
+    return draw
 
 
 def _write_us(space: outrig.Space, ops: int, first_key: int) -> float:
@@ -215,6 +247,7 @@ def run_scaling(
     """The scaling section; ``ops`` reads (and half as many takes, and as many writes) per run."""
     server = start_outrig(workdir, "outrig-scaling")
     parked: ParkedWaiters | None = None
+    range_parked: ParkedWaiters | None = None
     try:
         _fill(server, plan, SMALL_SPACE, SMALL)
         before = _settled_rss(server)
@@ -228,6 +261,10 @@ def run_scaling(
         time.sleep(1.0)
         per_waiter = (_settled_rss(server) - before) / waiters
         parked.check()
+        log(f"scaling: parking {waiters:,} range takes ...")
+        range_parked = ParkedWaiters(server, plan, waiters, space=RANGED_SPACE, template=_NEVER_RANGE)
+        time.sleep(1.0)
+        range_parked.check()
         result = ScalingResult(
             small=SMALL,
             large=large,
@@ -240,7 +277,7 @@ def run_scaling(
         )
         rng = random.Random(7)
         sizes = {"small": (SMALL_SPACE, SMALL), "large": (LARGE_SPACE, large)}
-        writes = {"none": QUIET_SPACE, "parked": PARKED_SPACE}
+        writes = {"none": QUIET_SPACE, "parked": PARKED_SPACE, "ranged": RANGED_SPACE}
         next_key = 0
         for round_number in range(rounds):
             log(f"scaling: round {round_number + 1}/{rounds}")
@@ -252,6 +289,10 @@ def run_scaling(
                         _read_us(space, size, ops // 10, rng)  # warm-up
                         result.read_us.setdefault(name, []).append(_read_us(space, size, ops, rng))
                         result.take_us.setdefault(name, []).append(_take_us(space, ops // 2))
+                        ranged = _ranges(size, rng)
+                        result.range_take_us.setdefault(name, []).append(_take_us(space, ops // 2, ranged))
+                        highest = _take_us(space, ops // 2, order_by=outrig.desc("key"))
+                        result.order_take_us.setdefault(name, []).append(highest)
                 for name in sorted(writes, reverse=flip):
                     with connect(server, plan, writes[name]) as space:
                         _write_us(space, ops // 10, next_key)  # warm-up
@@ -259,9 +300,11 @@ def run_scaling(
                         result.write_us.setdefault(name, []).append(_write_us(space, ops, next_key))
                         next_key += ops
         parked.check()
+        range_parked.check()
         server.check_alive()
         return result
     finally:
-        if parked is not None:
-            parked.stop()
+        for waiting in (parked, range_parked):
+            if waiting is not None:
+                waiting.stop()
         server.stop()

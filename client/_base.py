@@ -31,6 +31,7 @@ from outrig._exceptions import (
     error_from_code,
     error_from_rpc,
 )
+from outrig._matchers import OrderBy, fill_order
 from outrig._mux_wire import OP_FIELDS, closed
 from outrig._protocol import DIRECT_KEY, METHODS
 from outrig._retry import DEFAULT_RETRY_DEADLINE, Attempts, RetryCounter, RetryPolicy, new_request_id
@@ -632,6 +633,7 @@ class BaseSpace:
         *,
         if_exists: bool = False,
         max_entries: int = 0,
+        order_by: OrderBy = None,
     ) -> pb.MatchRequest:
         request = pb.MatchRequest(
             space=self._name,
@@ -641,6 +643,7 @@ class BaseSpace:
             transaction=self._transaction,
         )
         _fill_templates(request.templates, templates)
+        fill_order(request.order_by, order_by)
         return request
 
     def _take_request(
@@ -650,20 +653,26 @@ class BaseSpace:
         *,
         if_exists: bool = False,
         max_entries: int = 0,
+        order_by: OrderBy = None,
     ) -> pb.MatchRequest:
         # A take changes the space, so a retry must not take a second entry: the id lets the
         # server answer it with the entry the first attempt took.
-        request = self._match_request(templates, timeout, if_exists=if_exists, max_entries=max_entries)
+        request = self._match_request(
+            templates, timeout, if_exists=if_exists, max_entries=max_entries, order_by=order_by
+        )
         request.request_id = self._request_id()
         return request
 
-    def _contents_request(self, templates: Templates, max_entries: int) -> pb.ContentsRequest:
+    def _contents_request(
+        self, templates: Templates, max_entries: int, order_by: OrderBy = None
+    ) -> pb.ContentsRequest:
         request = pb.ContentsRequest(
             space=self._name,
             max_entries=_check_count(max_entries, "max_entries"),
             transaction=self._transaction,
         )
         _fill_templates(request.templates, templates)
+        fill_order(request.order_by, order_by)
         return request
 
     def _count_request(self, templates: Templates) -> pb.CountRequest:

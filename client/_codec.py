@@ -33,6 +33,7 @@ from typing import Any
 from google.protobuf.message import DecodeError
 
 from outrig._entry import Entry, GenericEntry, entry_info, registered_class
+from outrig._matchers import Matcher
 from outrig.v1 import space_pb2 as pb
 
 __all__ = [
@@ -263,7 +264,8 @@ def encode_entry_into(target: pb.Entry, entry: AnyEntry) -> None:
 
 
 def encode_template_into(target: pb.Template, template: AnyEntry) -> None:
-    """Encode a template into ``target``: fields that are ``None`` are left out (wildcards)."""
+    """Encode a template into ``target``: fields that are ``None`` are left out (wildcards), and
+    matchers (`outrig.GE(5)`, ...) go to its ``matchers``."""
     if isinstance(template, GenericEntry):
         target.type_name = template.type_name
         items: Iterable[tuple[str, Any]] = template.fields.items()
@@ -273,7 +275,11 @@ def encode_template_into(target: pb.Template, template: AnyEntry) -> None:
         items = ((name, getattr(template, name)) for name, _ in info.fields)
     fields = target.fields
     for name, value in items:
-        if value is not None:
+        if value is None:
+            continue
+        if isinstance(value, Matcher):
+            value.fill(target.matchers[name], encode_value, name)
+        else:
             _fill_field(fields[name], value, name)
 
 

@@ -42,6 +42,7 @@ from outrig._base import (
 )
 from outrig._codec import AnyEntry, decode_entries
 from outrig._exceptions import CallCancelledError, DeadlineExceededError, OutrigError, UnavailableError
+from outrig._matchers import OrderBy
 from outrig._mux import Mux
 from outrig._tls import TLS, channel_credentials, token_metadata
 from outrig.v1 import space_pb2 as pb
@@ -193,77 +194,101 @@ class Space(BaseSpace):
         )
         return [Lease(self, message) for message in reply.leases]
 
-    def read(self, templates: Templates, timeout: float | None = None) -> AnyEntry | None:
+    def read(
+        self, templates: Templates, timeout: float | None = None, *, order_by: OrderBy = None
+    ) -> AnyEntry | None:
         """Return a copy of a matching entry, waiting up to ``timeout`` seconds for one.
 
         ``timeout=None`` waits without limit. Returns None if nothing matched in time.
         """
-        reply: pb.MatchReply = self._call(self._ops["Read"], self._match_request(templates, timeout))
+        reply: pb.MatchReply = self._call(
+            self._ops["Read"], self._match_request(templates, timeout, order_by=order_by)
+        )
         return first_entry(reply)
 
-    def read_nowait(self, templates: Templates) -> AnyEntry | None:
+    def read_nowait(self, templates: Templates, *, order_by: OrderBy = None) -> AnyEntry | None:
         """Return a copy of an entry that matches now, or None; never waits.
 
         An entry locked by another transaction counts as no match; `read_if_exists` waits for
         such locks instead.
         """
-        return self.read_if_exists(templates, lock_timeout=0.0)
+        return self.read_if_exists(templates, lock_timeout=0.0, order_by=order_by)
 
-    def read_if_exists(self, templates: Templates, *, lock_timeout: float | None) -> AnyEntry | None:
+    def read_if_exists(
+        self, templates: Templates, *, lock_timeout: float | None, order_by: OrderBy = None
+    ) -> AnyEntry | None:
         """Return a copy of an entry that matches now, or None (JavaSpaces ``readIfExists``).
 
         It waits for no new entry, but if the only matches are locked by other transactions, it
         waits up to ``lock_timeout`` seconds (None: without limit) for those to end.
         """
-        request = self._match_request(templates, lock_timeout, if_exists=True)
+        request = self._match_request(templates, lock_timeout, if_exists=True, order_by=order_by)
         reply: pb.MatchReply = self._call(self._ops["Read"], request)
         return first_entry(reply)
 
-    def take(self, templates: Templates, timeout: float | None = None) -> AnyEntry | None:
+    def take(
+        self, templates: Templates, timeout: float | None = None, *, order_by: OrderBy = None
+    ) -> AnyEntry | None:
         """Remove and return a matching entry, waiting up to ``timeout`` seconds for one.
 
         ``timeout=None`` waits without limit. Returns None if nothing matched in time. Two takes
         never return the same entry.
         """
-        reply: pb.MatchReply = self._call(self._ops["Take"], self._take_request(templates, timeout))
+        reply: pb.MatchReply = self._call(
+            self._ops["Take"], self._take_request(templates, timeout, order_by=order_by)
+        )
         return first_entry(reply)
 
-    def take_nowait(self, templates: Templates) -> AnyEntry | None:
+    def take_nowait(self, templates: Templates, *, order_by: OrderBy = None) -> AnyEntry | None:
         """Remove and return an entry that matches now, or None; never waits (see `read_nowait`)."""
-        return self.take_if_exists(templates, lock_timeout=0.0)
+        return self.take_if_exists(templates, lock_timeout=0.0, order_by=order_by)
 
-    def take_if_exists(self, templates: Templates, *, lock_timeout: float | None) -> AnyEntry | None:
+    def take_if_exists(
+        self, templates: Templates, *, lock_timeout: float | None, order_by: OrderBy = None
+    ) -> AnyEntry | None:
         """Remove and return an entry that matches now, or None (JavaSpaces ``takeIfExists``);
         waits only for other transactions' locks, as `read_if_exists` does."""
-        request = self._take_request(templates, lock_timeout, if_exists=True)
+        request = self._take_request(templates, lock_timeout, if_exists=True, order_by=order_by)
         reply: pb.MatchReply = self._call(self._ops["Take"], request)
         return first_entry(reply)
 
     def read_many(
-        self, templates: Templates, *, max_entries: int, timeout: float | None = None
+        self,
+        templates: Templates,
+        *,
+        max_entries: int,
+        timeout: float | None = None,
+        order_by: OrderBy = None,
     ) -> list[AnyEntry]:
         """Return copies of up to ``max_entries`` matching entries.
 
         Waits up to ``timeout`` seconds (None: without limit) for at least one; returns an empty
         list if none appeared in time.
         """
-        request = self._match_request(templates, timeout, max_entries=max_entries)
+        request = self._match_request(templates, timeout, max_entries=max_entries, order_by=order_by)
         reply: pb.MatchReply = self._call(self._ops["ReadMany"], request)
         return decode_entries(reply.entries)
 
     def take_many(
-        self, templates: Templates, *, max_entries: int, timeout: float | None = None
+        self,
+        templates: Templates,
+        *,
+        max_entries: int,
+        timeout: float | None = None,
+        order_by: OrderBy = None,
     ) -> list[AnyEntry]:
         """Remove and return up to ``max_entries`` matching entries (at least one if any exist).
 
         Waits up to ``timeout`` seconds (None: without limit) for at least one; returns an empty
         list if none appeared in time.
         """
-        request = self._take_request(templates, timeout, max_entries=max_entries)
+        request = self._take_request(templates, timeout, max_entries=max_entries, order_by=order_by)
         reply: pb.MatchReply = self._call(self._ops["TakeMany"], request)
         return decode_entries(reply.entries)
 
-    def contents(self, templates: Templates, *, max_entries: int = 0) -> Generator[AnyEntry, None, None]:
+    def contents(
+        self, templates: Templates, *, max_entries: int = 0, order_by: OrderBy = None
+    ) -> Generator[AnyEntry, None, None]:
         """Iterate over copies of the matching entries (at most ``max_entries``; 0: all).
 
         The entries stream in as the iteration proceeds; closing the generator early
@@ -272,7 +297,7 @@ class Space(BaseSpace):
         starting again would repeat entries.
         """
         # Built here, not in the generator, so that a bad template raises at the call.
-        return self._contents(self._contents_request(templates, max_entries))
+        return self._contents(self._contents_request(templates, max_entries, order_by))
 
     def _contents(self, request: pb.ContentsRequest) -> Generator[AnyEntry, None, None]:
         call, reply = self._call(self._open_contents, request)
@@ -646,37 +671,57 @@ class Transaction:
     def write_many(self, entries: Iterable[AnyEntry], lease: LeaseArg = ANY) -> list[Lease]:
         return self._under.write_many(entries, lease)
 
-    def read(self, templates: Templates, timeout: float | None = None) -> AnyEntry | None:
-        return self._under.read(templates, timeout)
+    def read(
+        self, templates: Templates, timeout: float | None = None, *, order_by: OrderBy = None
+    ) -> AnyEntry | None:
+        return self._under.read(templates, timeout, order_by=order_by)
 
-    def read_nowait(self, templates: Templates) -> AnyEntry | None:
-        return self._under.read_nowait(templates)
+    def read_nowait(self, templates: Templates, *, order_by: OrderBy = None) -> AnyEntry | None:
+        return self._under.read_nowait(templates, order_by=order_by)
 
-    def read_if_exists(self, templates: Templates, *, lock_timeout: float | None) -> AnyEntry | None:
-        return self._under.read_if_exists(templates, lock_timeout=lock_timeout)
+    def read_if_exists(
+        self, templates: Templates, *, lock_timeout: float | None, order_by: OrderBy = None
+    ) -> AnyEntry | None:
+        return self._under.read_if_exists(templates, lock_timeout=lock_timeout, order_by=order_by)
 
-    def take(self, templates: Templates, timeout: float | None = None) -> AnyEntry | None:
-        return self._under.take(templates, timeout)
+    def take(
+        self, templates: Templates, timeout: float | None = None, *, order_by: OrderBy = None
+    ) -> AnyEntry | None:
+        return self._under.take(templates, timeout, order_by=order_by)
 
-    def take_nowait(self, templates: Templates) -> AnyEntry | None:
-        return self._under.take_nowait(templates)
+    def take_nowait(self, templates: Templates, *, order_by: OrderBy = None) -> AnyEntry | None:
+        return self._under.take_nowait(templates, order_by=order_by)
 
-    def take_if_exists(self, templates: Templates, *, lock_timeout: float | None) -> AnyEntry | None:
-        return self._under.take_if_exists(templates, lock_timeout=lock_timeout)
+    def take_if_exists(
+        self, templates: Templates, *, lock_timeout: float | None, order_by: OrderBy = None
+    ) -> AnyEntry | None:
+        return self._under.take_if_exists(templates, lock_timeout=lock_timeout, order_by=order_by)
 
     def read_many(
-        self, templates: Templates, *, max_entries: int, timeout: float | None = None
+        self,
+        templates: Templates,
+        *,
+        max_entries: int,
+        timeout: float | None = None,
+        order_by: OrderBy = None,
     ) -> list[AnyEntry]:
-        return self._under.read_many(templates, max_entries=max_entries, timeout=timeout)
+        return self._under.read_many(templates, max_entries=max_entries, timeout=timeout, order_by=order_by)
 
     def take_many(
-        self, templates: Templates, *, max_entries: int, timeout: float | None = None
+        self,
+        templates: Templates,
+        *,
+        max_entries: int,
+        timeout: float | None = None,
+        order_by: OrderBy = None,
     ) -> list[AnyEntry]:
-        return self._under.take_many(templates, max_entries=max_entries, timeout=timeout)
+        return self._under.take_many(templates, max_entries=max_entries, timeout=timeout, order_by=order_by)
 
-    def contents(self, templates: Templates, *, max_entries: int = 0) -> Generator[AnyEntry, None, None]:
+    def contents(
+        self, templates: Templates, *, max_entries: int = 0, order_by: OrderBy = None
+    ) -> Generator[AnyEntry, None, None]:
         """The matching entries this transaction may read, which it then holds read-locked."""
-        return self._under.contents(templates, max_entries=max_entries)
+        return self._under.contents(templates, max_entries=max_entries, order_by=order_by)
 
     def count(self, templates: Templates) -> int:
         return self._under.count(templates)

@@ -32,6 +32,7 @@ __all__ = [
     "Identity",
     "StressEntry",
     "identity_of",
+    "matcher_template",
 ]
 
 _PREFIX = "outrig.stress."
@@ -200,6 +201,24 @@ class EntryFactory:
             entry.values = array.array("i", (rng.randint(-1000, 1000) for _ in range(rng.randint(1, 8))))
             entry.tag = _word(rng)
         return entry
+
+
+def matcher_template(rng: random.Random) -> StressEntry:
+    """A random range or prefix template over the campaign classes' fields (their subclasses
+    match too): an int range an eighth of the numbers wide, a one- or two-letter prefix, a float
+    bound, a set of counts."""
+    kind = rng.randrange(5)
+    if kind == 0:
+        low = rng.randint(-(2**40), 2**40)
+        return IntegerMatch(number=outrig.Range(low, low + 2**38, high_inclusive=rng.random() < 0.5))
+    if kind == 1:
+        letters = "abcdefghijklmnopqrstuvwxyz"
+        return StringMatch(text=outrig.Prefix("".join(rng.choice(letters) for _ in range(rng.randint(1, 2)))))
+    if kind == 2:
+        return FloatMatch(value=outrig.GE(rng.uniform(-1e6, 1e6)))
+    if kind == 3:
+        return ChildOfIntegerMatch(count=outrig.OneOf(*(rng.randint(0, 1000) for _ in range(20))))
+    return Parentless(ratio=outrig.All(outrig.GT(rng.random() / 2), outrig.LE(0.5 + rng.random() / 2)))
 
 
 def _word(rng: random.Random) -> str:

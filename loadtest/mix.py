@@ -2,7 +2,8 @@
 random templates as fast as they can, while a step shape adds users; then an account of every entry.
 
 Templates are drawn at random: a wildcard of one of the 11 campaign classes (which also matches
-its subclasses), or an entry this process wrote recently, used as its own template. Reads and
+its subclasses), an entry this process wrote recently, used as its own template, or a random
+range or prefix template (`matcher_template`). Reads and
 takes wait at most ``_WAIT`` seconds, so an empty draw is cheap.
 
 At the end the master takes whatever is left and checks the whole history: every acknowledged
@@ -23,7 +24,14 @@ from locust.env import Environment
 
 import outrig
 from outrig import OutrigError
-from outrig.loadtest.entries import ENTRY_CLASSES, ROOT_TEMPLATES, EntryFactory, StressEntry, identity_of
+from outrig.loadtest.entries import (
+    ENTRY_CLASSES,
+    ROOT_TEMPLATES,
+    EntryFactory,
+    StressEntry,
+    identity_of,
+    matcher_template,
+)
 from outrig.loadtest.link import Link
 from outrig.loadtest.options import MixParams
 from outrig.loadtest.report import Tally, Verdict, measured
@@ -45,6 +53,7 @@ class MixWorker:
         self._fire = environment.events.request.fire
         self._link = link
         self.factory = EntryFactory()
+        self._random = random.Random()
         self.space = outrig.connect(str(environment.host), space=params.space)
         self.tally = Tally()
         self.events = 0
@@ -88,8 +97,11 @@ class MixWorker:
         self.space.close()
 
     def template(self) -> StressEntry:
-        if self._recent and random.random() < 0.5:
+        draw = random.random()
+        if self._recent and draw < 0.4:
             return random.choice(self._recent)
+        if draw < 0.7:
+            return matcher_template(self._random)
         return random.choice(ENTRY_CLASSES)()
 
     def _took(self, entries: list[Any]) -> int:

@@ -177,8 +177,24 @@ def _number(value: Any, whole: bool) -> int | float:
     raise ValueError(value)
 
 
+def _indexes(section: str, value: Any) -> tuple[tuple[str, str], ...]:
+    """A space's declared ordered indexes: a list of [type, field] pairs of non-empty strings."""
+    pairs = value if isinstance(value, list) else None
+    if pairs is None or not all(
+        isinstance(pair, list) and len(pair) == 2 and all(isinstance(n, str) and n for n in pair)
+        for pair in pairs
+    ):
+        raise ConfigError(
+            f"{section}.indexes: invalid value {value!r} (expected a list of [type, field] pairs, "
+            'such as [["jobs.Task", "priority"]])'
+        )
+    return tuple((type_name, field) for type_name, field in pairs)
+
+
 def _convert(section: str, name: str, value: Any, current: Any) -> Any:
     """Check a file, environment or flag value and give it the type of the current value."""
+    if name == "indexes":
+        return _indexes(section, value)
     try:
         if isinstance(current, bool):
             if isinstance(value, bool):

@@ -24,6 +24,9 @@ OUTRIG = {
     "ANY", "FOREVER", "channel_options",
     # entries
     "Entry", "GenericEntry", "entry_to_bytes", "entry_from_bytes",
+    # matchers in templates, and order_by's keys
+    "Matcher", "Range", "GT", "GE", "LT", "LE", "Prefix", "OneOf", "Not", "Present", "Missing", "All",
+    "OrderKey", "asc", "desc",
     # errors: the root, one class per gRPC status, and the domain classes beneath them
     "OutrigError", "CallCancelledError", "UnknownStatusError", "InvalidArgumentError",
     "DeadlineExceededError", "NotFoundError", "AlreadyExistsError", "PermissionDeniedError",
@@ -72,7 +75,9 @@ def test_domain_errors_subclass_their_status_class() -> None:
 )
 def test_nowait_never_waits_and_if_exists_names_its_lock_wait(space: type) -> None:
     for name in ("read_nowait", "take_nowait"):
-        assert list(inspect.signature(getattr(space, name)).parameters) == ["self", "templates"], name
+        parameters = inspect.signature(getattr(space, name)).parameters
+        assert list(parameters) == ["self", "templates", "order_by"], name
+        assert parameters["order_by"].kind is inspect.Parameter.KEYWORD_ONLY, name
     for name in ("read_if_exists", "take_if_exists"):
         parameter = inspect.signature(getattr(space, name)).parameters["lock_timeout"]
         assert parameter.kind is inspect.Parameter.KEYWORD_ONLY, name

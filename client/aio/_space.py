@@ -43,6 +43,7 @@ from outrig._base import (
 )
 from outrig._codec import AnyEntry, decode_entries
 from outrig._exceptions import CallCancelledError, DeadlineExceededError, OutrigError, UnavailableError
+from outrig._matchers import OrderBy
 from outrig._tls import TLS, channel_credentials, token_metadata
 from outrig.aio._mux import AsyncMux
 from outrig.v1 import space_pb2 as pb
@@ -147,69 +148,93 @@ class AsyncSpace(BaseSpace):
         reply: pb.WriteManyReply = await self._call(self._ops["WriteMany"], request)
         return [AsyncLease(self, message) for message in reply.leases]
 
-    async def read(self, templates: Templates, timeout: float | None = None) -> AnyEntry | None:
+    async def read(
+        self, templates: Templates, timeout: float | None = None, *, order_by: OrderBy = None
+    ) -> AnyEntry | None:
         """Return a copy of a matching entry, waiting up to ``timeout`` seconds (None: no limit).
 
         Returns None if nothing matched in time.
         """
-        reply: pb.MatchReply = await self._call(self._ops["Read"], self._match_request(templates, timeout))
+        reply: pb.MatchReply = await self._call(
+            self._ops["Read"], self._match_request(templates, timeout, order_by=order_by)
+        )
         return first_entry(reply)
 
-    async def read_nowait(self, templates: Templates) -> AnyEntry | None:
+    async def read_nowait(self, templates: Templates, *, order_by: OrderBy = None) -> AnyEntry | None:
         """Return a copy of an entry that matches now, or None; never waits (see
         `outrig.Space.read_nowait`)."""
-        return await self.read_if_exists(templates, lock_timeout=0.0)
+        return await self.read_if_exists(templates, lock_timeout=0.0, order_by=order_by)
 
-    async def read_if_exists(self, templates: Templates, *, lock_timeout: float | None) -> AnyEntry | None:
+    async def read_if_exists(
+        self, templates: Templates, *, lock_timeout: float | None, order_by: OrderBy = None
+    ) -> AnyEntry | None:
         """Return a copy of an entry that matches now, or None, waiting only for other
         transactions' locks (see `outrig.Space.read_if_exists`)."""
-        request = self._match_request(templates, lock_timeout, if_exists=True)
+        request = self._match_request(templates, lock_timeout, if_exists=True, order_by=order_by)
         reply: pb.MatchReply = await self._call(self._ops["Read"], request)
         return first_entry(reply)
 
-    async def take(self, templates: Templates, timeout: float | None = None) -> AnyEntry | None:
+    async def take(
+        self, templates: Templates, timeout: float | None = None, *, order_by: OrderBy = None
+    ) -> AnyEntry | None:
         """Remove and return a matching entry, waiting up to ``timeout`` seconds (None: no limit).
 
         Returns None if nothing matched in time.
         """
-        reply: pb.MatchReply = await self._call(self._ops["Take"], self._take_request(templates, timeout))
+        reply: pb.MatchReply = await self._call(
+            self._ops["Take"], self._take_request(templates, timeout, order_by=order_by)
+        )
         return first_entry(reply)
 
-    async def take_nowait(self, templates: Templates) -> AnyEntry | None:
+    async def take_nowait(self, templates: Templates, *, order_by: OrderBy = None) -> AnyEntry | None:
         """Remove and return an entry that matches now, or None; never waits."""
-        return await self.take_if_exists(templates, lock_timeout=0.0)
+        return await self.take_if_exists(templates, lock_timeout=0.0, order_by=order_by)
 
-    async def take_if_exists(self, templates: Templates, *, lock_timeout: float | None) -> AnyEntry | None:
+    async def take_if_exists(
+        self, templates: Templates, *, lock_timeout: float | None, order_by: OrderBy = None
+    ) -> AnyEntry | None:
         """Remove and return an entry that matches now, or None, waiting only for other
         transactions' locks (see `outrig.Space.take_if_exists`)."""
-        request = self._take_request(templates, lock_timeout, if_exists=True)
+        request = self._take_request(templates, lock_timeout, if_exists=True, order_by=order_by)
         reply: pb.MatchReply = await self._call(self._ops["Take"], request)
         return first_entry(reply)
 
     async def read_many(
-        self, templates: Templates, *, max_entries: int, timeout: float | None = None
+        self,
+        templates: Templates,
+        *,
+        max_entries: int,
+        timeout: float | None = None,
+        order_by: OrderBy = None,
     ) -> list[AnyEntry]:
         """Return copies of up to ``max_entries`` matching entries; see `outrig.Space.read_many`."""
-        request = self._match_request(templates, timeout, max_entries=max_entries)
+        request = self._match_request(templates, timeout, max_entries=max_entries, order_by=order_by)
         reply: pb.MatchReply = await self._call(self._ops["ReadMany"], request)
         return decode_entries(reply.entries)
 
     async def take_many(
-        self, templates: Templates, *, max_entries: int, timeout: float | None = None
+        self,
+        templates: Templates,
+        *,
+        max_entries: int,
+        timeout: float | None = None,
+        order_by: OrderBy = None,
     ) -> list[AnyEntry]:
         """Remove and return up to ``max_entries`` matching entries; see `outrig.Space.take_many`."""
-        request = self._take_request(templates, timeout, max_entries=max_entries)
+        request = self._take_request(templates, timeout, max_entries=max_entries, order_by=order_by)
         reply: pb.MatchReply = await self._call(self._ops["TakeMany"], request)
         return decode_entries(reply.entries)
 
-    def contents(self, templates: Templates, *, max_entries: int = 0) -> AsyncGenerator[AnyEntry, None]:
+    def contents(
+        self, templates: Templates, *, max_entries: int = 0, order_by: OrderBy = None
+    ) -> AsyncGenerator[AnyEntry, None]:
         """Iterate (``async for``) over copies of the matching entries (at most ``max_entries``; 0: all).
 
         Closing the iterator early (``aclose()``) cancels the stream. As with `outrig.Space.contents`,
         only a stream that breaks before its first entries arrive is retried.
         """
         # Built here, not in the generator, so that a bad template raises at the call.
-        return self._contents(self._contents_request(templates, max_entries))
+        return self._contents(self._contents_request(templates, max_entries, order_by))
 
     async def _contents(self, request: pb.ContentsRequest) -> AsyncGenerator[AnyEntry, None]:
         call, reply = await self._call(self._open_contents, request)
@@ -579,36 +604,60 @@ class AsyncTransaction:
     async def write_many(self, entries: Iterable[AnyEntry], lease: LeaseArg = ANY) -> list[AsyncLease]:
         return await self._view().write_many(entries, lease)
 
-    async def read(self, templates: Templates, timeout: float | None = None) -> AnyEntry | None:
-        return await self._view().read(templates, timeout)
+    async def read(
+        self, templates: Templates, timeout: float | None = None, *, order_by: OrderBy = None
+    ) -> AnyEntry | None:
+        return await self._view().read(templates, timeout, order_by=order_by)
 
-    async def read_nowait(self, templates: Templates) -> AnyEntry | None:
-        return await self._view().read_nowait(templates)
+    async def read_nowait(self, templates: Templates, *, order_by: OrderBy = None) -> AnyEntry | None:
+        return await self._view().read_nowait(templates, order_by=order_by)
 
-    async def read_if_exists(self, templates: Templates, *, lock_timeout: float | None) -> AnyEntry | None:
-        return await self._view().read_if_exists(templates, lock_timeout=lock_timeout)
+    async def read_if_exists(
+        self, templates: Templates, *, lock_timeout: float | None, order_by: OrderBy = None
+    ) -> AnyEntry | None:
+        return await self._view().read_if_exists(templates, lock_timeout=lock_timeout, order_by=order_by)
 
-    async def take(self, templates: Templates, timeout: float | None = None) -> AnyEntry | None:
-        return await self._view().take(templates, timeout)
+    async def take(
+        self, templates: Templates, timeout: float | None = None, *, order_by: OrderBy = None
+    ) -> AnyEntry | None:
+        return await self._view().take(templates, timeout, order_by=order_by)
 
-    async def take_nowait(self, templates: Templates) -> AnyEntry | None:
-        return await self._view().take_nowait(templates)
+    async def take_nowait(self, templates: Templates, *, order_by: OrderBy = None) -> AnyEntry | None:
+        return await self._view().take_nowait(templates, order_by=order_by)
 
-    async def take_if_exists(self, templates: Templates, *, lock_timeout: float | None) -> AnyEntry | None:
-        return await self._view().take_if_exists(templates, lock_timeout=lock_timeout)
+    async def take_if_exists(
+        self, templates: Templates, *, lock_timeout: float | None, order_by: OrderBy = None
+    ) -> AnyEntry | None:
+        return await self._view().take_if_exists(templates, lock_timeout=lock_timeout, order_by=order_by)
 
     async def read_many(
-        self, templates: Templates, *, max_entries: int, timeout: float | None = None
+        self,
+        templates: Templates,
+        *,
+        max_entries: int,
+        timeout: float | None = None,
+        order_by: OrderBy = None,
     ) -> list[AnyEntry]:
-        return await self._view().read_many(templates, max_entries=max_entries, timeout=timeout)
+        return await self._view().read_many(
+            templates, max_entries=max_entries, timeout=timeout, order_by=order_by
+        )
 
     async def take_many(
-        self, templates: Templates, *, max_entries: int, timeout: float | None = None
+        self,
+        templates: Templates,
+        *,
+        max_entries: int,
+        timeout: float | None = None,
+        order_by: OrderBy = None,
     ) -> list[AnyEntry]:
-        return await self._view().take_many(templates, max_entries=max_entries, timeout=timeout)
+        return await self._view().take_many(
+            templates, max_entries=max_entries, timeout=timeout, order_by=order_by
+        )
 
-    def contents(self, templates: Templates, *, max_entries: int = 0) -> AsyncGenerator[AnyEntry, None]:
-        return self._view().contents(templates, max_entries=max_entries)
+    def contents(
+        self, templates: Templates, *, max_entries: int = 0, order_by: OrderBy = None
+    ) -> AsyncGenerator[AnyEntry, None]:
+        return self._view().contents(templates, max_entries=max_entries, order_by=order_by)
 
     async def count(self, templates: Templates) -> int:
         return await self._view().count(templates)

@@ -155,7 +155,7 @@ class Entry(_message.Message):
     def __init__(self, type_name: _Optional[str] = ..., supertypes: _Optional[_Iterable[str]] = ..., fields: _Optional[_Mapping[str, Value]] = ...) -> None: ...
 
 class Template(_message.Message):
-    __slots__ = ("type_name", "fields")
+    __slots__ = ("type_name", "fields", "matchers")
     class FieldsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -163,11 +163,70 @@ class Template(_message.Message):
         key: str
         value: Value
         def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Value, _Mapping]] = ...) -> None: ...
+    class MatchersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Matcher
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Matcher, _Mapping]] = ...) -> None: ...
     TYPE_NAME_FIELD_NUMBER: _ClassVar[int]
     FIELDS_FIELD_NUMBER: _ClassVar[int]
+    MATCHERS_FIELD_NUMBER: _ClassVar[int]
     type_name: str
     fields: _containers.MessageMap[str, Value]
-    def __init__(self, type_name: _Optional[str] = ..., fields: _Optional[_Mapping[str, Value]] = ...) -> None: ...
+    matchers: _containers.MessageMap[str, Matcher]
+    def __init__(self, type_name: _Optional[str] = ..., fields: _Optional[_Mapping[str, Value]] = ..., matchers: _Optional[_Mapping[str, Matcher]] = ...) -> None: ...
+
+class Matcher(_message.Message):
+    __slots__ = ("equal", "range", "prefix", "one_of", "not_equal", "present", "all")
+    EQUAL_FIELD_NUMBER: _ClassVar[int]
+    RANGE_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    ONE_OF_FIELD_NUMBER: _ClassVar[int]
+    NOT_EQUAL_FIELD_NUMBER: _ClassVar[int]
+    PRESENT_FIELD_NUMBER: _ClassVar[int]
+    ALL_FIELD_NUMBER: _ClassVar[int]
+    equal: Value
+    range: Range
+    prefix: Value
+    one_of: ValueSet
+    not_equal: Value
+    present: bool
+    all: MatcherList
+    def __init__(self, equal: _Optional[_Union[Value, _Mapping]] = ..., range: _Optional[_Union[Range, _Mapping]] = ..., prefix: _Optional[_Union[Value, _Mapping]] = ..., one_of: _Optional[_Union[ValueSet, _Mapping]] = ..., not_equal: _Optional[_Union[Value, _Mapping]] = ..., present: _Optional[bool] = ..., all: _Optional[_Union[MatcherList, _Mapping]] = ...) -> None: ...
+
+class Range(_message.Message):
+    __slots__ = ("low", "low_inclusive", "high", "high_inclusive")
+    LOW_FIELD_NUMBER: _ClassVar[int]
+    LOW_INCLUSIVE_FIELD_NUMBER: _ClassVar[int]
+    HIGH_FIELD_NUMBER: _ClassVar[int]
+    HIGH_INCLUSIVE_FIELD_NUMBER: _ClassVar[int]
+    low: Value
+    low_inclusive: bool
+    high: Value
+    high_inclusive: bool
+    def __init__(self, low: _Optional[_Union[Value, _Mapping]] = ..., low_inclusive: _Optional[bool] = ..., high: _Optional[_Union[Value, _Mapping]] = ..., high_inclusive: _Optional[bool] = ...) -> None: ...
+
+class ValueSet(_message.Message):
+    __slots__ = ("values",)
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    values: _containers.RepeatedCompositeFieldContainer[Value]
+    def __init__(self, values: _Optional[_Iterable[_Union[Value, _Mapping]]] = ...) -> None: ...
+
+class MatcherList(_message.Message):
+    __slots__ = ("matchers",)
+    MATCHERS_FIELD_NUMBER: _ClassVar[int]
+    matchers: _containers.RepeatedCompositeFieldContainer[Matcher]
+    def __init__(self, matchers: _Optional[_Iterable[_Union[Matcher, _Mapping]]] = ...) -> None: ...
+
+class OrderKey(_message.Message):
+    __slots__ = ("field", "descending")
+    FIELD_FIELD_NUMBER: _ClassVar[int]
+    DESCENDING_FIELD_NUMBER: _ClassVar[int]
+    field: str
+    descending: bool
+    def __init__(self, field: _Optional[str] = ..., descending: _Optional[bool] = ...) -> None: ...
 
 class LeaseDuration(_message.Message):
     __slots__ = ("seconds", "forever")
@@ -228,7 +287,7 @@ class WriteManyReply(_message.Message):
     def __init__(self, leases: _Optional[_Iterable[_Union[Lease, _Mapping]]] = ...) -> None: ...
 
 class MatchRequest(_message.Message):
-    __slots__ = ("space", "templates", "timeout", "if_exists", "max_entries", "request_id", "transaction")
+    __slots__ = ("space", "templates", "timeout", "if_exists", "max_entries", "request_id", "transaction", "order_by")
     SPACE_FIELD_NUMBER: _ClassVar[int]
     TEMPLATES_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_FIELD_NUMBER: _ClassVar[int]
@@ -236,6 +295,7 @@ class MatchRequest(_message.Message):
     MAX_ENTRIES_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TRANSACTION_FIELD_NUMBER: _ClassVar[int]
+    ORDER_BY_FIELD_NUMBER: _ClassVar[int]
     space: str
     templates: _containers.RepeatedCompositeFieldContainer[Template]
     timeout: float
@@ -243,7 +303,8 @@ class MatchRequest(_message.Message):
     max_entries: int
     request_id: str
     transaction: int
-    def __init__(self, space: _Optional[str] = ..., templates: _Optional[_Iterable[_Union[Template, _Mapping]]] = ..., timeout: _Optional[float] = ..., if_exists: _Optional[bool] = ..., max_entries: _Optional[int] = ..., request_id: _Optional[str] = ..., transaction: _Optional[int] = ...) -> None: ...
+    order_by: _containers.RepeatedCompositeFieldContainer[OrderKey]
+    def __init__(self, space: _Optional[str] = ..., templates: _Optional[_Iterable[_Union[Template, _Mapping]]] = ..., timeout: _Optional[float] = ..., if_exists: _Optional[bool] = ..., max_entries: _Optional[int] = ..., request_id: _Optional[str] = ..., transaction: _Optional[int] = ..., order_by: _Optional[_Iterable[_Union[OrderKey, _Mapping]]] = ...) -> None: ...
 
 class MatchReply(_message.Message):
     __slots__ = ("entries",)
@@ -252,16 +313,18 @@ class MatchReply(_message.Message):
     def __init__(self, entries: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ...) -> None: ...
 
 class ContentsRequest(_message.Message):
-    __slots__ = ("space", "templates", "max_entries", "transaction")
+    __slots__ = ("space", "templates", "max_entries", "transaction", "order_by")
     SPACE_FIELD_NUMBER: _ClassVar[int]
     TEMPLATES_FIELD_NUMBER: _ClassVar[int]
     MAX_ENTRIES_FIELD_NUMBER: _ClassVar[int]
     TRANSACTION_FIELD_NUMBER: _ClassVar[int]
+    ORDER_BY_FIELD_NUMBER: _ClassVar[int]
     space: str
     templates: _containers.RepeatedCompositeFieldContainer[Template]
     max_entries: int
     transaction: int
-    def __init__(self, space: _Optional[str] = ..., templates: _Optional[_Iterable[_Union[Template, _Mapping]]] = ..., max_entries: _Optional[int] = ..., transaction: _Optional[int] = ...) -> None: ...
+    order_by: _containers.RepeatedCompositeFieldContainer[OrderKey]
+    def __init__(self, space: _Optional[str] = ..., templates: _Optional[_Iterable[_Union[Template, _Mapping]]] = ..., max_entries: _Optional[int] = ..., transaction: _Optional[int] = ..., order_by: _Optional[_Iterable[_Union[OrderKey, _Mapping]]] = ...) -> None: ...
 
 class ContentsReply(_message.Message):
     __slots__ = ("entries",)

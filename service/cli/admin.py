@@ -5,7 +5,8 @@
 - `outrig dump HOST:PORT --space S --type T ...` lists the entries of a space that match the given
   types (and their subtypes) through the SDK, one JSON object per line: `{"type": ...,
   "supertypes": [...], "fields": {...}}`. Bytes and arrays are written as base64 (arrays with
-  their typecode), so that a dump can be read back by any language.
+  their typecode), so that a dump can be read back by any language. `--where` narrows it by
+  matchers (`priority>=5`, `name^=eu-`, `region@=["eu","uk"]`) and `--order-by` sorts it.
 - `outrig spaces --address HOST:PORT` lists every space of the server's tier and its owner (the
   ListSpaces RPC, through the SDK), as a table: space, owner, address, epoch, lease left, here,
   entries and bytes (or `--json`).
@@ -66,6 +67,22 @@ def add_parsers(commands: Any) -> None:
         "--type", dest="types", action="append", required=True, metavar="TYPE", help="a type name; repeatable"
     )
     dump.add_argument("--max-entries", type=int, default=0, metavar="N", help="at most N entries (0: all)")
+    dump.add_argument(
+        "--where",
+        action="append",
+        default=[],
+        metavar="COND",
+        help="only entries whose field satisfies COND, repeatable (all must hold): FIELD=V, FIELD!=V, "
+        "FIELD>V, FIELD>=V, FIELD<V, FIELD<=V, FIELD^=PREFIX, FIELD@=[V, ...] (one of); V is JSON "
+        '(5, 5.0, "eu", true), a bare word a string; FIELD=null: missing, FIELD!=null: present',
+    )
+    dump.add_argument(
+        "--order-by",
+        action="append",
+        default=[],
+        metavar="FIELD",
+        help="list in this field's order, --order-by=-FIELD descending; repeatable (later keys break ties)",
+    )
     spaces = commands.add_parser(
         "spaces",
         help="list the spaces of a server's tier and their owners",
@@ -185,13 +202,67 @@ def _document(entry: Any) -> dict[str, Any]:
     }
 
 
+_CONDITION = re.compile(r"^([^=!<>^@]+?)(!=|>=|<=|\^=|@=|=|>|<)(.*)$", re.DOTALL)
+
+
+def _json_or_word(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def where_matcher(condition: str) -> tuple[str, Any]:
+    """(field, matcher or value) of a `--where` condition; ValueError if it is not one."""
+    import outrig
+
+    found = _CONDITION.match(condition)
+    if found is None:
+        raise ValueError(f"--where {condition!r}: expected FIELD OP VALUE, OP one of = != > >= < <= ^= @=")
+    field, op, text = found.group(1).strip(), found.group(2), found.group(3).strip()
+    value = _json_or_word(text)
+    if value is None and op in ("=", "!="):
+        return field, outrig.Missing if op == "=" else outrig.Present
+    if op == "@=":
+        if not isinstance(value, list):
+            raise ValueError(f"--where {condition!r}: @= takes a JSON list of values")
+        return field, outrig.OneOf(*value)
+    if op == "^=":
+        return field, outrig.Prefix(str(text if not isinstance(value, str) else value))
+    makers = {
+        "=": lambda v: v,
+        "!=": outrig.Not,
+        ">": outrig.GT,
+        ">=": outrig.GE,
+        "<": outrig.LT,
+        "<=": outrig.LE,
+    }
+    return field, makers[op](value)
+
+
+def _dump_templates(args: argparse.Namespace) -> list[Any]:
+    import outrig
+
+    conditions: dict[str, list[Any]] = {}
+    for condition in args.where:
+        field, matcher = where_matcher(condition)
+        conditions.setdefault(field, []).append(matcher)
+    fields = {name: found[0] if len(found) == 1 else outrig.All(*found) for name, found in conditions.items()}
+    return [outrig.GenericEntry(name, fields=fields) for name in args.types]
+
+
 def _dump(args: argparse.Namespace) -> int:
     import outrig
 
-    templates: Sequence[outrig.GenericEntry] = [outrig.GenericEntry(name) for name in args.types]
+    try:
+        templates = _dump_templates(args)
+    except ValueError as err:
+        print(f"outrig dump: {err}", file=sys.stderr)
+        return 2
+    order_by = [outrig.desc(key[1:]) if key.startswith("-") else key for key in args.order_by]
     try:
         with outrig.connect(args.target, space=args.space, retry_deadline=5.0) as space:
-            for entry in space.contents(list(templates), max_entries=args.max_entries):
+            for entry in space.contents(templates, max_entries=args.max_entries, order_by=order_by or None):
                 print(json.dumps(_document(entry), ensure_ascii=False))
     except outrig.OutrigError as err:
         print(f"outrig dump: {type(err).__name__}: {err}", file=sys.stderr)

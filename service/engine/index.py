@@ -5,17 +5,28 @@ order, and under (type, field, value key) for each field. So a template of a sup
 subtypes in one bucket, a template with set fields starts from its smallest (field, value)
 bucket, and a wildcard template walks its type in arrival order: nothing scans the space.
 
-Only the filing: `insert` and `remove` are plain dict operations and touch nothing else. The
-engine (space.py) keeps the entries by id, their leases and their locks, and makes each of its
-calls all or nothing around these steps.
+Ordered indexes (ordered.py) file the entries of a (type, field) by value, for ranges, prefixes
+and order_by: made when a template first needs one (or declared by the space's settings), then
+kept up by every insert and remove. `plan` picks, for a template with matchers or a request with
+an order, the source that costs least: an equality bucket, a union of them (a set of values), a
+range of an ordered index, or a walk of the order's index; every candidate is checked in full
+afterwards, as before.
+
+Only the filing: `insert` and `remove` are plain dict operations (and sorted-list ones for the
+ordered indexes) and touch nothing else. The engine (space.py) keeps the entries by id, their
+leases and their locks, and makes each of its calls all or nothing around these steps.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 
-from outrig.service.engine.model import StoredEntry, Template
+from outrig.service.engine.matchers import Bounds
+from outrig.service.engine.model import OrderKey, StoredEntry, Template
+from outrig.service.engine.ordered import OrderedField, in_request_order
 from outrig.service.engine.values import FULL_KEY_LIMIT
 
 __all__ = ["Bucket", "EntryIndex"]
@@ -23,6 +34,12 @@ __all__ = ["Bucket", "EntryIndex"]
 Bucket = OrderedDict[int, StoredEntry] | StoredEntry
 """The entries filed under one key, in arrival order; a (type, field, value) slot of one entry
 holds it bare."""
+
+
+# A range of at most this many distinct values is read as its groups of one value each (each in
+# arrival order, in the ordered index), merged: the oldest match at the cost of a bisection per
+# group, however the matches are spread in arrival order.
+_MERGED_GROUPS = 32
 
 
 def _size(bucket: Bucket) -> int:
@@ -42,7 +59,7 @@ def _reorder(bucket: OrderedDict[int, StoredEntry], arrival: int) -> None:
 class EntryIndex:
     """A space's entries by type and by (type, field, value key), found by templates."""
 
-    def __init__(self, fifo: bool = True) -> None:
+    def __init__(self, fifo: bool = True, indexes: Iterable[tuple[str, str]] = ()) -> None:
         self._fifo = fifo  # the space's order: oldest first, or newest first
         # Buckets are OrderedDicts, not dicts: a dict iterates over the slots its deletions left
         # behind until it is next resized, so taking the oldest entry of a plain dict that once
@@ -52,6 +69,10 @@ class EntryIndex:
         # would cost ~400 bytes (measured: 1,879 bytes per two-field entry with containers).
         self._by_type: dict[str, OrderedDict[int, StoredEntry]] = {}
         self._by_field: dict[Hashable, Bucket] = {}
+        # Ordered indexes by type, then field: empty until a template needs one (or declared).
+        self._ordered: dict[str, dict[str, OrderedField]] = {}
+        for type_name, field in indexes:
+            self.ordered(type_name, field)
 
     # ------------------------------------------------------------------ filing
 
@@ -73,6 +94,9 @@ class EntryIndex:
                     by_field[slot] = OrderedDict(((current.id, current), (entry_id, stored)))
                 else:
                     current[entry_id] = stored
+        if self._ordered:
+            for ordered in self._ordered_of(stored):
+                ordered.add(stored)
 
     def remove(self, stored: StoredEntry) -> None:
         """Unfile an entry that is filed."""
@@ -92,6 +116,13 @@ class EntryIndex:
                     del current[entry_id]
                     if len(current) == 1:
                         by_field[slot] = next(iter(current.values()))
+        if self._ordered:
+            for ordered in self._ordered_of(stored):
+                ordered.discard(stored)
+
+    def _ordered_of(self, stored: StoredEntry) -> list[OrderedField]:
+        """The ordered indexes of the types of an entry's lineage."""
+        return [index for t in stored.lineage for index in self._ordered.get(t, {}).values()]
 
     def reorder(self, stored: StoredEntry) -> None:
         """Return an entry just filed again (undoing a step that failed) to its place in arrival
@@ -130,9 +161,19 @@ class EntryIndex:
         merged = {stored.id: stored for stored in entries}
         return sorted(merged.values(), key=_arrival, reverse=not self._fifo)
 
-    def candidates(self, templates: Sequence[Template]) -> list[StoredEntry]:
-        """Every entry filed where one of `templates` could match it, in the space's order: a copy
-        of the buckets made at C speed. Not checked: some may not match, or have expired."""
+    def candidates(
+        self, templates: Sequence[Template], order_by: Sequence[OrderKey] = ()
+    ) -> list[StoredEntry]:
+        """Every entry filed where one of `templates` could match it, in the space's order (or
+        `order_by`'s): a copy of the buckets made at C speed. Not checked: some may not match, or
+        have expired."""
+        if order_by or any(template.matchers for template in templates):
+            everything = 1 << 62
+            found = [stored for template in templates for stored in self.plan(template, order_by, everything)]
+            if len(templates) == 1:
+                return found
+            merged = {stored.id: stored for stored in found}
+            return in_request_order(merged.values(), order_by, self._fifo)
         buckets = [bucket for bucket in map(self.bucket, templates) if bucket is not None]
         if len(buckets) == 1:
             return list(self.members(buckets[0]))
@@ -142,10 +183,120 @@ class EntryIndex:
         """How many filed entries match `template`, when its bucket says so without looking (no
         field, or one whose key is the whole value); else None."""
         fields = template.fields
+        if template.matchers:
+            return None
         if fields and (len(fields) > 1 or fields[0][1].size > FULL_KEY_LIMIT):
             return None
         bucket = self.bucket(template)
         return 0 if bucket is None else _size(bucket)
+
+    def in_request_order(
+        self, entries: Iterable[StoredEntry], order_by: Sequence[OrderKey]
+    ) -> list[StoredEntry]:
+        """Entries gathered from several buckets, each once, in `order_by`'s order."""
+        merged = {stored.id: stored for stored in entries}
+        return in_request_order(merged.values(), order_by, self._fifo)
+
+    # ------------------------------------------------------------------ ordered indexes
+
+    def ordered(self, type_name: str, field: str) -> OrderedField:
+        """The ordered index of (type, field), made from the type's entries on first need."""
+        fields = self._ordered.setdefault(type_name, {})
+        index = fields.get(field)
+        if index is None:
+            index = fields[field] = OrderedField(field, self._fifo, self._by_type.get(type_name, {}).values())
+        return index
+
+    def ordered_indexes(self) -> list[tuple[str, str, int]]:
+        """(type, field, entries filed) of every ordered index."""
+        return [(t, f, len(index)) for t, fields in self._ordered.items() for f, index in fields.items()]
+
+    def plan(self, template: Template, order_by: Sequence[OrderKey], limit: int) -> Iterable[StoredEntry]:
+        """The entries that may match `template`, in the space's order or `order_by`'s, lazily
+        where it can be: the caller checks each, and stops after `limit` matches.
+
+        The sources: the smallest equality bucket (the type's when there is none), a set
+        matcher's union of buckets (both in arrival order), the narrowest range of an ordered
+        index, and with an order, a walk of the first key's ordered index (in the order asked
+        for). A range of few distinct values is read group by group (each group, of one value, is
+        in arrival order), the groups merged; one of more values, n entries when the other
+        sources hold s, is gathered and sorted when n * n <= limit * s, since walking s for
+        `limit` matches spread among the n costs about limit * s / n."""
+        if template.empty:
+            return ()
+        type_name = template.type_name
+        typed = self._by_type.get(type_name)
+        if typed is None:
+            return ()
+        base = self.bucket(template)
+        if base is None:
+            return ()
+        size = _size(base)
+        source: Iterable[StoredEntry] = self.members(base)
+        ranged: tuple[OrderedField, Bounds, int] | None = None
+        field_bounds: dict[str, Bounds] = {}
+        by_field = self._by_field
+        for name, matcher in template.matchers:
+            values = matcher.equals()
+            if values is not None:
+                buckets = [b for v in values if (b := by_field.get((type_name, name, v.key))) is not None]
+                total = sum(map(_size, buckets))
+                if not total:
+                    return ()
+                if total < size:
+                    size, source = total, self._merged(buckets)
+            bounds = matcher.bounds()
+            if bounds is not None:
+                field_bounds[name] = bounds
+                index = self.ordered(type_name, name)
+                count = index.count(bounds)
+                if not count:
+                    return ()
+                if ranged is None or count < ranged[2]:
+                    ranged = (index, bounds, count)
+        if not order_by:
+            if ranged is not None and ranged[2] < size:
+                index, bounds, count = ranged
+                groups = list(itertools.islice(index.walk(False, bounds), _MERGED_GROUPS + 1))
+                if len(groups) <= _MERGED_GROUPS:  # few values: the groups merged by arrival
+                    return heapq.merge(*groups, key=_arrival, reverse=not self._fifo)
+                if count * count <= limit * size:
+                    return self.in_order(index.within(bounds))
+            return source
+        smallest = size if ranged is None else min(size, ranged[2])
+        if smallest < len(typed) and smallest * smallest <= limit * len(typed):
+            if ranged is not None and ranged[2] < size:
+                source = ranged[0].within(ranged[1])
+            return in_request_order(source, order_by, self._fifo)
+        return self._walk(type_name, typed, order_by, field_bounds.get(order_by[0][0]))
+
+    def _merged(self, buckets: list[Bucket]) -> Iterator[StoredEntry]:
+        """The entries of several buckets (of one field: each entry in one) in the space's order."""
+        return heapq.merge(*(self.members(b) for b in buckets), key=_arrival, reverse=not self._fifo)
+
+    def _walk(
+        self,
+        type_name: str,
+        typed: OrderedDict[int, StoredEntry],
+        order_by: Sequence[OrderKey],
+        bounds: Bounds | None,
+    ) -> Iterator[StoredEntry]:
+        """The type's entries in `order_by`'s order, from the first key's ordered index (within
+        `bounds`, a range the template puts on that field), then those it does not hold."""
+        field, descending = order_by[0]
+        index = self.ordered(type_name, field)
+        rest = order_by[1:]
+        for group in index.walk(descending, bounds):
+            if rest:
+                yield from in_request_order(group, rest, self._fifo)
+            else:
+                yield from group
+        if bounds is None and len(index) < len(typed):  # those without an ordered value, last
+            tail = (stored for stored in self.members(typed) if not index.holds(stored))
+            if rest:
+                yield from in_request_order(tail, rest, self._fifo)
+            else:
+                yield from tail
 
     def type_counts(self) -> dict[str, int]:
         """Entries filed under each type (of that type or a subtype)."""

@@ -4,10 +4,11 @@ waiters, notify registrations, transactions, and what a transaction's end change
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from outrig.service.engine.locks import EntryLock
+from outrig.service.engine.matchers import Matcher
 from outrig.service.engine.values import FieldValue
 
 
@@ -57,10 +58,13 @@ class Template:
     """A type name and the fields an entry must equal; absent fields are wildcards.
 
     Null-valued fields are dropped here: a null template field is a wildcard (JavaSpaces).
-    Fields are kept sorted by name so that two equal templates index identically.
+    Fields are kept sorted by name so that two equal templates index identically. A template
+    with matchers too is a `MatcherTemplate`: this class, the equality fast path, stays as it was.
     """
 
     __slots__ = ("fields", "type_name")
+
+    matchers: tuple[tuple[str, Matcher], ...] = ()  # none: see MatcherTemplate
 
     def __init__(self, type_name: str, fields: Mapping[str, FieldValue]) -> None:
         self.type_name = type_name
@@ -78,8 +82,78 @@ class Template:
                 return False
         return True
 
+    @property
+    def empty(self) -> bool:
+        """True when no entry can match (a matcher that holds for nothing, as an empty range)."""
+        return False
+
     def __repr__(self) -> str:
         return f"Template({self.type_name!r}, {dict(self.fields)!r})"
+
+
+class MatcherTemplate(Template):
+    """A template with matchers (matchers.py) beside its equality fields, sorted by name too."""
+
+    __slots__ = ("matchers",)
+
+    def __init__(
+        self, type_name: str, fields: Mapping[str, FieldValue], matchers: Mapping[str, Matcher]
+    ) -> None:
+        super().__init__(type_name, fields)
+        self.matchers = tuple(sorted(matchers.items(), key=_name_of))
+
+    def matches(self, entry: StoredEntry) -> bool:
+        """True when `entry` is of this type (or a subtype), equals every set field and satisfies
+        every matcher."""
+        if not super().matches(entry):
+            return False
+        fields = entry.fields
+        return all(matcher.test(fields.get(name)) for name, matcher in self.matchers)
+
+    @property
+    def empty(self) -> bool:
+        return any(matcher.empty for _, matcher in self.matchers)
+
+    def __repr__(self) -> str:
+        return f"MatcherTemplate({self.type_name!r}, {dict(self.fields)!r}, {dict(self.matchers)!r})"
+
+
+def make_template(
+    type_name: str, fields: Mapping[str, FieldValue], matchers: Mapping[str, Matcher] | None = None
+) -> Template:
+    """A `Template`, or a `MatcherTemplate` when there are matchers."""
+    return MatcherTemplate(type_name, fields, matchers) if matchers else Template(type_name, fields)
+
+
+def _name_of(item: tuple[str, Matcher]) -> str:
+    return item[0]
+
+
+OrderKey = tuple[str, bool]
+"""One key of a request's order: (field name, descending)."""
+
+
+class Templates(tuple[Template, ...]):
+    """A request's templates (a match of any qualifies) and the order it asks for its matches in:
+    `order_by`, empty for the space's order. It passes through the backends as the plain tuple of
+    templates it is, so that only the engine, which sorts, needs to know of the order.
+
+    The codec makes one for every request with matchers or an order, and only then does the engine
+    plan (index.plan: ordered indexes, unions of buckets); a plain sequence of templates takes the
+    equality fast path, which stays exactly as it was. A `MatcherTemplate` in a plain sequence is
+    still matched correctly (every candidate is checked in full), from its equality buckets only."""
+
+    order_by: tuple[OrderKey, ...]
+
+    def __new__(cls, templates: Iterable[Template], order_by: Iterable[OrderKey] = ()) -> Templates:
+        made = super().__new__(cls, templates)
+        made.order_by = tuple(order_by)
+        return made
+
+
+def order_of(templates: Sequence[Template]) -> tuple[OrderKey, ...]:
+    """The order a request's templates ask for (empty: the space's)."""
+    return templates.order_by if isinstance(templates, Templates) else ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,12 +35,15 @@ from outrig.service.engine.locks import CONFLICT, OK, read_access, take_access
 from outrig.service.engine.model import (
     LeaseGrant,
     NewEntry,
+    OrderKey,
     Registration,
     StoredEntry,
     Template,
+    Templates,
     Transaction,
     TransactionOutcome,
     Waiter,
+    order_of,
 )
 from outrig.service.engine.transacting import TransactionsMixin
 from outrig.service.engine.watchers import WatcherIndex
@@ -65,6 +68,8 @@ class SpaceSettings:
     max_bytes: int = 1 << 30
     default_lease: float = 3600.0  # granted for Lease.ANY; math.inf = FOREVER
     max_lease: float = FOREVER  # longer requests are cut to this
+    # Ordered indexes to keep from the start, as (type, field); others are made on first need.
+    indexes: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +106,7 @@ class SpaceEngine(TransactionsMixin):
         self._next_id = 1
         self._types: dict[str, tuple[str, ...]] = {}
         self._entries: dict[int, StoredEntry] = {}  # what is in the space, by id
-        self._index = EntryIndex(settings.fifo)  # the same entries, by type and field
+        self._index = EntryIndex(settings.fifo, settings.indexes)  # the same entries, by type and field
         self._bytes = 0
         self._waiters: WatcherIndex[Waiter] = WatcherIndex()
         self._registrations: WatcherIndex[Registration] = WatcherIndex()
@@ -446,19 +451,32 @@ class SpaceEngine(TransactionsMixin):
         return stored.expires_at is not None and stored.expires_at <= now
 
     def _matches(
-        self, template: Template, limit: int, now: float, txn: Transaction | None, take: bool
+        self,
+        template: Template,
+        limit: int,
+        now: float,
+        txn: Transaction | None,
+        take: bool,
+        order_by: Sequence[OrderKey] | None = None,
     ) -> tuple[list[StoredEntry], bool]:
-        """Up to `limit` entries `txn` may use that match `template`, and whether some other match
-        was skipped for another transaction's lock (a CONFLICT: it may yet become usable)."""
+        """Up to `limit` entries `txn` may use that match `template` (the first in `order_by`'s
+        order, or the space's), and whether some other match was skipped for another
+        transaction's lock (a CONFLICT: it may yet become usable). With `order_by` None (not
+        a `Templates` request) its candidates come from equality buckets alone."""
         index = self._index
-        bucket = index.bucket(template)
-        if bucket is None:
-            return [], False
+        candidates: Iterable[StoredEntry]
+        if order_by is not None:  # matchers or an order: planned (index.plan)
+            candidates = index.plan(template, order_by, limit)
+        else:  # equality: the fast path, as it always was
+            bucket = index.bucket(template)
+            if bucket is None:
+                return [], False
+            candidates = index.members(bucket)
         found: list[StoredEntry] = []
         expired: list[StoredEntry] = []
         conflicted = False
         access = take_access if take else read_access
-        for stored in index.members(bucket):
+        for stored in candidates:
             if self._expired(stored, now):
                 if len(expired) < _LAZY_REMOVALS:
                     expired.append(stored)
@@ -486,14 +504,19 @@ class SpaceEngine(TransactionsMixin):
         self, templates: Sequence[Template], limit: int, txn: Transaction | None = None, take: bool = False
     ) -> tuple[list[StoredEntry], bool]:
         now = self._clock.time()
+        # Only `Templates` (a request with matchers or an order) is planned; a plain sequence of
+        # templates, the equality fast path, pays this one comparison and no other.
+        order_by = templates.order_by if templates.__class__ is Templates else None
         if len(templates) == 1:
-            return self._matches(templates[0], limit, now, txn, take)
+            return self._matches(templates[0], limit, now, txn, take, order_by)
         conflicted = False
         matches: list[StoredEntry] = []
         for template in templates:
-            found, skipped = self._matches(template, limit, now, txn, take)
+            found, skipped = self._matches(template, limit, now, txn, take, order_by)
             matches.extend(found)
             conflicted = conflicted or skipped
+        if order_by:
+            return self._index.in_request_order(matches, order_by)[:limit], conflicted
         return self._index.in_order(matches)[:limit], conflicted
 
     def find_or_conflict(
@@ -559,7 +582,7 @@ class SpaceEngine(TransactionsMixin):
         """Every entry that may match one of `templates`, in the space's order, without checking
         them: a copy of the buckets made at C speed, for callers that filter in slices with
         `visible` and yield between them (contents of a large space must not hold the loop)."""
-        return self._index.candidates(templates)
+        return self._index.candidates(templates, order_of(templates))
 
     def visible(
         self, templates: Sequence[Template], stored: StoredEntry, txn: Transaction | None = None

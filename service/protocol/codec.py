@@ -16,10 +16,10 @@ from collections.abc import Mapping, Sequence
 
 from outrig.service.config import Limits
 from outrig.service.engine.leases import check_lease_duration
-from outrig.service.engine.model import LeaseGrant, NewEntry, Template
+from outrig.service.engine.model import LeaseGrant, NewEntry, Template, Templates, make_template
 from outrig.service.engine.values import NULL, FieldValue
 from outrig.service.exceptions import InvalidArgumentError, excerpt
-from outrig.service.protocol import wire
+from outrig.service.protocol import matching, wire
 from outrig.v1 import space_pb2 as pb
 
 _SPACE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -225,7 +225,11 @@ def new_entries(
     ]
 
 
-def templates(messages: Sequence[pb.Template], limits: Limits) -> tuple[Template, ...]:
+def templates(
+    messages: Sequence[pb.Template], limits: Limits, order: Sequence[pb.OrderKey] = ()
+) -> tuple[Template, ...]:
+    """A request's templates, and the order it asks for (`order`: its order_by), as the engine's
+    `Templates`."""
     if not messages:
         raise InvalidArgumentError("templates: at least one template is required")
     if len(messages) > limits.max_templates:
@@ -236,7 +240,15 @@ def templates(messages: Sequence[pb.Template], limits: Limits) -> tuple[Template
     for i, message in enumerate(messages):
         where = f"templates[{i}]"
         type_name = _name(message.type_name, f"{where}.type_name", limits)
-        result.append(Template(type_name, _fields(message.fields, f"{where}.fields", limits)))
+        fields = _fields(message.fields, f"{where}.fields", limits)
+        found = (
+            matching.matchers(message.matchers, f"{where}.matchers", limits, fields)
+            if message.matchers
+            else None
+        )
+        result.append(make_template(type_name, fields, found))
+    if order or any(template.matchers for template in result):
+        return Templates(result, matching.order_by(order, limits))
     return tuple(result)
 
 
@@ -367,6 +379,8 @@ def templates_bytes(templates: Sequence[Template]) -> bytes:
         message = request.templates.add(type_name=template.type_name)
         for name, value in template.fields:
             message.fields[name].CopyFrom(value_message(value))
+        for name, matcher in template.matchers:
+            message.matchers[name].CopyFrom(matching.matcher_message(matcher))
     return request.SerializeToString()
 
 

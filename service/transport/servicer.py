@@ -400,7 +400,7 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
 
     async def _match(self, request: pb.MatchRequest, *, take: bool, many: bool) -> bytes:
         space = self._space(request)
-        templates = codec.templates(request.templates, self._limits)
+        templates = codec.templates(request.templates, self._limits, request.order_by)
         found = await self._backend.match(
             space,
             templates,
@@ -442,7 +442,7 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
         self, request: pb.ContentsRequest, context: handlers.Context
     ) -> AsyncIterator[bytes]:
         space = self._space(request)
-        templates = codec.templates(request.templates, self._limits)
+        templates = codec.templates(request.templates, self._limits, request.order_by)
         async for chunk in self._backend.contents(space, templates, request.max_entries, request.transaction):
             yield _entries_reply(chunk)  # an encoded ContentsReply
 

@@ -86,16 +86,28 @@ def _writer(address: str, number: int, stop: threading.Event, tally: Tally, clie
             tally.retries.append(space.retries)
 
 
+def _template(rng: random.Random, draw: float) -> tuple[Item, outrig.OrderKey | str | None]:
+    """What a single take asks for: any item, or (half the time) one by a matcher and an order,
+    so that matchers and order_by go through the retries and replays of a crash too."""
+    if draw < 0.5:
+        return Item(uid=outrig.Prefix(f"w{rng.randrange(WRITERS)}-")), "uid"
+    if draw < 0.75:
+        return Item(writer=outrig.GE(rng.randrange(WRITERS))), outrig.desc("writer")
+    return Item(), None
+
+
 def _taker(address: str, number: int, stop: threading.Event, tally: Tally, clients: Clients) -> None:
     rng = random.Random(clients.seed + 100 + number)
     taken = tally.slot(tally.taken)
     with outrig.connect(address, space=clients.space, retry_deadline=clients.retry_deadline) as space:
         try:
             while not stop.is_set():
-                if rng.random() < 0.25:
+                draw = rng.random()
+                if draw < 0.25:
                     got = space.take_many(Item(), max_entries=3, timeout=0.2)
                 else:
-                    one = space.take(Item(), timeout=0.2)
+                    template, order_by = _template(rng, draw)
+                    one = space.take(template, timeout=0.2, order_by=order_by)
                     got = [] if one is None else [one]
                 taken.extend(item.uid for item in got if isinstance(item, Item) and item.uid is not None)
         except Exception as err:

@@ -99,6 +99,17 @@ def ref_matches(template: tuple[int, dict[str, int]], entry: RefEntry) -> bool:
     return True
 
 
+def lineages(parents: list[int | None]) -> list[tuple[str, ...]]:
+    """Types T0, T1, ...: each under the lineage of an earlier one its parent draw picks, or none."""
+    made: list[tuple[str, ...]] = []
+    for i, parent in enumerate(parents):
+        lineage: tuple[str, ...] = (f"T{i}",)
+        if parent is not None and i > 0:
+            lineage += made[parent % i]
+        made.append(lineage)
+    return made
+
+
 class MatchingMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
@@ -116,11 +127,7 @@ class MatchingMachine(RuleBasedStateMachine):
         max_lease=st.sampled_from([math.inf, 8.0]),
     )
     def setup(self, parents: list[int | None], fifo: bool, max_lease: float) -> None:
-        for i, parent in enumerate(parents):
-            lineage: tuple[str, ...] = (f"T{i}",)
-            if parent is not None and i > 0:
-                lineage += self.lineages[parent % i]
-            self.lineages.append(lineage)
+        self.lineages = lineages(parents)
         self.fifo = fifo
         self.max_lease = max_lease
         space_settings = SpaceSettings(fifo=fifo, default_lease=DEFAULT_LEASE, max_lease=max_lease)

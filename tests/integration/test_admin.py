@@ -81,3 +81,31 @@ def test_stats_and_dump_say_when_they_cannot_reach_the_server() -> None:
     assert stats.returncode == 2 and "cannot read" in stats.stderr
     dump = _outrig("dump", f"127.0.0.1:{port}", "--type", "x.Y")
     assert dump.returncode == 2 and "UnavailableError" in dump.stderr
+
+
+def test_dump_where_and_order_by() -> None:
+    server = start_server()
+    try:
+        with outrig.connect(server.address, space="admin-where", retry_deadline=0) as space:
+            for n in (5, 1, 9, 3, 7):
+                space.write(Item(n=n, blob=f"b{n}".encode()))
+            space.write(Special(n=6, note="eu-x"))
+            space.write(Special(n=8, note="us-x"))
+
+        def dump(*options: str) -> list[int]:
+            done = _outrig("dump", server.address, "--space", "admin-where", "--type", "admin.Item", *options)
+            assert done.returncode == 0, done.stderr
+            return [json.loads(line)["fields"]["n"] for line in done.stdout.splitlines()]
+
+        assert dump("--where", "n>=5", "--order-by=-n") == [9, 8, 7, 6, 5]
+        assert dump("--where", "n>1", "--where", "n<=6", "--order-by", "n") == [3, 5, 6]
+        assert dump("--where", "note^=eu-") == [6]
+        assert dump("--where", "note!=null") == [6, 8]
+        assert dump("--where", "n@=[1, 3, 42]", "--order-by=-n") == [3, 1]
+        assert dump("--where", "note=us-x") == [8]
+        bad = _outrig("dump", server.address, "--type", "admin.Item", "--where", "n>=5.5")
+        mixed = _outrig("dump", server.address, "--type", "admin.Item", "--where", "nothing")
+    finally:
+        server.stop()
+    assert bad.returncode == 0 and bad.stdout == ""  # a float range: ints are another kind
+    assert mixed.returncode == 2 and "expected FIELD OP VALUE" in mixed.stderr

@@ -583,3 +583,16 @@ def test_a_reload_that_empties_a_group_takes_its_last_members_access_away(
             bob.write(Task(n=2), lease=60)
         reload('[groups]\nwriters = ["bob"]\n' + grant, 2)  # and back
         bob.write(Task(n=3), lease=60)
+
+
+@pytest.mark.usefixtures("seeded")
+def test_matchers_and_order_change_nothing_in_the_policy(token_server: ServerProcess, pki: Pki) -> None:
+    """Grants are on types: a template with matchers or a request with an order needs the grant
+    its type needs, no more and no less."""
+    with _as(token_server, pki, "bob", "jobs") as bob:
+        found = bob.read_many(
+            Public(n=outrig.Range(45, 49)), max_entries=10, timeout=0, order_by=outrig.desc("n")
+        )
+        assert [entry.n for entry in found] == [49, 48, 47, 46, 45]  # type: ignore[union-attr]
+        with pytest.raises(outrig.PermissionDeniedError, match=r"read outrig://jobs/sec\.Task"):
+            bob.read_nowait(Task(n=outrig.Range(1, 3)), order_by="n")

@@ -67,3 +67,23 @@ def test_every_entry_is_its_own_template_and_no_other_entrys() -> None:
         for entry in entries:
             assert space.take_nowait(entry) == entry
         assert space.count(list(ROOT_TEMPLATES)) == 0
+
+
+def test_the_mix_draws_range_and_prefix_templates() -> None:
+    import random
+
+    from outrig._codec import encode_template
+    from outrig.loadtest.entries import matcher_template
+
+    drawn = [encode_template(matcher_template(random.Random(seed))) for seed in range(200)]
+    kinds = {
+        (t.type_name.rsplit(".", 1)[-1], m.WhichOneof("kind")) for t in drawn for m in t.matchers.values()
+    }
+    assert kinds == {
+        ("IntegerMatch", "range"),
+        ("StringMatch", "prefix"),
+        ("FloatMatch", "range"),
+        ("ChildOfIntegerMatch", "one_of"),
+        ("Parentless", "all"),
+    }
+    assert all(not t.fields for t in drawn)  # matchers only: the identity fields stay wildcards

@@ -242,3 +242,17 @@ def test_a_finite_lease_setting_beyond_the_maximum_is_refused(toml: Path) -> Non
         load_config(toml, environ={})
     toml.write_text("[space_defaults]\nmax_lease = 3155760000\ndefault_lease = inf\n")
     assert load_config(toml, environ={}).space_defaults.max_lease == 3155760000.0
+
+
+def test_a_space_declares_its_ordered_indexes(toml: Path) -> None:
+    toml.write_text('[spaces.jobs]\nindexes = [["jobs.Task", "priority"], ["jobs.Task", "created"]]\n')
+    config = load_config(toml, environ={})
+    assert config.spaces["jobs"].indexes == (("jobs.Task", "priority"), ("jobs.Task", "created"))
+    assert config.space_defaults.indexes == ()
+
+
+@pytest.mark.parametrize("value", ['"jobs.Task.priority"', '[["jobs.Task"]]', '[["", "p"]]', "[[1, 2]]"])
+def test_bad_index_declarations_are_named(toml: Path, value: str) -> None:
+    toml.write_text(f"[spaces.jobs]\nindexes = {value}\n")
+    with pytest.raises(ConfigError, match=r"spaces.jobs.indexes: invalid value .* \[type, field\] pairs"):
+        load_config(toml, environ={})
