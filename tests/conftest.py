@@ -15,12 +15,24 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
 from .postgres_server import PostgresServer, find_bindir, running_postgres
 
 _LISTENING = re.compile(r"outrig listening on (\S+)")
+
+
+def missing_tool(what: str, install: str) -> NoReturn:
+    """A test needs a program this machine lacks (`what`; Debian's package: `install`). On a
+    machine of the README's test command it is skipped, saying so; in CI, which installs every
+    such program (.ci/run sets OUTRIG_REQUIRE_TOOLS=1), it fails: a skip there would hide a missing
+    install step."""
+    message = f"{what} is missing: apt-get install {install} (.ci/run does)"
+    if os.environ.get("OUTRIG_REQUIRE_TOOLS") == "1":
+        pytest.fail(message)
+    pytest.skip(message)
 
 
 def free_port() -> int:

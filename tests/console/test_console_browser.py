@@ -18,7 +18,7 @@ from playwright.sync_api import Browser, Page, expect, sync_playwright
 import outrig
 from outrig.service.security import certs, tokens
 
-from ..conftest import ServerProcess, free_port, start_server
+from ..conftest import ServerProcess, free_port, missing_tool, start_server
 from ..polling import wait_until
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -86,7 +86,8 @@ def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    assert CHROMIUM.exists(), "Debian's chromium is missing: apt-get install chromium (.ci/run does)"
+    if not CHROMIUM.exists():
+        missing_tool("Debian's chromium", "chromium")
     with sync_playwright() as playwright:
         launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
         yield launched

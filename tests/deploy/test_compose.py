@@ -13,6 +13,7 @@ import pytest
 
 from outrig.service import config
 
+from ..conftest import missing_tool
 from .files import COMPOSE, DOCKERFILE, ROOT, dockerfile_stages, load_yaml_documents
 
 
@@ -38,7 +39,7 @@ def test_docker_compose_config() -> None:
     compose plugin (and no daemon); there this is skipped, and the tests below check the file."""
     command = _compose_command()
     if command is None:
-        pytest.skip("neither docker compose nor docker-compose is installed here")
+        missing_tool("docker compose (or docker-compose)", "docker-compose")
     for profile in ([], ["--profile", "stress"], ["--profile", "postgres", "--profile", "postgres-stress"]):
         done = subprocess.run(
             [*command, "-f", str(COMPOSE), *profile, "config", "--quiet"],

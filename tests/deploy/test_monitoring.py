@@ -20,7 +20,7 @@ import outrig
 from outrig.service.config import ServerConfig
 from outrig.testing import LocalServer
 
-from ..conftest import free_port, start_server
+from ..conftest import free_port, missing_tool, start_server
 from ..polling import scrape, wait_until
 from ..postgres_server import PostgresServer
 from .files import DEPLOY
@@ -38,7 +38,9 @@ class Probe(outrig.Entry, type_name="monitoring.Probe"):
 
 def promtool() -> str:
     found = shutil.which("promtool")
-    assert found is not None, "promtool is missing: apt-get install prometheus (Debian; .ci/run does)"
+    if found is None:
+        missing_tool("promtool", "prometheus")
+    assert found is not None
     return found
 
 
