@@ -153,6 +153,19 @@ def main() -> None:
     )
     _row("highest priority (order_by desc) vs region = eu", medians["equality"], medians["priority"])
 
+    # contents(order_by, max_entries=10): the first 10 candidates of the ordered index, against
+    # every candidate in order (what a bounded contents read before it stopped at its bound).
+    few = max(1, ops // 200)
+    medians = _rounds(
+        {
+            "bounded": lambda q=queue: _per_op(lambda i: q.first_candidates(ORDERED, 10), ops),  # type: ignore[misc]
+            "whole": lambda q=queue: _per_op(lambda i: q.candidates(ORDERED)[:10], few),  # type: ignore[misc]
+        },
+        rounds,
+    )
+    print(f"{f'contents order_by, 10 of {mid:,} entries':<58}{'bounded':>12}{'whole':>12}{'ratio':>8}")
+    _row("the first 10 candidates vs every candidate in order", medians["bounded"], medians["whole"])
+
     # Writes with parked range waiters that none of the writes can wake.
     del queue
     _settle()

@@ -179,6 +179,31 @@ class EntryIndex:
             return list(self.members(buckets[0]))
         return self.in_order(stored for bucket in buckets for stored in self.members(bucket))
 
+    def first_candidates(
+        self, templates: Sequence[Template], order_by: Sequence[OrderKey], limit: int
+    ) -> tuple[list[StoredEntry], bool]:
+        """The first `limit` filed entries that match one of `templates` (by the templates alone:
+        expired or locked ones included), in the order `candidates` gives, and whether more may
+        follow: a contents call with a bound reads no more of an ordered index than it needs."""
+        found: dict[int, StoredEntry] = {}
+        more = False
+        for template in templates:
+            taken = 0
+            for stored in self.plan(template, order_by, limit):
+                if not template.matches(stored):
+                    continue
+                if taken == limit:
+                    more = True
+                    break
+                found[stored.id] = stored
+                taken += 1
+        if len(templates) == 1:
+            return list(found.values()), more
+        entries = in_request_order(found.values(), order_by, self._fifo)
+        if len(entries) > limit:
+            return entries[:limit], True
+        return entries, more
+
     def exact_count(self, template: Template) -> int | None:
         """How many filed entries match `template`, when its bucket says so without looking (no
         field, or one whose key is the whole value); else None."""

@@ -584,6 +584,17 @@ class SpaceEngine(TransactionsMixin):
         `visible` and yield between them (contents of a large space must not hold the loop)."""
         return self._index.candidates(templates, order_of(templates))
 
+    def first_candidates(
+        self, templates: Sequence[Template], max_entries: int
+    ) -> tuple[list[StoredEntry], bool]:
+        """`candidates`, for a caller that wants at most `max_entries` (0: all) of them: with an
+        order or matchers, only the first `max_entries` that match the templates (an ordered index
+        is read no further), and whether more may follow; else every candidate, and False."""
+        order = order_of(templates)
+        if max_entries and (order or any(template.matchers for template in templates)):
+            return self._index.first_candidates(templates, order, max_entries)
+        return self._index.candidates(templates, order), False
+
     def visible(
         self, templates: Sequence[Template], stored: StoredEntry, txn: Transaction | None = None
     ) -> bool:

@@ -186,9 +186,12 @@ class WatcherIndex(Generic[W]):
         if how == "prefix":
             return self._prefixes.setdefault(key, _Prefixes()).add(detail, watcher)  # type: ignore[arg-type]
         if how == "range":
-            if self._ranges.setdefault(key, _Ranges()).add(detail, watcher):  # type: ignore[arg-type]
+            ranges = self._ranges.setdefault(key, _Ranges())
+            if ranges.add(detail, watcher):  # type: ignore[arg-type]
                 return True
-            key = key[:1]  # type: ignore[index]  # a second range on that field: its type's slot
+            if ranges.by_seq[watcher.seq][0] == detail:
+                return False  # the same range, from another of its templates: filed already
+            key = key[:1]  # type: ignore[index]  # another range on that field: its type's slot
         bucket = self._slots.setdefault(key, OrderedDict())
         if watcher.seq in bucket:  # two templates of one watcher in the same slot
             return False

@@ -104,3 +104,28 @@ async def test_matchers_and_order_under_a_transaction(backend: SpaceBackend, spa
     await backend.abort(space, txn)
     assert await backend.count(space, found) == 2
     assert await match(backend, space, found, max_entries=2) == [written[1], written[0]]
+
+
+async def listed(backend: SpaceBackend, space: str, found: tuple[Template, ...], most: int) -> list[int]:
+    async with asyncio.timeout(WAIT):
+        return [i async for chunk in backend.contents(space, found, most) for i in ids(chunk)]
+
+
+async def test_a_bounded_ordered_contents_lists_the_first_entries_even_past_locked_ones(
+    backend: SpaceBackend, space: str
+) -> None:
+    """contents with an order and max_entries reads only the first matches of the ordered index,
+    and goes on past them when some are locked by a transaction or gone: always the first
+    max_entries visible ones, in order, as the unbounded listing has them."""
+    written = await write(backend, space, *(entry("Job", priority=p) for p in (5, 1, 8, 3, 9, 7, 2)))
+    by_priority = templates(job(priority=at_least(2)), order_by=(("priority", True),))
+    everything = await listed(backend, space, by_priority, 0)
+    assert everything == [written[i] for i in (4, 2, 5, 0, 3, 6)]
+    for most in (1, 2, 3, 6, 10):
+        assert await listed(backend, space, by_priority, most) == everything[:most]
+    txn = (await backend.begin(space, 30.0)).id
+    taken = await match(backend, space, by_priority, take=True, max_entries=2, transaction=txn)
+    assert taken == everything[:2]  # the two highest, locked by the transaction
+    assert await listed(backend, space, by_priority, 2) == everything[2:4]
+    await backend.commit(space, txn)
+    assert await listed(backend, space, by_priority, 3) == everything[2:5]

@@ -19,7 +19,7 @@ import math
 import struct
 from dataclasses import dataclass
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
@@ -328,6 +328,19 @@ class MatcherMachine(RuleBasedStateMachine):
         found = [e.id for e in contents(self.space, self.templates(templates, order), limit)]
         self.check(found, self.expected(templates, order), limit or len(self.entries) + 1, bool(order))
 
+    @rule(templates=templates_st, order=order_st, limit=st.integers(1, 4))
+    def first_candidates(
+        self, templates: list[RefTemplate], order: list[tuple[str, bool]], limit: int
+    ) -> None:
+        """What a bounded contents reads first: the first `limit` matches, in order (nothing here
+        is locked or expired), and whether more follow."""
+        first, more = self.space.first_candidates(self.templates(templates, order), limit)
+        expected = self.expected(templates, order)
+        found = [e.id for e in first]  # a plain template's: every candidate (a copy at C speed)
+        self.check(found[:limit], expected, limit, bool(order))
+        if len(found) <= limit and len(expected) > limit:
+            assert more
+
 
 MatcherMachine.TestCase.settings = settings(
     max_examples=300,
@@ -374,6 +387,11 @@ def _filed_exactly(template: RefTemplate) -> bool:
         max_size=6,
     ),
     gone=st.sets(st.integers(0, 11)),
+)
+# Two templates of one waiter with the same range: filed once by it (it was also filed by its
+# type, for the second, and every write of the type looked at it).
+@example(
+    parked=[[(0, {}, {"a": ("range", "bool", None, False, False, False)})] * 2], writes=[(0, {})], gone=set()
 )
 def test_a_write_looks_at_every_waiter_it_can_wake_and_no_other(
     parked: list[list[RefTemplate]], writes: list[tuple[int, dict[str, int]]], gone: set[int]

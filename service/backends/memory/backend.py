@@ -553,11 +553,14 @@ class MemoryBackend:
     ) -> AsyncIterator[list[StoredEntry]]:
         engine = self.engine(space)
         txn = self._transaction(engine, transaction)
-        candidates = engine.candidates(templates)
+        # With a bound and an order (or matchers), only the first matches: the rest, only if some
+        # of those turn out gone or locked (then every candidate, less those looked at).
+        candidates, more = engine.first_candidates(templates, max_entries)
         chunk = self.config.limits.contents_chunk
         left = max_entries or len(candidates)
         ready: list[StoredEntry] = []
-        for start in range(0, len(candidates), _SLICE):
+        start = 0
+        while start < len(candidates):
             for stored in candidates[start : start + _SLICE]:
                 if engine.visible(templates, stored, txn):
                     if txn is not None:
@@ -570,6 +573,11 @@ class MemoryBackend:
                         ready = []
                     if not left:
                         return
+            start += _SLICE
+            if start >= len(candidates) and more:
+                seen = {stored.id for stored in candidates}
+                candidates = [stored for stored in engine.candidates(templates) if stored.id not in seen]
+                start, more = 0, False
             await asyncio.sleep(0)  # a slice at a time: a large space never holds the loop
         if ready:
             await self._settle_chunk(space, engine, txn, ready)
