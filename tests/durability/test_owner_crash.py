@@ -171,4 +171,4 @@ def test_owner_sigkilled_under_load_loses_duplicates_and_resurrects_nothing(tier
     # The movers' transactions were open across the kills and rebuilt by each new owner: none
     # was told it aborted.
     assert sum(tally.aborted) == 0, f"{sum(tally.aborted)} movers' transactions aborted"
-    assert len(moved) >= 20, f"too few moves to mean anything: {len(moved)}"
+    assert len(moved) >= 10, f"too few moves to mean anything: {len(moved)}"
