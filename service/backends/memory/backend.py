@@ -79,6 +79,11 @@ def _abort_marker(space: str, transaction: int) -> str:
     return f"outrig:abort:{transaction}:{space}"
 
 
+def _written_records(space: str, entries: Iterable[StoredEntry], txn: Transaction) -> list[Record]:
+    """Entries written under `txn`, as the store keeps them for it until it commits."""
+    return [("written", space, s.id, s.arrival, s.expires_at, s.payload, txn.id) for s in entries]
+
+
 class MemoryBackend:
     """Spaces in memory, recorded by a journal when a subclass opens one (`open_store`)."""
 
@@ -129,6 +134,9 @@ class MemoryBackend:
         return engine
 
     def _transaction_ended(self, space: str, outcome: TransactionOutcome) -> None:
+        """Any end of a transaction, its lease's (the reaper, a lazy expiry) too. A commit, abort
+        or cancel also puts the end in its own change, which it awaits: the journal folds the
+        two into one (they are noted in the same loop iteration, so in the same batch)."""
         self._ended(space, outcome.transaction.id, outcome.transaction.state)
         if self._keeping_transactions and space in self._spaces:
             self.note([("transaction_end", space, outcome.transaction.id)])
@@ -325,7 +333,7 @@ class MemoryBackend:
                 ("put", space, s.id, s.arrival, s.expires_at, s.payload) for s in written
             ]
         else:  # recorded as the transaction's: invisible to others until it commits
-            records = [("written", space, s.id, s.arrival, s.expires_at, s.payload, txn.id) for s in written]
+            records = _written_records(space, written, txn)
         records += [
             ("type", space, name, json.dumps(list(parents))) for name, parents in engine.declared.items()
         ]
@@ -478,11 +486,7 @@ class MemoryBackend:
             if outcome is None and take and txn.active:
                 give_back()
                 self.note(
-                    [("unlock", space, txn.id, s.id) for s in taken]
-                    + [
-                        ("written", space, s.id, s.arrival, s.expires_at, s.payload, txn.id)
-                        for s in rewritten
-                    ]
+                    [("unlock", space, txn.id, s.id) for s in taken] + _written_records(space, rewritten, txn)
                 )
             raise
 

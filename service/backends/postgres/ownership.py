@@ -19,6 +19,7 @@ row ends on time whatever happened to its owner, and its epoch makes every late 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -83,13 +84,12 @@ class Ownership:
         the space's fence lock exclusively, in the same transaction, so that it waits for every
         batch that passed the fence (schema.py, migration 3) and every later batch sees it."""
         async with self._pool.connection() as connection:
-            if fencing is None:
-                cursor = await connection.execute(sql, parameters)
-                return list(await cursor.fetchall()) if cursor.description else []
-            async with connection.transaction():
-                await connection.execute(
-                    "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (FENCE_CLASS, fencing)
-                )
+            scope = contextlib.nullcontext() if fencing is None else connection.transaction()
+            async with scope:
+                if fencing is not None:
+                    await connection.execute(
+                        "SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (FENCE_CLASS, fencing)
+                    )
                 cursor = await connection.execute(sql, parameters)
                 return list(await cursor.fetchall()) if cursor.description else []
 

@@ -24,7 +24,8 @@ __all__ = ["FENCE_CLASS", "MIGRATIONS", "SCHEMA_VERSION", "migrate"]
 # An arbitrary, fixed key for pg_advisory_xact_lock: "outrig" in ASCII.
 _LOCK_KEY: Final = 0x6F7574726967
 # The first key of the fence's advisory locks ("outr" in ASCII; the second is hashtext(space)),
-# as written in migration 3's outrig_fence. A two-key lock never collides with _LOCK_KEY's.
+# put into migration 3's outrig_fence from here (so it never changes: databases hold it) and
+# taken by Ownership's claims. A two-key lock never collides with _LOCK_KEY's.
 FENCE_CLASS: Final = 0x6F757472
 
 MIGRATIONS: Final[tuple[tuple[int, str], ...]] = (
@@ -211,7 +212,7 @@ MIGRATIONS: Final[tuple[tuple[int, str], ...]] = (
     ),
     (
         3,
-        """
+        f"""
         -- Open transactions are recorded as they go, so that a server claiming a space rebuilds
         -- them: their lease (expires_at), their writes (outrig_entries.written_by: invisible to
         -- all but the transaction until it commits), and their takes and read locks
@@ -258,7 +259,7 @@ MIGRATIONS: Final[tuple[tuple[int, str], ...]] = (
             -- its row's owner and epoch (a lookup by primary key: a batch names one space, as a
             -- rule, and this costs less than half of a join over unnest: bench/fence.py).
             FOR i IN 1 .. cardinality(spaces) LOOP
-                PERFORM pg_advisory_xact_lock_shared(1869968498, hashtext(spaces[i]));
+                PERFORM pg_advisory_xact_lock_shared({FENCE_CLASS}, hashtext(spaces[i]));
                 PERFORM 1 FROM outrig_spaces
                     WHERE space = spaces[i] AND owner = me AND epoch = epochs[i];
                 IF NOT FOUND THEN
