@@ -45,6 +45,7 @@ from outrig.service.engine.model import (
     Waiter,
     order_of,
 )
+from outrig.service.engine.partitions import ids_of
 from outrig.service.engine.transacting import TransactionsMixin
 from outrig.service.engine.watchers import WatcherIndex
 from outrig.service.exceptions import (
@@ -103,7 +104,8 @@ class SpaceEngine(TransactionsMixin):
         self.name = name
         self.settings = settings
         self._clock = clock
-        self._next_id = 1
+        self._ids = ids_of(name)  # a partition's ids are its own (engine/partitions.py)
+        self._next_id = self._ids.first()
         self._types: dict[str, tuple[str, ...]] = {}
         self._entries: dict[int, StoredEntry] = {}  # what is in the space, by id
         self._index = EntryIndex(settings.fifo, settings.indexes)  # the same entries, by type and field
@@ -142,11 +144,11 @@ class SpaceEngine(TransactionsMixin):
         for depth, type_name in enumerate(lineage):
             self._types.setdefault(type_name, lineage[depth + 1 :])
         self._insert(stored)
-        self._next_id = max(self._next_id, entry_id + 1, arrival + 1)
+        self._next_id = self._ids.at_least(max(self._next_id, entry_id + 1, arrival + 1))
 
     def resume_ids(self, next_id: int) -> None:
         """Continue numbering at `next_id` or later, so no lease id is ever handed out twice."""
-        self._next_id = max(self._next_id, next_id)
+        self._next_id = self._ids.at_least(max(self._next_id, next_id))
 
     @property
     def next_id(self) -> int:
@@ -155,9 +157,15 @@ class SpaceEngine(TransactionsMixin):
 
     # ------------------------------------------------------------------ ids and leases
 
+    @property
+    def id_stride(self) -> int:
+        """How far apart the ids this space hands out are (1, or a partition's stride)."""
+        return self._ids.stride
+
     def _new_id(self) -> int:
-        self._next_id += 1
-        return self._next_id - 1
+        new = self._next_id
+        self._next_id = new + self._ids.stride
+        return new
 
     def new_waiter_seq(self) -> int:
         """A fresh sequence number for a `Waiter` (ids and waiters share one counter)."""
@@ -673,7 +681,7 @@ class SpaceEngine(TransactionsMixin):
         registration = Registration(registration_id, templates, on_event, on_end, expires_at)
         registration.sequence = sequence
         self._file_registration(registration)
-        self._next_id = max(self._next_id, registration_id + 1)
+        self._next_id = self._ids.at_least(max(self._next_id, registration_id + 1))
         return registration
 
     def registration(self, registration_id: int) -> Registration | None:

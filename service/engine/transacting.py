@@ -29,6 +29,7 @@ from outrig.service.engine.model import (
     TransactionState,
     Waiter,
 )
+from outrig.service.engine.partitions import IdClass
 from outrig.service.exceptions import TransactionNotFoundError
 
 __all__ = ["TransactionsMixin"]
@@ -42,6 +43,7 @@ class TransactionsMixin:
     name: str
     _clock: Clock
     _next_id: int
+    _ids: IdClass
     _entries: dict[int, StoredEntry]
     _registration_by_id: dict[int, Registration]
     _transactions: dict[int, Transaction]
@@ -225,7 +227,7 @@ class TransactionsMixin:
         txn = Transaction(transaction_id, expires_at)
         self._move_expiry(txn.id, None, expires_at)
         self._transactions[txn.id] = txn
-        self._next_id = max(self._next_id, transaction_id + 1)
+        self._next_id = self._ids.at_least(max(self._next_id, transaction_id + 1))
         return txn
 
     def restore_lock(self, txn: Transaction, entry_id: int, mode: str) -> bool:

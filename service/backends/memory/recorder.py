@@ -138,7 +138,7 @@ class Recorder:
         pass the last one, so a write rarely pays for it; a restart resumes above the mark."""
         if engine.next_id <= self._reserved.get(space, 0):
             return []
-        mark = self._reserved[space] = engine.next_id + _ID_BLOCK
+        mark = self._reserved[space] = engine.next_id + _ID_BLOCK * engine.id_stride
         return [("next_id", space, mark)]
 
     def forget_space(self, space: str) -> None:

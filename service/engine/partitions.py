@@ -1,0 +1,105 @@
+"""Partitions of a space: their names, the routing hash, and the ids each one hands out.
+
+A space declared partitioned (`Partitioning`: a routing field and a count P) is served as P
+spaces of its own, named `partition_name(space, k)` ("jobs~3": '~' is no character of a space
+name, so no client can name one), each owned, recorded, fenced and taken over as any space is.
+An entry lives in the partition of its routing field's value (`partition_of`); a template with
+that field set equal to a value looks in that partition alone.
+
+Ids: every partition of a space numbers its leases, entries and transactions in a class of its
+own modulo `ID_STRIDE` (`IdClass`), so an id names its partition (`partition_of_id`) and a lease
+or transaction id handed out by one partition is never another's: a renewal, a cancel or a commit
+finds its partition from the id alone. An unpartitioned space numbers 1, 2, 3, ... as always.
+
+The hash (docs/scaling.md gives it for other languages): the first 8 bytes of BLAKE2b over the
+value's kind, a zero byte and its canonical data (an int or a bool in decimal ASCII, a string in
+UTF-8, anything else its canonical bytes), read big-endian, modulo P.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from outrig.service.engine.values import FieldValue
+
+#: '~' cannot appear in a space's name, so a partition's name is nobody's space.
+SEPARATOR = "~"
+#: The most partitions a space may have, and the stride of a partition's ids.
+MAX_PARTITIONS = 1024
+ID_STRIDE = MAX_PARTITIONS
+
+
+@dataclass(frozen=True, slots=True)
+class Partitioning:
+    """How a space is split: by the value of the field `field` into `count` partitions."""
+
+    field: str
+    count: int
+
+    def names(self, space: str) -> list[str]:
+        return [partition_name(space, k) for k in range(self.count)]
+
+
+def partition_name(space: str, k: int) -> str:
+    return f"{space}{SEPARATOR}{k}"
+
+
+def split_name(name: str) -> tuple[str, int | None]:
+    """(space, k) for a partition's name; (name, None) for any other name."""
+    space, sep, number = name.rpartition(SEPARATOR)
+    if not sep or not number.isdigit():
+        return name, None
+    return space, int(number)
+
+
+def routing_bytes(value: FieldValue) -> bytes:
+    data = value.data
+    if isinstance(data, bool | int):
+        canonical = str(int(data)).encode()
+    elif isinstance(data, str):
+        canonical = data.encode()
+    elif data is None:
+        canonical = b""
+    else:
+        canonical = bytes(data)
+    return value.kind.encode() + b"\0" + canonical
+
+
+def partition_of(value: FieldValue, count: int) -> int:
+    """The partition (0 <= k < count) of an entry whose routing field holds `value`."""
+    if count == 1:
+        return 0
+    digest = hashlib.blake2b(routing_bytes(value), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % count
+
+
+def partition_of_id(lease_id: int) -> int:
+    """The partition that handed out a lease, entry or transaction id of a partitioned space."""
+    return lease_id % ID_STRIDE
+
+
+@dataclass(frozen=True, slots=True)
+class IdClass:
+    """The ids a space hands out: `offset` + n * `stride` (n >= 0); the first is at least 1."""
+
+    stride: int = 1
+    offset: int = 0
+
+    def first(self) -> int:
+        return self.at_least(1)
+
+    def at_least(self, value: int) -> int:
+        """The smallest id of the class that is at least `value`."""
+        if self.stride == 1:
+            return value
+        return value + (self.offset - value) % self.stride
+
+
+PLAIN_IDS = IdClass()
+
+
+def ids_of(name: str) -> IdClass:
+    """The id class of the space or partition named `name`."""
+    _, k = split_name(name)
+    return PLAIN_IDS if k is None else IdClass(ID_STRIDE, k)
