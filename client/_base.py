@@ -21,7 +21,14 @@ from typing import Any, Final, Generic, Self, TypeAlias, TypeVar
 import grpc
 from google.protobuf.message import Message
 
-from outrig._codec import AnyEntry, decode_entry, encode_entry_into, encode_template_into, iter_templates
+from outrig._codec import (
+    AnyEntry,
+    decode_entry,
+    encode_entry_into,
+    encode_template_into,
+    encode_value,
+    iter_templates,
+)
 from outrig._exceptions import (
     InternalError,
     NotOwnerError,
@@ -582,9 +589,11 @@ class BaseSpace:
         view._transaction = transaction
         return view
 
-    def _begin_request(self, lease: LeaseArg) -> pb.BeginRequest:
+    def _begin_request(self, lease: LeaseArg, route: object = None) -> pb.BeginRequest:
         request = pb.BeginRequest(space=self._name)
         _fill_lease(request.lease, lease)
+        if route is not None:
+            request.route.CopyFrom(encode_value(route, "route"))
         return request
 
     def _end_request(self, transaction: int) -> pb.EndRequest:

@@ -6,6 +6,7 @@
      ├── CallCancelledError          CANCELLED
      ├── UnknownStatusError          UNKNOWN, and any status this client does not know
      ├── InvalidArgumentError        INVALID_ARGUMENT
+     │   └── RoutingValueError       an entry of a partitioned space without its routing value
      ├── DeadlineExceededError       DEADLINE_EXCEEDED
      ├── NotFoundError               NOT_FOUND
      │   └── LeaseNotFoundError      an unknown, cancelled or expired lease
@@ -19,6 +20,7 @@
      │   ├── TransactionAbortedError a commit of an aborted transaction
      │   ├── RequestConflictError    a request id used again for another call
      │   ├── RegistrationBusyError   resuming a notify registration another stream holds
+     │   ├── CrossPartitionError     a transaction touching a second partition
      │   └── NoOtherServerError      moving a space or draining a server with no other server
      ├── AbortedError                ABORTED
      ├── OutOfRangeError             OUT_OF_RANGE
@@ -58,6 +60,7 @@ __all__ = [
     "AbortedError",
     "AlreadyExistsError",
     "CallCancelledError",
+    "CrossPartitionError",
     "DataLossError",
     "DeadlineExceededError",
     "FailedPreconditionError",
@@ -74,6 +77,7 @@ __all__ = [
     "RegistrationBusyError",
     "RequestConflictError",
     "ResourceExhaustedError",
+    "RoutingValueError",
     "ShuttingDownError",
     "StoreUnavailableError",
     "TransactionAbortedError",
@@ -212,6 +216,20 @@ class UnauthenticatedError(OutrigError):
     code = grpc.StatusCode.UNAUTHENTICATED
 
 
+class RoutingValueError(InvalidArgumentError):
+    """An entry written to a partitioned space holds no value in the space's routing field (the
+    field that decides its partition): the message names the field."""
+
+    _reason = pb.ROUTING_VALUE_MISSING
+
+
+class CrossPartitionError(FailedPreconditionError):
+    """A transaction of a partitioned space works in one partition (the one its routing value,
+    given to `Space.transaction(route=...)`, picks): a call under it touched another."""
+
+    _reason = pb.CROSS_PARTITION
+
+
 class LeaseNotFoundError(NotFoundError):
     """A renew or cancel named a lease that is unknown, cancelled or expired."""
 
@@ -318,6 +336,8 @@ _BY_REASON: dict[int, type[OutrigError]] = {
         LeaseNotFoundError,
         TransactionNotFoundError,
         QuotaExceededError,
+        RoutingValueError,
+        CrossPartitionError,
         TypeConflictError,
         TransactionAbortedError,
         RequestConflictError,

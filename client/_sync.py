@@ -419,7 +419,7 @@ class Space(BaseSpace):
         reply: pb.CancelLeasesReply = self._call(self._ops["CancelLeases"], self._cancel_request(leases))
         return lease_results(leases, reply.results, renewed=False)
 
-    def transaction(self, lease: LeaseArg = 30.0) -> Transaction:
+    def transaction(self, lease: LeaseArg = 30.0, *, route: object = None) -> Transaction:
         """Begin a transaction of this space under a lease (seconds, default 30), and return it.
 
         Use it as a context manager: it commits when the block ends normally and aborts when the
@@ -427,8 +427,14 @@ class Space(BaseSpace):
         invisible to others until it commits, what it reads others may read but not take, and what
         it takes nobody else sees; abort undoes all of it. If the client disappears, the
         transaction aborts when its lease runs out: `Transaction.renew` it for longer work.
+
+        In a partitioned space (docs/scaling.md) a transaction works in one partition: ``route``
+        is a value of the space's routing field, and every entry the transaction writes, and every
+        template it reads or takes with that names the routing field, must be of that partition
+        (`CrossPartitionError` otherwise); a template without the routing field looks in that
+        partition only.
         """
-        grant: pb.BeginReply = self._call(self._ops["Begin"], self._begin_request(lease))
+        grant: pb.BeginReply = self._call(self._ops["Begin"], self._begin_request(lease, route))
         return Transaction(self, Lease(self, grant.transaction))
 
     def _call(self, method: Callable[[Request], Reply], request: Request, *, home: bool = False) -> Reply:

@@ -14,6 +14,10 @@ A config file looks like:
 
     [spaces.jobs]          # overrides for the space named "jobs"
     max_entries = 5000
+
+    [spaces.tasks]         # "tasks" in 4 partitions by the value of its entries' "region"
+    partition_by = "region"
+    partitions = 4
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from outrig.service.engine.leases import MAX_LEASE_SECONDS
+from outrig.service.engine.partitions import MAX_PARTITIONS, Partitioning, split_name
 from outrig.service.engine.space import SpaceSettings
 from outrig.service.exceptions import ConfigError
 
@@ -94,7 +99,18 @@ class ServerConfig:
     spaces: Mapping[str, SpaceSettings] = field(default_factory=dict)
 
     def space_settings(self, name: str) -> SpaceSettings:
-        return self.spaces.get(name, self.space_defaults)
+        """The settings of a space, or of the space a partition ("jobs~3") is of."""
+        found = self.spaces.get(name)
+        if found is None:
+            found = self.spaces.get(split_name(name)[0], self.space_defaults)
+        return found
+
+    def partitioning(self, space: str) -> Partitioning | None:
+        """How `space` is partitioned; None: it is one partition (unpartitioned)."""
+        settings = self.spaces.get(space)
+        if settings is None or settings.partitions == 1:
+            return None
+        return Partitioning(settings.partition_by, settings.partitions)
 
 
 _SCALARS = (
@@ -156,6 +172,7 @@ _POSITIVE = frozenset(
         "max_stream_ops",
         "default_lease",
         "max_lease",
+        "partitions",
     }
 )
 # Lease durations: finite ones at most the engine's maximum (inf is FOREVER).
@@ -256,6 +273,21 @@ def _apply(obj: Any, values: Any, where: str) -> Any:
     return dataclasses.replace(obj, **changes)
 
 
+def _check_partitions(section: str, settings: SpaceSettings, *, default: bool) -> None:
+    """A partitioned space names its routing field; partitions are declared per space."""
+    if settings.partitions > MAX_PARTITIONS:
+        raise ConfigError(
+            f"{section}.partitions: {settings.partitions} exceeds the limit of {MAX_PARTITIONS}"
+        )
+    if settings.partitions > 1 and default:
+        raise ConfigError(f"{section}.partitions: partitions are declared per space ([spaces.NAME])")
+    if settings.partitions > 1 and not settings.partition_by:
+        raise ConfigError(
+            f"{section}.partition_by: a space of {settings.partitions} partitions needs its routing "
+            'field (partition_by = "FIELD")'
+        )
+
+
 def load_config(
     file: Path | None = None,
     environ: Mapping[str, str] | None = None,
@@ -288,6 +320,9 @@ def load_config(
     if not isinstance(per_space, Mapping):
         raise ConfigError(f"spaces: expected a table of spaces, got {per_space!r}")
     spaces = {name: _apply(defaults, values, f"spaces.{name}") for name, values in per_space.items()}
+    _check_partitions("space_defaults", defaults, default=True)
+    for name, settings in spaces.items():
+        _check_partitions(f"spaces.{name}", settings, default=False)
     result: ServerConfig = dataclasses.replace(config, limits=limits, space_defaults=defaults, spaces=spaces)
     if result.backend == "postgres" and not result.dsn:
         raise ConfigError("server.dsn: the postgres backend needs a database (--dsn postgresql://...)")

@@ -2,12 +2,14 @@
 
     SpaceError
     ├── InvalidArgumentError      a request is malformed      -> INVALID_ARGUMENT
+    │   └── RoutingValueError     an entry of a partitioned space without its routing value
     ├── LeaseNotFoundError        unknown or expired lease    -> NOT_FOUND
     │   └── TransactionNotFoundError unknown or ended transaction (its id is a lease id)
     ├── QuotaExceededError        a quota or limit is reached -> RESOURCE_EXHAUSTED
     ├── UnsupportedError          not provided by this backend (yet) -> UNIMPLEMENTED
     ├── TypeConflictError         a type redeclared otherwise -> FAILED_PRECONDITION
     ├── TransactionAbortedError   commit of an aborted transaction -> FAILED_PRECONDITION
+    ├── CrossPartitionError       a transaction touching a second partition -> FAILED_PRECONDITION
     ├── ShuttingDownError         the server is stopping      -> UNAVAILABLE
     ├── RequestConflictError      a request id reused for another call -> FAILED_PRECONDITION
     ├── RegistrationBusyError     resuming a registration another stream holds -> FAILED_PRECONDITION
@@ -48,6 +50,15 @@ class SpaceError(Exception):
 
 class InvalidArgumentError(SpaceError):
     """A request is malformed: a bad value, name, duration or shape."""
+
+
+class RoutingValueError(InvalidArgumentError):
+    """An entry written to a partitioned space holds no value in the space's routing field."""
+
+
+class CrossPartitionError(SpaceError):
+    """A transaction of a partitioned space touched a partition other than its own, or a Begin
+    named no routing value."""
 
 
 class LeaseNotFoundError(SpaceError):

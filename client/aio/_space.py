@@ -342,10 +342,11 @@ class AsyncSpace(BaseSpace):
         )
         return lease_results(leases, reply.results, renewed=False)
 
-    def transaction(self, lease: LeaseArg = 30.0) -> AsyncTransaction:
+    def transaction(self, lease: LeaseArg = 30.0, *, route: object = None) -> AsyncTransaction:
         """A transaction of this space under a lease (seconds, default 30); see
-        `outrig.Space.transaction`. It begins when entered (``async with``) or awaited."""
-        return AsyncTransaction(self, lease)
+        `outrig.Space.transaction` (and its ``route``, for a partitioned space). It begins when
+        entered (``async with``) or awaited."""
+        return AsyncTransaction(self, lease, route)
 
     async def _call(
         self, method: Callable[[Request], Awaitable[Reply]], request: Request, *, home: bool = False
@@ -531,9 +532,10 @@ class AsyncTransaction:
     begins it for explicit ``commit()`` or ``abort()``.
     """
 
-    def __init__(self, space: AsyncSpace, lease: LeaseArg) -> None:
+    def __init__(self, space: AsyncSpace, lease: LeaseArg, route: object = None) -> None:
         self._space = space
         self._lease_arg = lease
+        self._route = route
         self._under: AsyncSpace | None = None
         self._lease: AsyncLease | None = None
         self._ended = False
@@ -541,7 +543,7 @@ class AsyncTransaction:
     async def _begin(self) -> AsyncTransaction:
         if self._lease is None:
             reply: pb.BeginReply = await self._space._call(
-                self._space._ops["Begin"], self._space._begin_request(self._lease_arg)
+                self._space._ops["Begin"], self._space._begin_request(self._lease_arg, self._route)
             )
             self._lease = AsyncLease(self._space, reply.transaction)
             self._under = self._space._under(self._lease.id)

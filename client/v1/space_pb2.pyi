@@ -26,6 +26,8 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PERMISSION_DENIED: _ClassVar[ErrorReason]
     NOT_OWNER: _ClassVar[ErrorReason]
     NO_OTHER_SERVER: _ClassVar[ErrorReason]
+    ROUTING_VALUE_MISSING: _ClassVar[ErrorReason]
+    CROSS_PARTITION: _ClassVar[ErrorReason]
 
 class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -52,6 +54,8 @@ UNAUTHENTICATED: ErrorReason
 PERMISSION_DENIED: ErrorReason
 NOT_OWNER: ErrorReason
 NO_OTHER_SERVER: ErrorReason
+ROUTING_VALUE_MISSING: ErrorReason
+CROSS_PARTITION: ErrorReason
 DTYPE_UNSPECIFIED: DType
 DTYPE_INT8: DType
 DTYPE_INT16: DType
@@ -287,7 +291,7 @@ class WriteManyReply(_message.Message):
     def __init__(self, leases: _Optional[_Iterable[_Union[Lease, _Mapping]]] = ...) -> None: ...
 
 class MatchRequest(_message.Message):
-    __slots__ = ("space", "templates", "timeout", "if_exists", "max_entries", "request_id", "transaction", "order_by")
+    __slots__ = ("space", "templates", "timeout", "if_exists", "max_entries", "request_id", "transaction", "order_by", "replay_only")
     SPACE_FIELD_NUMBER: _ClassVar[int]
     TEMPLATES_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_FIELD_NUMBER: _ClassVar[int]
@@ -296,6 +300,7 @@ class MatchRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TRANSACTION_FIELD_NUMBER: _ClassVar[int]
     ORDER_BY_FIELD_NUMBER: _ClassVar[int]
+    REPLAY_ONLY_FIELD_NUMBER: _ClassVar[int]
     space: str
     templates: _containers.RepeatedCompositeFieldContainer[Template]
     timeout: float
@@ -304,7 +309,8 @@ class MatchRequest(_message.Message):
     request_id: str
     transaction: int
     order_by: _containers.RepeatedCompositeFieldContainer[OrderKey]
-    def __init__(self, space: _Optional[str] = ..., templates: _Optional[_Iterable[_Union[Template, _Mapping]]] = ..., timeout: _Optional[float] = ..., if_exists: _Optional[bool] = ..., max_entries: _Optional[int] = ..., request_id: _Optional[str] = ..., transaction: _Optional[int] = ..., order_by: _Optional[_Iterable[_Union[OrderKey, _Mapping]]] = ...) -> None: ...
+    replay_only: bool
+    def __init__(self, space: _Optional[str] = ..., templates: _Optional[_Iterable[_Union[Template, _Mapping]]] = ..., timeout: _Optional[float] = ..., if_exists: _Optional[bool] = ..., max_entries: _Optional[int] = ..., request_id: _Optional[str] = ..., transaction: _Optional[int] = ..., order_by: _Optional[_Iterable[_Union[OrderKey, _Mapping]]] = ..., replay_only: _Optional[bool] = ...) -> None: ...
 
 class MatchReply(_message.Message):
     __slots__ = ("entries",)
@@ -423,12 +429,14 @@ class CancelLeasesReply(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[LeaseResult, _Mapping]]] = ...) -> None: ...
 
 class BeginRequest(_message.Message):
-    __slots__ = ("space", "lease")
+    __slots__ = ("space", "lease", "route")
     SPACE_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
+    ROUTE_FIELD_NUMBER: _ClassVar[int]
     space: str
     lease: LeaseDuration
-    def __init__(self, space: _Optional[str] = ..., lease: _Optional[_Union[LeaseDuration, _Mapping]] = ...) -> None: ...
+    route: Value
+    def __init__(self, space: _Optional[str] = ..., lease: _Optional[_Union[LeaseDuration, _Mapping]] = ..., route: _Optional[_Union[Value, _Mapping]] = ...) -> None: ...
 
 class BeginReply(_message.Message):
     __slots__ = ("transaction",)
@@ -449,18 +457,24 @@ class EndReply(_message.Message):
     def __init__(self) -> None: ...
 
 class LocateRequest(_message.Message):
-    __slots__ = ("space",)
+    __slots__ = ("space", "partition")
     SPACE_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
     space: str
-    def __init__(self, space: _Optional[str] = ...) -> None: ...
+    partition: int
+    def __init__(self, space: _Optional[str] = ..., partition: _Optional[int] = ...) -> None: ...
 
 class LocateReply(_message.Message):
-    __slots__ = ("address", "here")
+    __slots__ = ("address", "here", "routing_field", "partitions")
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     HERE_FIELD_NUMBER: _ClassVar[int]
+    ROUTING_FIELD_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     address: str
     here: bool
-    def __init__(self, address: _Optional[str] = ..., here: _Optional[bool] = ...) -> None: ...
+    routing_field: str
+    partitions: int
+    def __init__(self, address: _Optional[str] = ..., here: _Optional[bool] = ..., routing_field: _Optional[str] = ..., partitions: _Optional[int] = ...) -> None: ...
 
 class ListSpacesRequest(_message.Message):
     __slots__ = ()

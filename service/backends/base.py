@@ -124,6 +124,10 @@ class SpaceBackend(Protocol):
         `if_exists` waits only while the matches it could use are locked by other transactions.
         Under a `transaction`, what it reads is read-locked and what it takes take-locked."""
 
+    async def replay(self, space: str, request_id: str) -> list[StoredEntry]:
+        """The entries a take with `request_id` took (in the window), or []; takes nothing. A
+        partitioned space's fan-out take asks each partition this before it takes anything."""
+
     def contents(
         self, space: str, templates: Sequence[Template], max_entries: int, transaction: int = 0
     ) -> AsyncIterator[list[StoredEntry]]:

@@ -81,13 +81,15 @@ def partition_of_id(lease_id: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class IdClass:
-    """The ids a space hands out: `offset` + n * `stride` (n >= 0); the first is at least 1."""
+    """The ids a space hands out: `offset` + n * `stride`, from `first`."""
 
     stride: int = 1
     offset: int = 0
 
     def first(self) -> int:
-        return self.at_least(1)
+        """The first id: 1, or a partition's first at or above the stride, so that an id (or a
+        browse cursor) below the stride never names an entry of a partition."""
+        return self.at_least(1 if self.stride == 1 else self.stride)
 
     def at_least(self, value: int) -> int:
         """The smallest id of the class that is at least `value`."""

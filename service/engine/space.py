@@ -71,6 +71,10 @@ class SpaceSettings:
     max_lease: float = FOREVER  # longer requests are cut to this
     # Ordered indexes to keep from the start, as (type, field); others are made on first need.
     indexes: tuple[tuple[str, str], ...] = ()
+    # Partitions (docs/scaling.md): the routing field and how many; 1: the space is one partition.
+    # The engine of a partition ignores them: the transport routes calls to partitions.
+    partition_by: str = ""
+    partitions: int = 1
 
 
 @dataclass(frozen=True, slots=True)

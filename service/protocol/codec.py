@@ -23,6 +23,8 @@ from outrig.service.protocol import matching, wire
 from outrig.v1 import space_pb2 as pb
 
 _SPACE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+# A partition of a partitioned space (engine/partitions.py): the transport checks the space is.
+_PARTITION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*~(?:0|[1-9][0-9]{0,3})")
 _DTYPES = {
     pb.DTYPE_INT8: ("int8", 1),
     pb.DTYPE_INT16: ("int16", 2),
@@ -38,7 +40,9 @@ _pack_double = struct.Struct("<d").pack
 def space_name(name: str, limits: Limits) -> str:
     if not name:
         raise InvalidArgumentError("space: must not be empty")
-    if len(name) > limits.max_name_length or not _SPACE_NAME.fullmatch(name):
+    if len(name) > limits.max_name_length or not (
+        _SPACE_NAME.fullmatch(name) or _PARTITION_NAME.fullmatch(name)
+    ):
         raise InvalidArgumentError(
             f"space: {excerpt(name)} is not a valid space name (letters, digits, '.', '_', '-', "
             f"starting with a letter or digit, at most {limits.max_name_length} characters)"

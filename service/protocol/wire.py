@@ -69,8 +69,28 @@ def entries_reply(payloads: Sequence[bytes]) -> bytes:
 
 def event_reply(sequence: int, payload: bytes) -> bytes:
     """A NotifyReply carrying one event."""
-    entry = unframed(payload)
+    return event_encoded(sequence, unframed(payload))
+
+
+def event_encoded(sequence: int, entry: bytes | memoryview) -> bytes:
+    """A NotifyReply carrying one event, from the entry's encoding."""
     return b"".join((_SEQUENCE, varint(sequence), _EVENT_ENTRY, varint(len(entry)), entry))
+
+
+_SEQUENCE_NUMBER = _field(pb.NotifyReply, "sequence").number
+_EVENT_NUMBER = _field(pb.NotifyReply, "entry").number
+
+
+def event_of(reply: bytes) -> tuple[int, memoryview] | None:
+    """An encoded NotifyReply's event: its sequence number and its entry's encoding (no copy);
+    None for the stream's first message, which carries the registration."""
+    sequence, entry = 0, None
+    for number, value in fields(memoryview(reply)):
+        if number == _SEQUENCE_NUMBER and isinstance(value, int):
+            sequence = value
+        elif number == _EVENT_NUMBER and isinstance(value, memoryview):
+            entry = value
+    return None if entry is None else (sequence, entry)
 
 
 #: The longest varint protobuf writes (a 64-bit value in 7-bit groups).

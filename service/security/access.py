@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 
 from outrig._protocol import METHODS, Method
 from outrig.service.config import Limits
+from outrig.service.engine.partitions import split_name
 from outrig.service.exceptions import InvalidArgumentError
 from outrig.service.protocol import codec
 from outrig.v1 import space_pb2 as pb
@@ -40,6 +41,11 @@ class Access(NamedTuple):
 
 
 _SPACE_ITSELF: tuple[str | None, ...] = (None,)
+
+
+def _space_of(request: Any, limits: Limits) -> str:
+    """The space a request's grants are checked on: a partition's ("jobs~3") is its space's."""
+    return split_name(codec.space_name(request.space, limits))[0]
 
 
 def _distinct(names: Iterable[str]) -> tuple[str | None, ...]:
@@ -94,7 +100,7 @@ def _entries(method: Method) -> AccessOf:
 
         def one(received: Any, limits: Limits) -> Access:
             request = received.message
-            space = codec.space_name(request.space, limits)
+            space = _space_of(request, limits)
             if not request.HasField(name):
                 return Access(action, space, _SPACE_ITSELF)
             return Access(action, space, _distinct(_lineage(getattr(request, name), name, limits)))
@@ -108,7 +114,7 @@ def _entries(method: Method) -> AccessOf:
             raise InvalidArgumentError(
                 f"{name}: {len(entries)} entries exceeds the limit max_batch={limits.max_batch}"
             )
-        return Access(action, codec.space_name(request.space, limits), _entry_types(entries, name, limits))
+        return Access(action, _space_of(request, limits), _entry_types(entries, name, limits))
 
     return many
 
@@ -121,13 +127,13 @@ def _templates(method: Method) -> AccessOf:
 
     def access(request: Any, limits: Limits) -> Access:
         if resumes and request.HasField("resume"):
-            return Access(action, codec.space_name(request.space, limits), _SPACE_ITSELF)
+            return Access(action, _space_of(request, limits), _SPACE_ITSELF)
         templates = getattr(request, name)
         if len(templates) > limits.max_templates:
             raise InvalidArgumentError(
                 f"{name}: {len(templates)} templates exceeds the limit max_templates={limits.max_templates}"
             )
-        space = codec.space_name(request.space, limits)
+        space = _space_of(request, limits)
         return Access(action, space, _template_types(templates, name, limits))
 
     return access
@@ -138,7 +144,7 @@ def _space(method: Method) -> AccessOf:
     action = method.action
 
     def access(request: Any, limits: Limits) -> Access:
-        return Access(action, codec.space_name(request.space, limits), _SPACE_ITSELF)
+        return Access(action, _space_of(request, limits), _SPACE_ITSELF)
 
     return access
 

@@ -83,7 +83,7 @@ class OutrigServer:
             self.guard.on_denied = self.metrics.denied
         # The channels to the tier's other servers, for the calls this one forwards (peers.py).
         self.peers = Peers(config)
-        servicer = SpaceServicer(self.backend, config.limits, self.guard, self.metrics, self.peers)
+        servicer = SpaceServicer(self.backend, config.limits, self.guard, self.metrics, self.peers, config)
         self._servicer = servicer
         self._mux = MuxService(servicer, config.limits.max_stream_ops, limit)
         handlers.add_to_server(servicer, self._server, self._mux.handle)

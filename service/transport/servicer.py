@@ -28,8 +28,10 @@ from outrig._protocol import DETAILS_KEY, DIRECT_KEY, METHODS, error_info, statu
 from outrig.service.backends.base import SpaceBackend
 from outrig.service.config import Limits, ServerConfig
 from outrig.service.engine.model import StoredEntry
+from outrig.service.engine.partitions import split_name
 from outrig.service.exceptions import (
     ConfigError,
+    CrossPartitionError,
     InvalidArgumentError,
     LeaseNotFoundError,
     NoOtherServerError,
@@ -38,6 +40,7 @@ from outrig.service.exceptions import (
     QuotaExceededError,
     RegistrationBusyError,
     RequestConflictError,
+    RoutingValueError,
     ShuttingDownError,
     SpaceError,
     StoreUnavailableError,
@@ -53,6 +56,7 @@ from outrig.service.security.access import ACCESS
 from outrig.service.security.guard import Authenticator, Guard
 from outrig.service.transport import handlers
 from outrig.service.transport.metrics import Metrics
+from outrig.service.transport.partitions import Fan, FanOut, Router
 from outrig.service.transport.peers import PEER_KEY, PeerError, Peers
 from outrig.v1 import space_pb2 as pb
 from outrig.v1 import space_pb2_grpc
@@ -65,6 +69,8 @@ log = logging.getLogger("outrig.service")
 #: class listed above it in its MRO (TransactionNotFoundError is listed: it has its own reason).
 STATUS_BY_ERROR: dict[type[SpaceError], tuple[grpc.StatusCode, pb.ErrorReason]] = {
     InvalidArgumentError: (grpc.StatusCode.INVALID_ARGUMENT, pb.INVALID_REQUEST),
+    RoutingValueError: (grpc.StatusCode.INVALID_ARGUMENT, pb.ROUTING_VALUE_MISSING),
+    CrossPartitionError: (grpc.StatusCode.FAILED_PRECONDITION, pb.CROSS_PARTITION),
     LeaseNotFoundError: (grpc.StatusCode.NOT_FOUND, pb.LEASE_NOT_FOUND),
     TransactionNotFoundError: (grpc.StatusCode.NOT_FOUND, pb.TRANSACTION_NOT_FOUND),
     QuotaExceededError: (grpc.StatusCode.RESOURCE_EXHAUSTED, pb.QUOTA_EXCEEDED),
@@ -232,6 +238,10 @@ def streaming(method: Streaming[R]) -> Streaming[R]:
             if address is None:
                 async for reply in method(self, request, context):
                     yield reply
+            elif isinstance(address, FanOut):
+                fanned = self._fan.contents if name == "Contents" else self._fan.notify
+                async for encoded in fanned(request, address, context):
+                    yield encoded  # type: ignore[misc]  # encoded replies, as the method's
             else:
                 call = self._peers.stream(
                     address, METHODS[name], request, self._backend.peer_secret, context.time_remaining()
@@ -273,20 +283,26 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
         guard: Guard | None = None,
         metrics: Metrics | None = None,
         peers: Peers | None = None,
+        config: ServerConfig | None = None,
     ) -> None:
         self._backend = backend
         self._limits = limits
         self._metrics = metrics
         self._guard = guard or Guard(Authenticator(None, client_certificates=False), None, limits)
-        self._peers = peers or Peers(ServerConfig(limits=limits))
+        config = config or ServerConfig(limits=limits)
+        self._peers = peers or Peers(config)
+        self._router = Router(config)
+        self._fan = Fan(config, self.served, self.served_stream)
         #: This server's advertised address (OutrigServer sets it once bound): what Locate and
         #: ListSpaces name for a space served here when the backend names no address.
         self.advertised = ""
 
-    async def admit(self, name: str, request: Any, context: handlers.Context) -> str | None:
+    async def admit(self, name: str, request: Any, context: handlers.Context) -> str | FanOut | None:
         """Let a decoded call in, and say where it is served: None here, else the address to
-        forward it to. A call that presents `outrig-peer` (PEER_KEY) was forwarded by a server
-        of the tier if the backend accepts its secret: it skips the guard (the forwarding server
+        forward it to, or the partitions of a partitioned space it goes to (`partitions.Router`,
+        which first renames a call that concerns one partition to it). A call that presents
+        `outrig-peer` (PEER_KEY) was forwarded by a server of the tier if the backend accepts its
+        secret: it skips the guard (the forwarding server
         checked the caller's credentials and grants) and is served here, never forwarded again
         (a backend that does not own its space refuses it: NotOwnerError). A wrong secret is
         UnauthenticatedError. Any other call passes the guard, then asks the backend
@@ -307,10 +323,13 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
                     f"{PEER_KEY}: not the secret of this server's tier (only a server of the tier "
                     "forwards calls to another)"
                 )
-            return None
+            return self._router.route(name, request)  # a peer names the partition: served here
         self._guard.check(context, name, request)
+        fan = self._router.route(name, request)
         if name in ANSWERED_HERE:
             return None
+        if fan is not None:
+            return fan
         message = request.message if isinstance(request, handlers.Received) else request
         space = codec.space_name(message.space, self._limits)
         address = await self._backend.locate(space)
@@ -342,6 +361,9 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
             address = await self.admit(name, request, context)
             if address is None:
                 return await method(self, request, context)
+            if isinstance(address, FanOut):
+                reply_of_all: R = await self._fan_out(name, request, address, context)
+                return reply_of_all
             # The owner's reply, as the method would return it: bytes or the reply message.
             reply: R = await self._peers.unary(
                 address, METHODS[name], request, self._backend.peer_secret, context.time_remaining()
@@ -357,6 +379,50 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
         finally:
             if metrics is not None:
                 metrics.call(name, code, time.perf_counter() - started)
+
+    async def _fan_out(self, name: str, request: Any, fan: FanOut, context: handlers.Context) -> Any:
+        """A call of a partitioned space that goes to several of its partitions (`partitions.Fan`)."""
+        if name in ("Read", "Take", "ReadMany", "TakeMany"):
+            return await self._fan.match(name, request, fan, context)
+        run = {
+            "WriteMany": self._fan.write_many,
+            "Count": self._fan.count,
+            "RenewLeases": self._fan.renew,
+            "CancelLeases": self._fan.cancel,
+            "DescribeSpace": self._fan.describe,
+            "Browse": self._fan.browse,
+            "Purge": self._fan.purge,
+        }.get(name)
+        if run is None:
+            raise AssertionError(f"{name}: routed to several partitions, which it cannot be")
+        return await run(request, fan, context)  # type: ignore[operator]
+
+    async def served(self, name: str, request: Any, context: handlers.Context) -> Any:
+        """One partition's share of a fan-out (its request names the partition), here or at the
+        server that serves it: its reply, or its error raised."""
+        message = request.message if isinstance(request, handlers.Received) else request
+        address = await self._backend.locate(message.space)
+        if address is None:
+            return await _LOCAL[name](self, request, context)
+        return await self._peers.unary(
+            address, METHODS[name], request, self._backend.peer_secret, context.time_remaining()
+        )
+
+    async def served_stream(self, name: str, request: Any, context: handlers.Context) -> AsyncIterator[Any]:
+        """One partition's share of a streaming fan-out (Contents, Notify), likewise."""
+        address = await self._backend.locate(request.space)
+        if address is None:
+            async for reply in _LOCAL[name](self, request, context):
+                yield reply
+            return
+        call = self._peers.stream(
+            address, METHODS[name], request, self._backend.peer_secret, context.time_remaining()
+        )
+        try:
+            async for reply in call:
+                yield reply
+        finally:
+            call.cancel()
 
     def _space(self, request: Any) -> str:
         return codec.space_name(request.space, self._limits)
@@ -400,6 +466,10 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
 
     async def _match(self, request: pb.MatchRequest, *, take: bool, many: bool) -> bytes:
         space = self._space(request)
+        if request.replay_only:
+            if not take or not request.request_id:
+                raise InvalidArgumentError("replay_only: only a take with a request_id asks for a replay")
+            return _entries_reply(await self._backend.replay(space, codec.request_id(request)))
         templates = codec.templates(request.templates, self._limits, request.order_by)
         found = await self._backend.match(
             space,
@@ -523,10 +593,21 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
 
     @unary
     async def Locate(self, request: pb.LocateRequest, context: handlers.Context) -> pb.LocateReply:
-        address = await self._backend.locate(self._space(request))
+        space = self._space(request)
+        base, k = split_name(space)
+        partitioning = self._router.partitioning(base)
+        reply = pb.LocateReply()
+        if partitioning is not None:  # where its partitions are: LocateRequest.partition
+            reply.routing_field, reply.partitions = partitioning.field, partitioning.count
+            if k is None:
+                reply.address, reply.here = self.advertised, True
+                return reply
+        address = await self._backend.locate(space)
         if address is None:
-            return pb.LocateReply(address=self.advertised, here=True)
-        return pb.LocateReply(address=address, here=False)
+            reply.address, reply.here = self.advertised, True
+        else:
+            reply.address, reply.here = address, False
+        return reply
 
     @unary
     async def ListSpaces(
@@ -623,6 +704,12 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
     async def AbortTransaction(self, request: pb.LeaseIdRequest, context: handlers.Context) -> pb.EndReply:
         await self._backend.abort(self._space(request), _lease_id(request))
         return pb.EndReply()
+
+
+#: The methods as they run here, without the wrapper (a fan-out's calls of one partition each).
+_LOCAL: dict[str, Any] = {
+    name: getattr(SpaceServicer, name).__wrapped__ for name in METHODS if hasattr(SpaceServicer, name)
+}
 
 
 def _lease_id(request: pb.LeaseIdRequest) -> int:

@@ -394,8 +394,19 @@ class MemoryBackend:
             elif found and not take and not await self.settled(found):
                 self._check_store()
                 return []
+        if take and not found and outcome is not None:
+            # A take that took nothing leaves nothing to answer: its retry acts afresh (as on a
+            # durable store, which records nothing for it), and a partitioned space's fan-out
+            # (transport/partitions.py) may take with the same id again in a later round.
+            self._requests.abandon(outcome)
+            return found
         self._acted(outcome, found, keep=txn is not None)
         return found
+
+    async def replay(self, space: str, request_id: str) -> list[StoredEntry]:
+        """What a take with `request_id` took in `space` (within the window), or []: takes nothing."""
+        earlier = await self._replay(request_id, space, "take")
+        return [] if earlier is None else list(earlier)
 
     async def _commit_take(
         self, space: str, engine: SpaceEngine, found: list[StoredEntry], outcome: Outcome | None

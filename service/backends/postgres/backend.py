@@ -577,6 +577,10 @@ class PostgresBackend(MemoryBackend):
             transaction=transaction,
         )
 
+    async def replay(self, space: str, request_id: str) -> list[StoredEntry]:
+        await self._ensure(space)
+        return await super().replay(space, request_id)
+
     async def contents(
         self, space: str, templates: Sequence[Template], max_entries: int, transaction: int = 0
     ) -> AsyncIterator[list[StoredEntry]]:

@@ -1,0 +1,774 @@
+"""Partitioned spaces in the transport: where a call of one goes, and the calls that go to several
+partitions (docs/scaling.md).
+
+A space declared partitioned (config: `partition_by`, `partitions`) is served as P spaces named
+"space~k" (engine/partitions.py), each placed, owned and recorded as any space is, so that a call
+naming a partition is served (or forwarded to its owner) exactly as an unpartitioned space's call.
+`Router.route` runs after the guard, before the servicer asks where a call is served:
+
+- a call that concerns one partition is renamed to it, in place (`rename`): a write by its entry's
+  routing value, a template with the routing field set (or a set of values all in one partition),
+  anything under a transaction (which works in the partition of its id), a renewal, cancel, commit
+  or abort by the partition in its ids;
+- a call that concerns several is a `FanOut`, which `Fan` runs: one call per partition, each
+  renamed and served here or at its owner (the servicer's `served`), merged.
+
+What a fan-out does (docs/scaling.md has the guarantees):
+
+- read, read_many, count: every partition at once; a blocking read that finds nothing anywhere
+  waits on every partition and answers with the first that has a match;
+- take, take_many: partitions in turn (each call starting at the next, so none is favoured); with
+  an order, the partitions' best matches are read first and taken from where they are; a
+  blocking take that finds nothing waits with a blocking *read* on every partition (which takes
+  nothing) and, when one finds a match, takes from that partition: no entry is ever taken by two
+  partitions' waiters, and a caller that goes away has taken nothing. A take with a request id
+  first asks every partition for what that id took before (a retry): the same id is used in every
+  partition, and a partition records it only when it takes something;
+- write_many across partitions: one write per partition (atomic in each), with the request id
+  made per partition ("id~k"), so that a retry finishes what a failure left;
+- contents: partitions in turn (with an order: merged by it); notify: one registration per
+  partition, merged into one stream (see `Fan.notify`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import itertools
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from outrig._protocol import varint
+from outrig.service.config import ServerConfig
+from outrig.service.engine.model import StoredEntry
+from outrig.service.engine.ordered import in_request_order
+from outrig.service.engine.partitions import (
+    ID_STRIDE,
+    Partitioning,
+    partition_name,
+    partition_of,
+    partition_of_id,
+    split_name,
+)
+from outrig.service.exceptions import (
+    CrossPartitionError,
+    InvalidArgumentError,
+    LeaseNotFoundError,
+    RoutingValueError,
+    TransactionNotFoundError,
+    excerpt,
+)
+from outrig.service.protocol import codec, wire
+from outrig.service.transport import handlers
+from outrig.v1 import space_pb2 as pb
+
+#: One partition's call: (method, request naming the partition, the caller's context) -> reply.
+Call = Callable[[str, Any, handlers.Context], Awaitable[Any]]
+#: One partition's streaming call (Contents, Notify), likewise: its replies.
+Stream = Callable[[str, Any, handlers.Context], AsyncIterator[Any]]
+
+_MATCH = frozenset({"Read", "Take", "ReadMany", "TakeMany"})
+_TEMPLATED = _MATCH | {"Count", "Contents", "Notify"}
+_BY_IDS = frozenset({"RenewLeases", "CancelLeases"})
+_BY_TRANSACTION = frozenset({"Commit", "Abort"})
+_BY_LEASE_ID = frozenset({"CancelRegistration", "AbortTransaction"})
+_EVERY_PARTITION = frozenset({"DescribeSpace", "Browse", "Purge"})
+#: Methods a partitioned space's own name cannot be given to: they act on one space's placement.
+_ONE_SPACE = frozenset({"MoveSpace"})
+
+
+@dataclass(frozen=True, slots=True)
+class FanOut:
+    """A call of the partitioned `space` that goes to the partitions `partitions`."""
+
+    space: str
+    partitioning: Partitioning
+    partitions: tuple[int, ...]
+
+
+def _space_field(name: str) -> bytes:
+    """Field 1 (every request's `space`) holding `name`, encoded: appended to a request's bytes
+    it wins over the first (protobuf keeps the last value of a singular field)."""
+    data = name.encode()
+    return b"\x0a" + varint(len(data)) + data
+
+
+def rename(request: Any, space: str) -> None:
+    """Make `request` name `space` (a partition), in place; a `Received` keeps its bytes valid."""
+    if isinstance(request, handlers.Received):
+        request.message.space = space
+        request.entries  # noqa: B018 - found in the bytes as they arrived, before they grow
+        request.raw = b"".join((request.raw, _space_field(space)))
+    else:
+        request.space = space
+
+
+def copy_for(request: Any, space: str, **changes: Any) -> Any:
+    """A copy of a (plain) request naming `space`, with `changes` to its fields."""
+    message = type(request)()
+    message.CopyFrom(request)
+    message.space = space
+    for name, value in changes.items():
+        if value is None:
+            message.ClearField(name)
+        else:
+            setattr(message, name, value)
+    return message
+
+
+class Router:
+    """Where a call of a partitioned space goes (module docstring)."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self._config = config
+        self._limits = config.limits
+
+    def partitioning(self, space: str) -> Partitioning | None:
+        return self._config.partitioning(space)
+
+    def route(self, name: str, request: Any) -> FanOut | None:
+        """None: the call is served as the one space it now names (renamed to its partition if it
+        concerns one); else the partitions it goes to. Bad input raises, naming the field."""
+        message = request.message if isinstance(request, handlers.Received) else request
+        space = getattr(message, "space", "")
+        if not space:
+            return None
+        base, k = split_name(space)
+        partitioning = self._config.partitioning(base)
+        if k is not None:
+            if partitioning is None or k >= partitioning.count:
+                have = (
+                    "is not partitioned" if partitioning is None else f"has {partitioning.count} partitions"
+                )
+                raise InvalidArgumentError(
+                    f"space: {excerpt(space)} names partition {k} of {base!r}, which {have}"
+                )
+            if name in ("Write", "WriteMany"):
+                for where, entry in _entries(message):
+                    if self._entry_partition(entry, where, base, partitioning) != k:
+                        raise InvalidArgumentError(
+                            f"{where}: routes to another partition of {base!r} than {k}"
+                        )
+            return None
+        if partitioning is None:
+            return None
+        if name in _ONE_SPACE:
+            raise InvalidArgumentError(
+                f"space: {base!r} is partitioned: name one of its partitions ({partition_name(base, 0)}, ...)"
+            )
+        partitions = self._partitions(name, message, base, partitioning)
+        if len(partitions) == 1 and name not in _EVERY_PARTITION and name != "Locate":
+            rename(request, partition_name(base, partitions[0]))
+            return None
+        return FanOut(base, partitioning, partitions)
+
+    def _partitions(self, name: str, message: Any, space: str, partitioning: Partitioning) -> tuple[int, ...]:
+        every = tuple(range(partitioning.count))
+        if name in ("Write", "WriteMany"):
+            ks = {
+                self._entry_partition(entry, where, space, partitioning) for where, entry in _entries(message)
+            }
+            if message.transaction:
+                own = self._transaction_partition(message.transaction, space, partitioning)
+                if ks - {own}:
+                    raise CrossPartitionError(
+                        f"transaction {message.transaction} works in partition {own} of {space!r} "
+                        f"(by {partitioning.field!r}); this write has entries of another"
+                    )
+                return (own,)
+            return tuple(sorted(ks)) or every
+        if name in _TEMPLATED:
+            if name == "Notify" and message.HasField("resume"):
+                return (self._lease_partition(message.resume, "resume", space, partitioning),)
+            pinned = template_partitions(message.templates, partitioning, self._limits)
+            if message.transaction:
+                own = self._transaction_partition(message.transaction, space, partitioning)
+                if pinned is not None and pinned - {own}:
+                    raise CrossPartitionError(
+                        f"transaction {message.transaction} works in partition {own} of {space!r} "
+                        f"(by {partitioning.field!r}); a template's {partitioning.field!r} is in another"
+                    )
+                return (own,)
+            return every if pinned is None else tuple(sorted(pinned)) or (0,)
+        if name in _BY_IDS:
+            ids = message.ids if name == "CancelLeases" else [renewal.id for renewal in message.renewals]
+            return tuple(sorted({partition_of_id(i) for i in ids})) or (0,)
+        if name in _BY_TRANSACTION:
+            return (self._transaction_partition(message.transaction, space, partitioning),)
+        if name in _BY_LEASE_ID:
+            return (self._lease_partition(message.id, "id", space, partitioning),)
+        if name == "Begin":
+            if not message.HasField("route"):
+                raise CrossPartitionError(
+                    f"route: space {space!r} is partitioned by {partitioning.field!r}: a transaction works "
+                    f"in one partition, named by a value of {partitioning.field!r} (BeginRequest.route; "
+                    "Space.transaction(route=...))"
+                )
+            value = codec.field_value(message.route, "route", self._limits)
+            if value.kind == "null":
+                raise CrossPartitionError(f"route: must hold a value of {partitioning.field!r}, not null")
+            return (partition_of(value, partitioning.count),)
+        if name == "Locate" and message.HasField("partition"):
+            if message.partition >= partitioning.count:
+                raise InvalidArgumentError(
+                    f"partition: {message.partition} is not below {space!r}'s {partitioning.count} partitions"
+                )
+            return (message.partition,)
+        return every
+
+    def _entry_partition(self, entry: pb.Entry, where: str, space: str, partitioning: Partitioning) -> int:
+        field = partitioning.field
+        value = entry.fields.get(field) if field in entry.fields else None
+        if value is None or value.WhichOneof("kind") in (None, "null_value"):
+            raise RoutingValueError(
+                f"{where}.fields[{field!r}]: space {space!r} is partitioned by {field!r}: every entry "
+                "written to it holds a value there"
+            )
+        return partition_of(
+            codec.field_value(value, f"{where}.fields[{field!r}]", self._limits), partitioning.count
+        )
+
+    def _transaction_partition(self, transaction: int, space: str, partitioning: Partitioning) -> int:
+        k = partition_of_id(transaction)
+        if k >= partitioning.count:
+            raise TransactionNotFoundError(f"transaction {transaction} is no transaction of {space!r}")
+        return k
+
+    @staticmethod
+    def _lease_partition(lease_id: int, where: str, space: str, partitioning: Partitioning) -> int:
+        k = partition_of_id(lease_id)
+        if k >= partitioning.count:
+            raise LeaseNotFoundError(f"{where}: {lease_id} is no lease of {space!r}")
+        return k
+
+
+def _entries(message: Any) -> Iterable[tuple[str, pb.Entry]]:
+    if isinstance(message, pb.WriteRequest):
+        if message.HasField("entry"):
+            yield "entry", message.entry
+        return
+    for i, entry in enumerate(message.entries):
+        yield f"entries[{i}]", entry
+
+
+def template_partitions(
+    templates: Sequence[pb.Template], partitioning: Partitioning, limits: Any
+) -> set[int] | None:
+    """The partitions a request's templates can match in; None: any (one of them leaves the
+    routing field open)."""
+    found: set[int] = set()
+    for i, template in enumerate(templates):
+        pinned = _pinned(template, partitioning, f"templates[{i}]", limits)
+        if pinned is None:
+            return None
+        found |= pinned
+    return found
+
+
+def _pinned(template: pb.Template, partitioning: Partitioning, where: str, limits: Any) -> set[int] | None:
+    field = partitioning.field
+    if field in template.fields:
+        value = codec.field_value(template.fields[field], f"{where}.fields[{field!r}]", limits)
+        if value.kind != "null":  # a null template field is a wildcard
+            return {partition_of(value, partitioning.count)}
+    if field in template.matchers:
+        return _matcher_partitions(
+            template.matchers[field], partitioning, f"{where}.matchers[{field!r}]", limits
+        )
+    return None
+
+
+def _matcher_partitions(
+    matcher: pb.Matcher, partitioning: Partitioning, where: str, limits: Any
+) -> set[int] | None:
+    kind = matcher.WhichOneof("kind")
+    if kind == "equal":
+        return {partition_of(codec.field_value(matcher.equal, where, limits), partitioning.count)}
+    if kind == "one_of":
+        return {
+            partition_of(codec.field_value(v, where, limits), partitioning.count)
+            for v in matcher.one_of.values
+        }
+    if kind == "all":
+        found: set[int] | None = None
+        for inner in matcher.all.matchers:
+            pinned = _matcher_partitions(inner, partitioning, where, limits)
+            if pinned is not None:
+                found = pinned if found is None else found & pinned
+        return found
+    return None
+
+
+# ---------------------------------------------------------------------------------- fan-out
+
+
+def _own(request: Any, k: int) -> str:
+    """A request id made for partition k: one server's request log holds ids of every space. A
+    long one is shortened to a digest so that the suffix keeps it within MAX_REQUEST_ID."""
+    request_id: str = request.request_id
+    if len(request_id) > codec.MAX_REQUEST_ID - 5:
+        request_id = hashlib.blake2b(request_id.encode(), digest_size=32).hexdigest()
+    return f"{request_id}~{k}"
+
+
+def _payloads(reply: bytes) -> list[bytes]:
+    """The entries (their payloads, framed) of an encoded MatchReply or ContentsReply."""
+    return [
+        wire.frame(value) for number, value in wire.fields(memoryview(reply)) if isinstance(value, memoryview)
+    ]
+
+
+def _ordered(payloads: Sequence[bytes], order: Sequence[pb.OrderKey], fifo: bool) -> list[bytes]:
+    """Payloads from several partitions in the request's order (ties: as given)."""
+    if not order:
+        return list(payloads)
+    entries = []
+    for position, payload in enumerate(payloads):
+        stored = StoredEntry(position + 1, codec.stored_entry(bytes(wire.unframed(payload))), None)
+        stored.arrival = position + 1  # ties: as given
+        entries.append(stored)
+    keys = tuple((key.field, key.descending) for key in order)
+    return [payloads[stored.id - 1] for stored in in_request_order(entries, keys, True)]
+
+
+class Fan:
+    """Runs `FanOut` calls: each partition's call through `call` (or `stream`), merged."""
+
+    def __init__(self, config: ServerConfig, call: Call, stream: Stream) -> None:
+        self._config = config
+        self._limits = config.limits
+        self._call = call
+        self._stream = stream
+        self._turn = itertools.count()
+
+    def _names(self, fan: FanOut) -> list[str]:
+        return [partition_name(fan.space, k) for k in fan.partitions]
+
+    def _rotated(self, fan: FanOut) -> list[int]:
+        ks = list(fan.partitions)
+        start = next(self._turn) % len(ks)
+        return ks[start:] + ks[:start]
+
+    async def _each(self, name: str, requests: Sequence[Any], context: handlers.Context) -> list[Any]:
+        """Every request's call at once; the first failure fails them all."""
+        tasks = [asyncio.ensure_future(self._call(name, request, context)) for request in requests]
+        try:
+            return list(await asyncio.gather(*tasks))
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    # ------------------------------------------------------------------ writes
+
+    async def write_many(
+        self, received: handlers.Received[pb.WriteManyRequest], fan: FanOut, context: handlers.Context
+    ) -> pb.WriteManyReply:
+        request = received.message
+        encodings = received.entries
+        groups: dict[int, list[int]] = {}
+        for i, entry in enumerate(request.entries):
+            value = codec.field_value(entry.fields[fan.partitioning.field], "entries", self._limits)
+            groups.setdefault(partition_of(value, fan.partitioning.count), []).append(i)
+        calls = []
+        for k, positions in sorted(groups.items()):
+            part = pb.WriteManyRequest(space=partition_name(fan.space, k), transaction=request.transaction)
+            if request.HasField("lease"):
+                part.lease.CopyFrom(request.lease)
+            if request.request_id:
+                part.request_id = _own(request, k)
+            raw = part.SerializeToString() + b"".join(
+                b"\x12" + varint(len(encodings[i])) + bytes(encodings[i]) for i in positions
+            )
+            calls.append((positions, handlers.Received(pb.WriteManyRequest.FromString(raw), raw)))
+        replies = await self._each("WriteMany", [sub for _, sub in calls], context)
+        leases: list[pb.Lease] = [pb.Lease()] * len(request.entries)
+        for (positions, _), reply in zip(calls, replies, strict=True):
+            for position, lease in zip(positions, reply.leases, strict=True):
+                leases[position] = lease
+        return pb.WriteManyReply(leases=leases)
+
+    # ------------------------------------------------------------------ reads and takes
+
+    async def match(
+        self, name: str, request: pb.MatchRequest, fan: FanOut, context: handlers.Context
+    ) -> bytes:
+        take = name in ("Take", "TakeMany")
+        many = name in ("ReadMany", "TakeMany")
+        wanted = codec.max_entries(request, self._limits) if many else 1
+        timeout = codec.timeout(request, self._limits)
+        immediate = request.if_exists or timeout == 0
+        fifo = self._config.space_settings(fan.space).fifo
+        if take and request.request_id:
+            earlier = await self._each(
+                name,
+                [
+                    copy_for(
+                        request, partition_name(fan.space, k), replay_only=True, request_id=_own(request, k)
+                    )
+                    for k in fan.partitions
+                ],
+                context,
+            )
+            found = [payload for reply in earlier for payload in _payloads(reply)]
+            if found:
+                return wire.entries_reply(_ordered(found, request.order_by, fifo))
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        first: int | None = None
+        while True:
+            ks = self._rotated(fan)
+            if first is not None:
+                ks.remove(first)
+                ks.insert(0, first)
+            remaining = None if deadline is None else max(0.0, deadline - loop.time())
+            if take:
+                found = await self._take_pass(name, request, fan, ks, wanted, fifo, first, remaining, context)
+            else:
+                found = await self._read_pass(name, request, fan, ks, wanted, fifo, context)
+            if found or immediate or remaining == 0.0:
+                return wire.entries_reply(found)
+            woken = await self._wait(request, fan, ks, wanted if not take else 1, remaining, context)
+            if woken is None:
+                return wire.entries_reply([])
+            first, payloads = woken
+            if not take:
+                return wire.entries_reply(payloads[:wanted])
+
+    async def _read_pass(
+        self,
+        name: str,
+        request: pb.MatchRequest,
+        fan: FanOut,
+        ks: list[int],
+        wanted: int,
+        fifo: bool,
+        context: handlers.Context,
+    ) -> list[bytes]:
+        replies = await self._each(
+            name,
+            [copy_for(request, partition_name(fan.space, k), timeout=0.0, if_exists=True) for k in ks],
+            context,
+        )
+        found = [payload for reply in replies for payload in _payloads(reply)]
+        return _ordered(found, request.order_by, fifo)[:wanted]
+
+    async def _take_pass(
+        self,
+        name: str,
+        request: pb.MatchRequest,
+        fan: FanOut,
+        ks: list[int],
+        wanted: int,
+        fifo: bool,
+        woken: int | None,
+        remaining: float | None,
+        context: handlers.Context,
+    ) -> list[bytes]:
+        """Take up to `wanted` now: partition by partition, or by the order, from where the best
+        matches are. The partition `woken` found a match: a take there may wait (up to
+        `remaining`) while that match is locked by a transaction, as a take_nowait does."""
+
+        def sub(k: int, count: int) -> pb.MatchRequest:
+            waits = k == woken and remaining is not None
+            changes: dict[str, Any] = {"if_exists": True, "timeout": remaining if waits else 0.0}
+            if request.request_id:
+                changes["request_id"] = _own(request, k)
+            if name == "TakeMany":
+                changes["max_entries"] = count
+            made: pb.MatchRequest = copy_for(request, partition_name(fan.space, k), **changes)
+            return made
+
+        if request.order_by:
+            looked = await self._each(
+                "ReadMany",
+                [
+                    copy_for(
+                        request,
+                        partition_name(fan.space, k),
+                        timeout=0.0,
+                        if_exists=True,
+                        max_entries=wanted,
+                        request_id="",
+                    )
+                    for k in ks
+                ],
+                context,
+            )
+            ranked = [
+                (k, payload) for k, reply in zip(ks, looked, strict=True) for payload in _payloads(reply)
+            ]
+            best = _ordered([payload for _, payload in ranked], request.order_by, fifo)[:wanted]
+            chosen = {id(payload) for payload in best}
+            counts: dict[int, int] = {}
+            for k, payload in ranked:
+                if id(payload) in chosen:
+                    counts[k] = counts.get(k, 0) + 1
+            if woken is not None and woken not in counts:
+                counts[woken] = 1
+            order = [k for k in ks if k in counts]
+            replies = await self._each(
+                "TakeMany" if name == "TakeMany" else "Take", [sub(k, counts[k]) for k in order], context
+            )
+            found = [payload for reply in replies for payload in _payloads(reply)]
+            return _ordered(found, request.order_by, fifo)[:wanted]
+        found = []
+        for k in ks:
+            reply = await self._call(name, sub(k, wanted - len(found)), context)
+            found.extend(_payloads(reply))
+            if len(found) >= wanted:
+                break
+        return found
+
+    async def _wait(
+        self,
+        request: pb.MatchRequest,
+        fan: FanOut,
+        ks: list[int],
+        wanted: int,
+        remaining: float | None,
+        context: handlers.Context,
+    ) -> tuple[int, list[bytes]] | None:
+        """Wait with a blocking read on every partition at once: the first partition to find a
+        match and what it found; None when the time ran out everywhere. Takes nothing."""
+        changes: dict[str, Any] = {
+            "if_exists": False,
+            "request_id": "",
+            "timeout": remaining,
+            "max_entries": wanted,
+        }
+        tasks = {
+            asyncio.ensure_future(
+                self._call("ReadMany", copy_for(request, partition_name(fan.space, k), **changes), context)
+            ): k
+            for k in ks
+        }
+        try:
+            pending = set(tasks)
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    payloads = _payloads(task.result())
+                    if payloads:
+                        return tasks[task], payloads
+            return None
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    async def count(self, request: pb.CountRequest, fan: FanOut, context: handlers.Context) -> pb.CountReply:
+        replies = await self._each("Count", [copy_for(request, n) for n in self._names(fan)], context)
+        return pb.CountReply(count=sum(reply.count for reply in replies))
+
+    # ------------------------------------------------------------------ streams
+
+    async def contents(
+        self, request: pb.ContentsRequest, fan: FanOut, context: handlers.Context
+    ) -> AsyncIterator[bytes]:
+        limit = request.max_entries
+        chunk = self._limits.contents_chunk
+        if request.order_by:
+            found: list[bytes] = []
+            for n in self._names(fan):
+                async for reply in self._stream("Contents", copy_for(request, n), context):
+                    found.extend(_payloads(reply))
+            ordered = _ordered(found, request.order_by, self._config.space_settings(fan.space).fifo)
+            if limit:
+                ordered = ordered[:limit]
+            for start in range(0, len(ordered), chunk):
+                yield wire.entries_reply(ordered[start : start + chunk])
+            return
+        sent = 0
+        for n in self._names(fan):
+            left = limit - sent if limit else 0
+            async for reply in self._stream("Contents", copy_for(request, n, max_entries=left), context):
+                payloads = _payloads(reply)
+                if limit:
+                    payloads = payloads[: limit - sent]
+                sent += len(payloads)
+                if payloads:
+                    yield wire.entries_reply(payloads)
+                if limit and sent >= limit:
+                    return
+
+    async def notify(
+        self, request: pb.NotifyRequest, fan: FanOut, context: handlers.Context
+    ) -> AsyncIterator[bytes]:
+        """One registration per partition, merged into one stream. The first partition's is the
+        registration the caller holds (its lease, renewed and cancelled by its id); the others are
+        registered for as long as the space allows (max_lease) and end with the stream, which ends
+        when the first's lease does. Sequence numbers are the merged stream's own, and a gap in a
+        partition's (events it dropped) is a gap in them."""
+        names = self._names(fan)
+        lead = copy_for(request, names[0])
+        follow = copy_for(request, names[0])
+        follow.lease.forever = True
+        streams = [self._stream("Notify", lead, context)] + [
+            self._stream("Notify", copy_for(follow, n), context) for n in names[1:]
+        ]
+        queue: asyncio.Queue[tuple[int, bytes | BaseException | None]] = asyncio.Queue()
+
+        async def pump(i: int, stream: AsyncIterator[bytes]) -> None:
+            try:
+                async for reply in stream:
+                    await queue.put((i, reply))
+                await queue.put((i, None))
+            except asyncio.CancelledError:
+                raise
+            except BaseException as err:
+                await queue.put((i, err))
+
+        pumps = [asyncio.ensure_future(pump(i, stream)) for i, stream in enumerate(streams)]
+        try:
+            last: list[int | None] = [None] * len(streams)
+            sequence = 0
+            early: list[bytes] = []  # events that came before the lead's registration was sent
+            lead_sent = False
+            while True:
+                i, item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                if item is None:
+                    return  # one partition's registration ended: so does the merged one
+                event = wire.event_of(item)
+                if event is None:  # a partition's registration: the lead's is the caller's
+                    if i == 0:
+                        lead_sent = True
+                        yield item
+                        for waiting in early:
+                            yield waiting
+                        early.clear()
+                    continue
+                number, entry = event
+                before = last[i]
+                sequence += 1 if before is None else max(1, number - before)
+                last[i] = number
+                encoded = wire.event_encoded(sequence, entry)
+                if lead_sent:
+                    yield encoded
+                else:
+                    early.append(encoded)
+        finally:
+            for task in pumps:
+                task.cancel()
+            await asyncio.gather(*pumps, return_exceptions=True)
+
+    # ------------------------------------------------------------------ leases
+
+    async def renew(
+        self, request: pb.RenewLeasesRequest, fan: FanOut, context: handlers.Context
+    ) -> pb.RenewLeasesReply:
+        groups = self._by_partition([renewal.id for renewal in request.renewals])
+        subs = [
+            pb.RenewLeasesRequest(
+                space=partition_name(fan.space, k), renewals=[request.renewals[i] for i in positions]
+            )
+            for k, positions in groups
+        ]
+        return pb.RenewLeasesReply(
+            results=await self._results("RenewLeases", subs, groups, len(request.renewals), context)
+        )
+
+    async def cancel(
+        self, request: pb.CancelLeasesRequest, fan: FanOut, context: handlers.Context
+    ) -> pb.CancelLeasesReply:
+        groups = self._by_partition(list(request.ids))
+        subs = [
+            pb.CancelLeasesRequest(
+                space=partition_name(fan.space, k), ids=[request.ids[i] for i in positions]
+            )
+            for k, positions in groups
+        ]
+        return pb.CancelLeasesReply(
+            results=await self._results("CancelLeases", subs, groups, len(request.ids), context)
+        )
+
+    @staticmethod
+    def _by_partition(ids: Sequence[int]) -> list[tuple[int, list[int]]]:
+        groups: dict[int, list[int]] = {}
+        for i, lease_id in enumerate(ids):
+            groups.setdefault(partition_of_id(lease_id), []).append(i)
+        return sorted(groups.items())
+
+    async def _results(
+        self,
+        name: str,
+        subs: Sequence[Any],
+        groups: Sequence[tuple[int, list[int]]],
+        total: int,
+        context: handlers.Context,
+    ) -> list[pb.LeaseResult]:
+        replies = await self._each(name, subs, context)
+        results: list[pb.LeaseResult] = [pb.LeaseResult()] * total
+        for (_, positions), reply in zip(groups, replies, strict=True):
+            for position, result in zip(positions, reply.results, strict=True):
+                results[position] = result
+        return results
+
+    # ------------------------------------------------------------------ inspection (admin)
+
+    async def describe(
+        self, request: pb.DescribeSpaceRequest, fan: FanOut, context: handlers.Context
+    ) -> pb.DescribeSpaceReply:
+        """Every partition's description, added up (types by name; lists cut as one space's are)."""
+        replies = await self._each("DescribeSpace", [copy_for(request, n) for n in self._names(fan)], context)
+        merged = pb.DescribeSpaceReply(space=fan.space, configuration=replies[0].configuration)
+        types: dict[str, pb.TypeFigures] = {}
+        for reply in replies:
+            for name in ("entries", "bytes", "waiters", "registrations", "transactions", "locked", "expired"):
+                setattr(merged, name, getattr(merged, name) + getattr(reply, name))
+            if reply.HasField("oldest_entry_age"):
+                merged.oldest_entry_age = max(merged.oldest_entry_age, reply.oldest_entry_age)
+            for figures in reply.types:
+                into = types.get(figures.type_name)
+                if into is None:
+                    types[figures.type_name] = into = pb.TypeFigures(
+                        type_name=figures.type_name, supertypes=figures.supertypes
+                    )
+                into.entries += figures.entries
+                into.bytes += figures.bytes
+                into.with_subtypes += figures.with_subtypes
+                buckets = {index.field: index for index in into.indexes}
+                for index in figures.indexes:
+                    if index.field in buckets:
+                        buckets[index.field].buckets += index.buckets
+                    else:
+                        into.indexes.add(field=index.field, buckets=index.buckets)
+        merged.types.extend(sorted(types.values(), key=lambda figures: figures.type_name))
+        merged.waiting.extend(sorted((g for r in replies for g in r.waiting), key=lambda g: -g.count)[:1000])
+        merged.registration_list.extend(
+            sorted((info for r in replies for info in r.registration_list), key=lambda info: info.id)[:1000]
+        )
+        merged.transaction_list.extend(
+            sorted((info for r in replies for info in r.transaction_list), key=lambda info: info.id)[:1000]
+        )
+        return merged
+
+    async def browse(
+        self, request: pb.BrowseRequest, fan: FanOut, context: handlers.Context
+    ) -> pb.BrowseReply:
+        """A page from one partition at a time, in partition order: a cursor below ID_STRIDE
+        names the start of a partition (0: the first), any other is an entry's arrival in the
+        partition its residue names (engine/partitions.py)."""
+        after = request.after
+        k, within = (after, 0) if after < ID_STRIDE else (partition_of_id(after), after)
+        while k < fan.partitioning.count:
+            reply: pb.BrowseReply = await self._call(
+                "Browse", copy_for(request, partition_name(fan.space, k), after=within), context
+            )
+            if reply.next or reply.entries:
+                if not reply.next and k + 1 < fan.partitioning.count:
+                    reply.next = k + 1
+                return reply
+            k, within = k + 1, 0
+        return pb.BrowseReply()
+
+    async def purge(self, request: pb.PurgeRequest, fan: FanOut, context: handlers.Context) -> pb.PurgeReply:
+        removed = 0
+        for n in self._names(fan):  # in turn: a purge is bounded by max_entries over them all
+            left = request.max_entries - removed if request.max_entries else 0
+            reply: pb.PurgeReply = await self._call("Purge", copy_for(request, n, max_entries=left), context)
+            removed += reply.count
+            if request.max_entries and removed >= request.max_entries:
+                break
+        return pb.PurgeReply(count=removed)
