@@ -42,6 +42,7 @@ from outrig._matchers import OrderBy, fill_order
 from outrig._mux_wire import OP_FIELDS, closed
 from outrig._protocol import DIRECT_KEY, METHODS
 from outrig._retry import DEFAULT_RETRY_DEADLINE, Attempts, RetryCounter, RetryPolicy, new_request_id
+from outrig._routing import request_partition
 from outrig.v1 import space_pb2 as pb
 from outrig.v1.space_pb2_grpc import SpaceStub
 
@@ -382,7 +383,17 @@ class _Connection:
     good. Routes and links change under a lock: the sync client's calls come from any thread.
     """
 
-    __slots__ = ("_dial", "_links", "_lock", "_metadata", "_new_mux", "_routes", "closed", "home")
+    __slots__ = (
+        "_dial",
+        "_links",
+        "_lock",
+        "_metadata",
+        "_new_mux",
+        "_partitioning",
+        "_routes",
+        "closed",
+        "home",
+    )
 
     def __init__(self, home: _Link, metadata: Sequence[tuple[str, str]], new_mux: Any) -> None:
         self.closed = False
@@ -392,6 +403,9 @@ class _Connection:
         self._dial: Callable[[str], Any] | None = None
         self._links: dict[str, _Link] = {}
         self._routes: dict[str, _Route] = {}
+        # A partitioned space's routing field and partitions (its Locate said): a call of one
+        # partition is routed by the key "space~k" (`route_key`), located on its own.
+        self._partitioning: dict[str, tuple[str, int]] = {}
         self._lock = threading.Lock()
 
     def route_via(self, dial: Callable[[str], Any]) -> None:
@@ -399,8 +413,19 @@ class _Connection:
         self._dial = dial
 
     def op(self, name: str, request: Message) -> Any:
-        """Run the op `name` on the link of the request's space (ListSpaces: the home link)."""
-        return self.link(getattr(request, "space", None)).ops[name](request)
+        """Run the op `name` on the link of the request's space, or of its partition (ListSpaces:
+        the home link)."""
+        space = getattr(request, "space", None)
+        return self.link(None if space is None else self.route_key(space, request)).ops[name](request)
+
+    def route_key(self, space: str, request: Message) -> str:
+        """What a call of `space` is routed by: the space, or "space~k" for a call that concerns
+        partition k of a partitioned space alone (outrig._routing)."""
+        found = self._partitioning.get(space)
+        if found is None:
+            return space
+        k = request_partition(request, *found)
+        return space if k is None else f"{space}~{k}"
 
     def route_of(self, space: str) -> str | None:
         """The address the space's calls go to now; None: the home link."""
@@ -447,10 +472,15 @@ class _Connection:
             route.locating = True
             return True
 
-    def located(self, space: str, owner: str | None, *, again: bool) -> None:
+    def located(
+        self, space: str, owner: str | None, *, again: bool, partitioning: tuple[str, int] | None = None
+    ) -> None:
         """What Locate said: the owner's address if not the home server (None: home, or no
-        answer); with `again`, no answer came, so ask again after a while."""
+        answer); with `again`, no answer came, so ask again after a while. `partitioning`: the
+        space is partitioned (its routing field and partitions)."""
         with self._lock:
+            if partitioning is not None and "~" not in space:  # a space's, not a partition's
+                self._partitioning[space] = partitioning
             route = self._routes[space]
             route.locating = False
             route.address = None if owner is None or owner == self.home.address else owner
@@ -708,8 +738,13 @@ class BaseSpace:
     def _cancel_request(self, leases: Sequence[BaseLease]) -> pb.CancelLeasesRequest:
         return pb.CancelLeasesRequest(space=self._name, ids=[self._own_lease_id(lease) for lease in leases])
 
-    def _locate_request(self) -> pb.LocateRequest:
-        return pb.LocateRequest(space=self._name)
+    def _locate_request(self, key: str = "") -> pb.LocateRequest:
+        """Where this space (or, for a route key "space~k", its partition k) is served."""
+        request = pb.LocateRequest(space=self._name)
+        _, sep, k = key.rpartition("~")
+        if sep and k.isdigit():
+            request.partition = int(k)
+        return request
 
     def _browse_request(self, templates: Templates | None, after: int, max_entries: int) -> pb.BrowseRequest:
         request = pb.BrowseRequest(
@@ -773,6 +808,11 @@ def event_of(reply: pb.NotifyReply) -> Event:
 
 def location_of(reply: pb.LocateReply) -> Location:
     return Location(reply.address, reply.here)
+
+
+def partitioning_of(reply: pb.LocateReply) -> tuple[str, int] | None:
+    """A partitioned space's routing field and partitions, from its Locate reply."""
+    return (reply.routing_field, reply.partitions) if reply.partitions > 1 else None
 
 
 def owner_of(reply: pb.LocateReply) -> str | None:

@@ -36,6 +36,7 @@ from outrig._base import (
     lease_results,
     location_of,
     owner_of,
+    partitioning_of,
     placements_of,
     registration_of,
     rpc_errors,
@@ -447,39 +448,42 @@ class Space(BaseSpace):
         connection = self._connection
         while True:
             self._check_open()
-            if not home and connection.locate_due(self._name):
-                self._relocate()
-            used = None if home else connection.route_of(self._name)
+            key = self._name if home else connection.route_key(self._name, attempts.request)
+            while not home and connection.locate_due(key):
+                self._relocate(key)  # a partitioned space's first: then its partition's
+                key = connection.route_key(self._name, attempts.request)
+            used = None if home else connection.route_of(key)
             try:
                 with rpc_errors:
                     return method(attempts.request)
             except UnavailableError as err:
                 if not home:
-                    connection.reroute(self._name, used, err)
+                    connection.reroute(key, used, err)
                 delay = attempts.backoff()
                 if delay is None:
                     raise
                 time.sleep(delay)
             except OutrigError as err:
-                if not connection.refused(self._name, used, err):
+                if not connection.refused(key, used, err):
                     raise
 
-    def _relocate(self) -> None:
+    def _relocate(self, key: str = "") -> None:
         """Ask the home server where this space lives, and route its calls there (`located`).
         No answer (unreachable, too slow) leaves them home, to ask again later; a refusal or an
         older server without Locate, for good."""
         owner: str | None = None
+        partitioning: tuple[str, int] | None = None
         again = True
         try:
             with rpc_errors:
-                reply = self._connection.home.stub.Locate(self._locate_request(), timeout=LOCATE_TIMEOUT)
-            owner, again = owner_of(reply), False
+                reply = self._connection.home.stub.Locate(self._locate_request(key), timeout=LOCATE_TIMEOUT)
+            owner, again, partitioning = owner_of(reply), False, partitioning_of(reply)
         except (UnavailableError, DeadlineExceededError):
             pass
         except OutrigError:
             again = False
         finally:
-            self._connection.located(self._name, owner, again=again)
+            self._connection.located(key or self._name, owner, again=again, partitioning=partitioning)
 
 
 class Lease(BaseLease):

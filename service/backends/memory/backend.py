@@ -339,9 +339,10 @@ class MemoryBackend:
         ]
         records += self._recorder.id_records(space, engine)
         if outcome is not None:
-            # Ids of one write are consecutive, with one lease: four numbers say it all.
+            # Ids of one write are consecutive (a partition's, its stride apart), with one lease:
+            # four numbers say it all.
             first = grants[0]
-            assert grants[-1].id == first.id + len(grants) - 1
+            assert grants[-1].id == first.id + (len(grants) - 1) * engine.id_stride
             records.append(
                 (
                     *self._recorder.request_head(outcome),

@@ -17,6 +17,7 @@ from typing import Any
 from outrig.service.backends.memory.idempotency import Outcome, RequestLog
 from outrig.service.backends.memory.journal import Journal, Record
 from outrig.service.engine.model import LeaseGrant, StoredEntry
+from outrig.service.engine.partitions import ids_of
 from outrig.service.engine.space import SpaceEngine
 from outrig.service.exceptions import SpaceError
 from outrig.service.protocol import codec
@@ -121,7 +122,8 @@ class Recorder:
                 await asyncio.shield(journal.pending)
         if outcome.kind == "write":
             first_id, count, expires_at, granted = await journal.write_answer(outcome.request_id)
-            return [LeaseGrant(first_id + i, expires_at, granted) for i in range(count)]
+            stride = ids_of(outcome.space).stride  # a partition's ids are its stride apart
+            return [LeaseGrant(first_id + i * stride, expires_at, granted) for i in range(count)]
         rows = await journal.taken_rows(outcome.request_id)
         return [
             StoredEntry(entry_id, codec.stored_entry(payload), expires_at)

@@ -1,0 +1,92 @@
+"""Which partition of a partitioned space a call concerns, as the server decides it.
+
+A partitioned space (docs/scaling.md) tells the SDK its routing field and number of partitions in
+its Locate reply. A call whose entries or templates all hold routing values of one partition, or
+that acts under a transaction (or on leases) of one partition, goes straight to that partition's
+server; any other goes to the server given to `connect`, which fans it out.
+
+The hash is the server's (outrig.service.engine.partitions): the first 8 bytes of BLAKE2b over
+the value's kind, a zero byte and its canonical data, big-endian, modulo the partition count. The
+SDK computes it for scalar values (int, bool, float, str, bytes); a call routed by any other kind
+goes to the given server, which routes it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Iterable
+from typing import Any
+
+from outrig.v1 import space_pb2 as pb
+
+#: A partition's ids are its number modulo this (the server's ID_STRIDE).
+ID_STRIDE = 1024
+
+_pack_double = struct.Struct("<d").pack
+
+
+def value_partition(value: pb.Value, count: int) -> int | None:
+    """The partition of an entry whose routing field holds `value`; None: not known here."""
+    kind = value.WhichOneof("kind")
+    if kind == "string_value":
+        data = b"string\0" + value.string_value.encode()
+    elif kind == "int_value":
+        data = b"int\0" + str(value.int_value).encode()
+    elif kind == "bool_value":
+        data = b"bool\0" + (b"1" if value.bool_value else b"0")
+    elif kind == "bytes_value":
+        data = b"bytes\0" + value.bytes_value
+    elif kind == "double_value":
+        data = b"double\0" + _pack_double(value.double_value)
+    else:
+        return None
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big") % count
+
+
+def _one(partitions: Iterable[int | None]) -> int | None:
+    found: int | None = None
+    for k in partitions:
+        if k is None or (found is not None and k != found):
+            return None
+        found = k
+    return found
+
+
+def _template_partition(template: pb.Template, field: str, count: int) -> int | None:
+    if field in template.fields:
+        value = template.fields[field]
+        if value.WhichOneof("kind") not in (None, "null_value"):
+            return value_partition(value, count)
+    if field in template.matchers:
+        matcher = template.matchers[field]
+        if matcher.WhichOneof("kind") == "equal":
+            return value_partition(matcher.equal, count)
+    return None
+
+
+def request_partition(request: Any, field: str, count: int) -> int | None:
+    """The one partition `request` concerns, or None (several, or not known here)."""
+    transaction = getattr(request, "transaction", 0)
+    if transaction:
+        return int(transaction) % ID_STRIDE
+    if isinstance(request, pb.WriteRequest):
+        entries: Iterable[pb.Entry] = (request.entry,)
+    elif isinstance(request, pb.WriteManyRequest):
+        entries = request.entries
+    elif isinstance(request, pb.MatchRequest | pb.CountRequest):
+        if not request.templates:
+            return None
+        return _one(_template_partition(template, field, count) for template in request.templates)
+    elif isinstance(request, pb.CancelLeasesRequest):
+        return _one(int(lease_id) % ID_STRIDE for lease_id in request.ids) if request.ids else None
+    elif isinstance(request, pb.RenewLeasesRequest):
+        ids = [renewal.id % ID_STRIDE for renewal in request.renewals]
+        return _one(ids) if ids else None
+    elif isinstance(request, pb.BeginRequest):
+        return value_partition(request.route, count) if request.HasField("route") else None
+    else:
+        return None
+    return _one(
+        value_partition(entry.fields[field], count) if field in entry.fields else None for entry in entries
+    )
