@@ -11,6 +11,7 @@ a wildcard take gets is not: partitions are not one arrival order).
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 from collections import Counter
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ from outrig._routing import value_partition
 from outrig.service.config import Limits, ServerConfig
 from outrig.service.engine import SpaceSettings
 from outrig.service.engine.partitions import ID_STRIDE, partition_of, partition_of_id
+from outrig.service.exceptions import ConfigError
 from outrig.service.protocol import codec
 from outrig.testing import LocalServer
 from outrig.v1 import space_pb2 as pb
@@ -163,3 +165,29 @@ def test_the_sdk_hashes_a_routing_value_as_the_server_does(value: Any) -> None:
     for partitions in (2, 3, 7, 1024):
         server = partition_of(codec.field_value(message, "v", Limits()), partitions)
         assert value_partition(message, partitions) == server
+
+
+def test_a_store_written_with_other_partitions_is_refused_at_start() -> None:
+    with tempfile.TemporaryDirectory(prefix="outrig-partitions-") as data_dir:
+        four = ServerConfig(
+            data_dir=Path(data_dir), spaces={"jobs": SpaceSettings(partition_by="region", partitions=4)}
+        )
+        with LocalServer(four) as server, outrig.connect(server.address, space="jobs") as space:
+            for region in REGIONS * 3:
+                space.write(Job(region=region, n=1))
+        two = dataclasses.replace(four, spaces={"jobs": SpaceSettings(partition_by="region", partitions=2)})
+        with pytest.raises(
+            ConfigError, match=r"partition [23] of space 'jobs', which is now configured in 2"
+        ):
+            LocalServer(two).start()
+        plain = dataclasses.replace(four, spaces={})
+        with pytest.raises(ConfigError, match="now configured unpartitioned"):
+            LocalServer(plain).start()
+        with LocalServer(four) as server, outrig.connect(server.address, space="other") as other:
+            assert other.with_space("jobs").count(Job()) == 15  # as it was written
+            other.write(Job(n=1))
+        now_partitioned = dataclasses.replace(
+            four, spaces={**four.spaces, "other": SpaceSettings(partition_by="region", partitions=2)}
+        )
+        with pytest.raises(ConfigError, match="1 entries of space 'other' unpartitioned"):
+            LocalServer(now_partitioned).start()

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 from google.protobuf.message import DecodeError
 
 from outrig.service.backends.embedded.store.schema import transaction
-from outrig.service.exceptions import SpaceError, StoreError
+from outrig.service.engine.partitions import split_name
+from outrig.service.exceptions import ConfigError, SpaceError, StoreError
 from outrig.service.protocol import codec
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ def recover(connection: sqlite3.Connection, backend: EmbeddedBackend, now: float
     gc.disable()
     try:
         return _recover(connection, backend, now)
-    except StoreError:
+    except (StoreError, ConfigError):
         raise
     except (sqlite3.DatabaseError, KeyError, ValueError, DecodeError, SpaceError) as err:
         path = connection.execute("PRAGMA database_list").fetchone()[2]
@@ -73,12 +74,35 @@ def recover(connection: sqlite3.Connection, backend: EmbeddedBackend, now: float
             gc.enable()
 
 
+def _check_partitioning(backend: EmbeddedBackend, name: str, entries: int) -> None:
+    """A store's spaces must fit the configured partitions (docs/scaling.md): a partition of a
+    space no longer partitioned so, or entries of a space now partitioned, would be out of reach."""
+    space, k = split_name(name)
+    partitioning = backend.config.partitioning(space)
+    if k is not None and (partitioning is None or k >= partitioning.count):
+        now = "unpartitioned" if partitioning is None else f"in {partitioning.count} partitions"
+        raise ConfigError(
+            f"the data dir holds partition {k} of space {space!r}, which is now configured {now}: "
+            "configure the partitions it was written with (docs/scaling.md)"
+        )
+    if k is None and partitioning is not None and entries:
+        raise ConfigError(
+            f"the data dir holds {entries} entries of space {space!r} unpartitioned, which is now "
+            f"configured in {partitioning.count} partitions: start without the partitions, move the "
+            "entries out (outrig dump), then partition it (docs/scaling.md)"
+        )
+
+
 def _recover(connection: sqlite3.Connection, backend: EmbeddedBackend, now: float) -> RecoveryReport:
     started = time.perf_counter()
     execute = connection.execute
     names: dict[int, str] = {}
+    held = dict(
+        execute("SELECT space, count(*) FROM entries WHERE taken_by IS NULL GROUP BY space").fetchall()
+    )
     for number, name, next_id in execute("SELECT no, name, next_id FROM spaces"):
         names[number] = name
+        _check_partitioning(backend, name, held.get(number, 0))
         backend.engine(name).resume_ids(next_id)
         backend.reserve_ids(name, next_id)
     for number, name, supertypes in execute("SELECT space, name, supertypes FROM types"):
