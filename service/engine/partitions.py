@@ -19,8 +19,10 @@ UTF-8, anything else its canonical bytes), read big-endian, modulo P.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 
+from outrig.service.engine.model import Template
 from outrig.service.engine.values import FieldValue
 
 #: '~' cannot appear in a space's name, so a partition's name is nobody's space.
@@ -72,6 +74,22 @@ def partition_of(value: FieldValue, count: int) -> int:
         return 0
     digest = hashlib.blake2b(routing_bytes(value), digest_size=8).digest()
     return int.from_bytes(digest, "big") % count
+
+
+def template_partitions(templates: Iterable[Template], partitioning: Partitioning) -> set[int] | None:
+    """The partitions engine templates can match in (a routing field equal to a value, or to one
+    of a set); None: any (one of them leaves the field open)."""
+    found: set[int] = set()
+    for template in templates:
+        fields = dict(template.fields)
+        matchers = dict(template.matchers)
+        value = fields.get(partitioning.field)
+        matcher = matchers.get(partitioning.field)
+        values = (value,) if value is not None else (None if matcher is None else matcher.equals())
+        if values is None:
+            return None
+        found.update(partition_of(v, partitioning.count) for v in values)
+    return found
 
 
 def partition_of_id(lease_id: int) -> int:

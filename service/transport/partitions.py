@@ -74,6 +74,9 @@ _BY_IDS = frozenset({"RenewLeases", "CancelLeases"})
 _BY_TRANSACTION = frozenset({"Commit", "Abort"})
 _BY_LEASE_ID = frozenset({"CancelRegistration", "AbortTransaction"})
 _EVERY_PARTITION = frozenset({"DescribeSpace", "Browse", "Purge"})
+#: Seconds a fan-out notify's follower registrations are leased for (renewed every third of it,
+#: or of what the space grants, while their stream lasts).
+FOLLOWER_LEASE = 60.0
 #: Methods a partitioned space's own name cannot be given to: they act on one space's placement.
 _ONE_SPACE = frozenset({"MoveSpace"})
 
@@ -595,18 +598,21 @@ class Fan:
         self, request: pb.NotifyRequest, fan: FanOut, context: handlers.Context
     ) -> AsyncIterator[bytes]:
         """One registration per partition, merged into one stream. The first partition's is the
-        registration the caller holds (its lease, renewed and cancelled by its id); the others are
-        registered for as long as the space allows (max_lease) and end with the stream, which ends
-        when the first's lease does. Sequence numbers are the merged stream's own, and a gap in a
-        partition's (events it dropped) is a gap in them."""
+        registration the caller holds (its lease, renewed and cancelled by its id); the others
+        (followers) are registered for FOLLOWER_LEASE seconds and renewed by this stream while it
+        lasts, so that they end soon after it (a follower left behind by a server's stop expires on
+        its own); the merged stream ends when any of them does, the first's lease included.
+        Sequence numbers are the merged stream's own, and a gap in a partition's (events it
+        dropped) is a gap in them."""
         names = self._names(fan)
         lead = copy_for(request, names[0])
         follow = copy_for(request, names[0])
-        follow.lease.forever = True
+        follow.lease.seconds = FOLLOWER_LEASE
         streams = [self._stream("Notify", lead, context)] + [
             self._stream("Notify", copy_for(follow, n), context) for n in names[1:]
         ]
         queue: asyncio.Queue[tuple[int, bytes | BaseException | None]] = asyncio.Queue()
+        followers: dict[int, pb.Lease] = {}
 
         async def pump(i: int, stream: AsyncIterator[bytes]) -> None:
             try:
@@ -618,7 +624,31 @@ class Fan:
             except BaseException as err:
                 await queue.put((i, err))
 
+        async def renew() -> None:
+            try:
+                await renewing()
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # the merged stream ends with it
+                await queue.put((0, err))
+
+        async def renewing() -> None:
+            while True:
+                granted = [
+                    lease.granted_seconds for lease in followers.values() if lease.HasField("granted_seconds")
+                ]
+                await asyncio.sleep(min([FOLLOWER_LEASE, *granted]) / 3)
+                for i, lease in list(followers.items()):
+                    renewal = pb.LeaseRenewal(id=lease.id)
+                    renewal.duration.seconds = FOLLOWER_LEASE
+                    reply = await self._call(
+                        "RenewLeases", pb.RenewLeasesRequest(space=names[i], renewals=[renewal]), context
+                    )
+                    if reply.results and reply.results[0].HasField("lease"):
+                        followers[i] = reply.results[0].lease
+
         pumps = [asyncio.ensure_future(pump(i, stream)) for i, stream in enumerate(streams)]
+        pumps.append(asyncio.ensure_future(renew()))
         try:
             last: list[int | None] = [None] * len(streams)
             sequence = 0
@@ -632,7 +662,9 @@ class Fan:
                     return  # one partition's registration ended: so does the merged one
                 event = wire.event_of(item)
                 if event is None:  # a partition's registration: the lead's is the caller's
-                    if i == 0:
+                    if i > 0:
+                        followers[i] = pb.NotifyReply.FromString(item).registration
+                    else:
                         lead_sent = True
                         yield item
                         for waiting in early:

@@ -272,6 +272,14 @@ def test_notify_hears_writes_to_every_partition(space: outrig.Space) -> None:
     assert sequences == sorted(sequences) and len(set(sequences)) == 8
 
 
+def test_a_notify_ends_when_its_registrations_lease_does(space: outrig.Space) -> None:
+    with space.notify(Job(), lease=60.0) as events:
+        space.write(Job(region="r2", n=1))
+        assert next(iter(events)).entry == Job(region="r2", n=1)
+        events.lease.cancel()
+        assert list(events) == []  # the merged stream ends with the lease it was given
+
+
 # ------------------------------------------------------------------------------ transactions
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -33,6 +34,7 @@ from outrig.service.exceptions import ConfigError
 from outrig.service.protocol import codec
 from outrig.testing import LocalServer
 from outrig.v1 import space_pb2 as pb
+from outrig.v1.space_pb2_grpc import SpaceStub
 
 REGIONS = ["eu", "us", "ap", "sa", "af"]
 PARTITIONED = ServerConfig(spaces={"jobs": SpaceSettings(partition_by="region", partitions=3)})
@@ -191,3 +193,38 @@ def test_a_store_written_with_other_partitions_is_refused_at_start() -> None:
         )
         with pytest.raises(ConfigError, match="1 entries of space 'other' unpartitioned"):
             LocalServer(now_partitioned).start()
+
+
+def test_a_fan_out_registration_is_not_resumed_a_partitions_own_is() -> None:
+    with tempfile.TemporaryDirectory(prefix="outrig-partitions-") as data_dir:
+        config = ServerConfig(
+            data_dir=Path(data_dir), spaces={"jobs": SpaceSettings(partition_by="region", partitions=3)}
+        )
+        channel = None
+        with LocalServer(config) as server:
+            channel = grpc.insecure_channel(server.address)
+            stub = SpaceStub(channel)
+            every = stub.Notify(
+                pb.NotifyRequest(space="jobs", templates=[pb.Template(type_name="parts.Job")])
+            )
+            one = stub.Notify(
+                pb.NotifyRequest(
+                    space="jobs",
+                    templates=[pb.Template(type_name="parts.Job", fields={"region": encode_value("eu")})],
+                )
+            )
+            spanning, own = next(every).registration.id, next(one).registration.id
+        channel.close()  # the server stopped under the streams: it keeps the registrations for a resume
+        with LocalServer(config) as server:
+            channel = grpc.insecure_channel(server.address)
+            stub = SpaceStub(channel)
+            with pytest.raises(grpc.RpcError) as refused:
+                next(stub.Notify(pb.NotifyRequest(space="jobs", resume=spanning)))
+            assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert "register again" in (refused.value.details() or "")
+            resumed = stub.Notify(pb.NotifyRequest(space="jobs", resume=own))
+            assert next(resumed).registration.id == own
+            with outrig.connect(server.address, space="jobs") as space:
+                space.write(Job(region="eu", n=1))
+            assert next(resumed).entry.fields["n"].int_value == 1
+            channel.close()

@@ -41,8 +41,10 @@ from outrig.service.engine.model import (
     TransactionState,
     Waiter,
 )
+from outrig.service.engine.partitions import split_name, template_partitions
 from outrig.service.engine.space import SpaceEngine
 from outrig.service.exceptions import (
+    CrossPartitionError,
     LeaseNotFoundError,
     NoOtherServerError,
     QuotaExceededError,
@@ -664,6 +666,23 @@ class MemoryBackend:
         if subscription.attached:
             raise RegistrationBusyError(
                 f"resume: registration {registration_id} in space {space!r} already has a listener"
+            )
+        base, k = split_name(space)
+        partitioning = self.config.partitioning(base)
+        registration = engine.registration(registration_id)
+        spans = (
+            k is not None
+            and partitioning is not None
+            and registration is not None
+            and template_partitions(registration.templates, partitioning) != {k}
+        )
+        if spans:
+            # One of a fan-out's registrations (transport/partitions.py): the others ended with
+            # their stream, so this one alone would hear of a part of the space.
+            subscription.close()
+            raise CrossPartitionError(
+                f"resume: registration {registration_id} of space {base!r} listened on every "
+                "partition (its templates do not name the routing field): register again"
             )
         subscription.attached = True
         return subscription
