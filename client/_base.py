@@ -122,10 +122,15 @@ class Location:
             ``here``, the server this connection reached. ``""`` when the server knows none.
         here: whether the server this connection reached serves the space itself (a lone server
             serves every space; in a tier, a call reaching another server is forwarded to it).
+        routing_field: a partitioned space's routing field (docs/scaling.md); ``""``: the space
+            is not partitioned.
+        partitions: how many partitions it has (1: unpartitioned).
     """
 
     address: str
     here: bool
+    routing_field: str = ""
+    partitions: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -807,7 +812,7 @@ def event_of(reply: pb.NotifyReply) -> Event:
 
 
 def location_of(reply: pb.LocateReply) -> Location:
-    return Location(reply.address, reply.here)
+    return Location(reply.address, reply.here, reply.routing_field, max(1, reply.partitions))
 
 
 def partitioning_of(reply: pb.LocateReply) -> tuple[str, int] | None:

@@ -55,6 +55,8 @@ class MixWorker:
         self.factory = EntryFactory()
         self._random = random.Random()
         self.space = outrig.connect(str(environment.host), space=params.space)
+        # A partitioned space's transactions name their partition (docs/scaling.md).
+        self.partitioned = self.space.locate().partitions > 1
         self.tally = Tally()
         self.events = 0
         self._recent: deque[StressEntry] = deque(maxlen=_RECENT)
@@ -147,10 +149,17 @@ class MixWorker:
     def transaction(self) -> None:
         """Under a transaction: take_nowait with a random template and write one or two entries,
         then commit (four times in five) or abort. Only a commit counts its takes and writes."""
+        entries = [self.factory.make() for _ in range(random.randint(1, 2))]
+        template = self.template()
+        route = None
+        if self.partitioned:
+            # A transaction works in one partition (docs/scaling.md): the partition of its one
+            # entry's serial, with a template that names no serial.
+            entries, template = entries[:1], random.choice(ENTRY_CLASSES)()
+            route = identity_of(entries[0])[1]
         with measured(self._fire, "transaction") as measure:
-            txn = self.space.transaction(lease=10.0)
-            got = txn.take_nowait(self.template())
-            entries = [self.factory.make() for _ in range(random.randint(1, 2))]
+            txn = self.space.transaction(lease=10.0, route=route)
+            got = txn.take_nowait(template)
             txn.write_many(entries, lease=_LEASE)
             if random.random() < 0.8:
                 txn.commit()

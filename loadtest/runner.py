@@ -66,8 +66,23 @@ def parser() -> argparse.ArgumentParser:
     group.add_argument(
         "--commit-interval-ms", type=int, metavar="MS", help="the started server's --commit-interval-ms"
     )
+    group.add_argument(
+        "--partitions",
+        type=int,
+        default=1,
+        metavar="N",
+        help="the started server serves the campaign's space in N partitions by its entries' serial "
+        "(docs/scaling.md; default 1: unpartitioned)",
+    )
     parser.add_argument("locust_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     return parser
+
+
+def _partitioned(report_dir: Path, space: str, partitions: int) -> Path:
+    """A configuration file that partitions `space` by the campaign entries' serial."""
+    config = report_dir / "partitions.toml"
+    config.write_text(f'[spaces.{space}]\npartition_by = "serial"\npartitions = {partitions}\n')
+    return config
 
 
 def main(argv: list[str]) -> int:
@@ -99,6 +114,11 @@ def main(argv: list[str]) -> int:
         serve_args = ["--durability", args.durability]
         if args.commit_interval_ms is not None:
             serve_args += ["--commit-interval-ms", str(args.commit_interval_ms)]
+        if args.partitions > 1:
+            serve_args += [
+                "--config",
+                str(_partitioned(report_dir, params_from(args).space, args.partitions)),
+            ]
         server = ManagedServer(data_dir, report_dir / "server.log", serve_args=tuple(serve_args))
         try:
             address = server.start()

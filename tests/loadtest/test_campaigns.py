@@ -146,6 +146,39 @@ def test_the_random_mix_accounts_for_every_entry(tmp_path: Path) -> None:
     assert {"write", "read", "take", "take_many", "notify", "transaction"} <= names
 
 
+def test_both_campaigns_stay_exact_on_a_partitioned_space(tmp_path: Path) -> None:
+    """The space in 3 partitions by serial (docs/scaling.md): the entries' own templates go to one
+    partition, the root templates fan out, the kill and restart recover every partition."""
+    (tmp_path / "stress").mkdir()
+    (tmp_path / "mix").mkdir()
+    done = _stress(
+        tmp_path / "stress",
+        "--profile",
+        "stress-with-shutdown",
+        *SMALL,
+        "--verify-takes",
+        "--partitions",
+        "3",
+    )
+    verdict = _verdict(done)
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert (verdict["written"], verdict["taken"], verdict["lost"], verdict["duplicated"]) == (
+        1000,
+        1000,
+        0,
+        0,
+    )
+    assert "kill 1: SIGKILL after 1000 writes" in done.stdout
+    mix = _stress(
+        tmp_path / "mix", "--profile", "random", "--max-users", "10", "--step-users", "5",
+        "--step-seconds", "2", "--duration", "6", "--partitions", "3",
+    )  # fmt: skip
+    verdict = _verdict(mix)
+    assert mix.returncode == 0, mix.stdout[-3000:]
+    assert int(verdict["written"]) > 0 and int(verdict["taken"]) > 0
+    assert (verdict["lost"], verdict["duplicated"], verdict["empty"]) == (0, 0, "yes")
+
+
 def test_bad_options_exit_2_naming_the_option(tmp_path: Path) -> None:
     done = _stress(tmp_path, "--num-writers", "0")
     assert done.returncode == 2
