@@ -161,7 +161,7 @@ class Router:
                 f"space: {base!r} is partitioned: name one of its partitions ({partition_name(base, 0)}, ...)"
             )
         partitions = self._partitions(name, message, base, partitioning)
-        if len(partitions) == 1 and name not in _EVERY_PARTITION and name != "Locate":
+        if len(partitions) == 1 and name not in _EVERY_PARTITION:
             rename(request, partition_name(base, partitions[0]))
             return None
         return FanOut(base, partitioning, partitions)

@@ -35,7 +35,7 @@ from outrig.service.engine import SpaceSettings
 from outrig.testing import LocalServer
 
 from ..conftest import ServerProcess, start_server
-from ..polling import wait_until
+from ..polling import scrape, wait_until
 from ..postgres_server import PostgresServer
 
 REGIONS = [f"r{i}" for i in range(8)]
@@ -85,7 +85,7 @@ def shape(request: pytest.FixtureRequest) -> Iterator[Shape]:
     database = postgres.dsn(postgres.new_database("part"))
     config = _config_file(4)
     flags = ("--backend", "postgres", "--dsn", database, "--config", str(config))
-    servers = (start_server(*flags), start_server(*flags))
+    servers = (start_server(*flags, metrics=True), start_server(*flags, metrics=True))
     try:
         shape = Shape(request.param, servers[0].address, 4, request.param == "tier-direct", servers)
         _claim_spread(shape)
@@ -367,3 +367,37 @@ def test_each_partition_is_a_space_of_the_tier(shape: Shape) -> None:
         if shape.servers:
             assert len({placements[name].address for name in names}) == len(shape.servers)
         space.take_many(Job(), max_entries=100, timeout=0)
+
+
+def _forwarded(shape: Shape) -> float:
+    """Calls the tier's servers forwarded to another, so far."""
+    total = 0.0
+    for server in shape.servers:
+        assert server.metrics is not None
+        samples = scrape(server.metrics)
+        total += sum(
+            v for k, v in samples.items() if k.startswith('outrig_routed_calls_total{how="forwarded"')
+        )
+    return total
+
+
+def test_the_sdk_sends_a_call_of_one_partition_straight_to_its_owner(shape: Shape) -> None:
+    if not shape.servers:
+        pytest.skip("one server: nothing to forward")
+    with shape.connect() as space:
+        space.write(Job(region="r0", n=0))  # the first calls locate the space and the partition
+        space.take_many(Job(), max_entries=100, timeout=0)
+        before = _forwarded(shape)
+        for i in range(40):
+            space.write(Job(region=REGIONS[i % 8], n=i))
+        for i in range(40):
+            assert space.take(Job(region=REGIONS[i % 8], n=i), timeout=5) is not None
+        forwarded = _forwarded(shape) - before
+        owners = {p.space: p.address for p in space.list_spaces()}
+    elsewhere = sum(
+        owners[f"jobs~{_partition(REGIONS[i % 8], shape.partitions)}"] != shape.address for i in range(40)
+    )
+    if shape.direct:
+        assert forwarded == 0  # every one went to the partition's owner
+    else:
+        assert forwarded == 2 * elsewhere > 0  # the write and the take of each the other server owns
