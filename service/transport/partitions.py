@@ -74,6 +74,8 @@ _BY_IDS = frozenset({"RenewLeases", "CancelLeases"})
 _BY_TRANSACTION = frozenset({"Commit", "Abort"})
 _BY_LEASE_ID = frozenset({"CancelRegistration", "AbortTransaction"})
 _EVERY_PARTITION = frozenset({"DescribeSpace", "Browse", "Purge"})
+#: The kinds of value a routing field may hold in an entry (the SDK can hash these itself).
+_ROUTABLE = frozenset({"bool_value", "int_value", "double_value", "string_value", "bytes_value"})
 #: Seconds a fan-out notify's follower registrations are leased for (renewed every third of it,
 #: or of what the space grants, while their stream lasts).
 FOLLOWER_LEASE = 60.0
@@ -208,9 +210,13 @@ class Router:
                     f"in one partition, named by a value of {partitioning.field!r} (BeginRequest.route; "
                     "Space.transaction(route=...))"
                 )
+            kind = message.route.WhichOneof("kind")
+            if kind not in _ROUTABLE:
+                raise InvalidArgumentError(
+                    f"route: a value of {partitioning.field!r} (a bool, int, double, string or bytes), "
+                    f"not {'nothing' if kind is None else kind.removesuffix('_value')}"
+                )
             value = codec.field_value(message.route, "route", self._limits)
-            if value.kind == "null":
-                raise CrossPartitionError(f"route: must hold a value of {partitioning.field!r}, not null")
             return (partition_of(value, partitioning.count),)
         if name == "Locate" and message.HasField("partition"):
             if message.partition >= partitioning.count:
@@ -222,15 +228,20 @@ class Router:
 
     def _entry_partition(self, entry: pb.Entry, where: str, space: str, partitioning: Partitioning) -> int:
         field = partitioning.field
+        at = f"{where}.fields[{field!r}]"
         value = entry.fields.get(field) if field in entry.fields else None
-        if value is None or value.WhichOneof("kind") in (None, "null_value"):
+        kind = None if value is None else value.WhichOneof("kind")
+        if value is None or kind in (None, "null_value"):
             raise RoutingValueError(
-                f"{where}.fields[{field!r}]: space {space!r} is partitioned by {field!r}: every entry "
-                "written to it holds a value there"
+                f"{at}: space {space!r} is partitioned by {field!r}: every entry written to it "
+                "holds a value there"
             )
-        return partition_of(
-            codec.field_value(value, f"{where}.fields[{field!r}]", self._limits), partitioning.count
-        )
+        if kind not in _ROUTABLE:
+            raise RoutingValueError(
+                f"{at}: a routing value of space {space!r} is a bool, int, double, string or bytes, "
+                f"not {str(kind).removesuffix('_value')}"
+            )
+        return partition_of(codec.field_value(value, at, self._limits), partitioning.count)
 
     def _transaction_partition(self, transaction: int, space: str, partitioning: Partitioning) -> int:
         k = partition_of_id(transaction)

@@ -322,6 +322,10 @@ def test_an_entry_without_its_routing_value_is_refused_naming_the_field(
         space.write(Job(n=1))
     with pytest.raises(outrig.RoutingValueError, match=r"entries\[1\]\.fields\['region'\]"):
         space.write_many([Job(region="r1"), Job(region=None, n=2)])
+    with pytest.raises(outrig.RoutingValueError, match=r"a bool, int, double, string or bytes, not list"):
+        space.write(outrig.GenericEntry("part.Job", fields={"region": ["r1"], "n": 1}))
+    with pytest.raises(outrig.InvalidArgumentError, match="route: a value of 'region'"):
+        space.transaction(route=["r1"])
     assert space.count(Job()) == 0
 
 
