@@ -35,6 +35,7 @@ OUTRIG = {
     "UnauthenticatedError", "LeaseNotFoundError", "TransactionNotFoundError", "QuotaExceededError",
     "TypeConflictError", "TransactionAbortedError", "RequestConflictError", "RegistrationBusyError",
     "ShuttingDownError", "StoreUnavailableError", "NotOwnerError", "NoOtherServerError",
+    "RoutingValueError", "CrossPartitionError",
     "__version__",
 }  # fmt: skip
 AIO = {"connect", "AsyncSpace", "AsyncLease", "AsyncNotification", "AsyncTransaction"}
