@@ -80,6 +80,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--request-window", type=float, metavar="S", help="seconds a request id is remembered (default 120)"
     )
+    serve.add_argument(
+        "--workers",
+        metavar="N",
+        help="run N worker processes sharing this machine's spaces and the listen port (0 or auto: one "
+        "per core; default 1: this process alone); worker i also listens on the listen port + 1 + i",
+    )
     serve.add_argument("--config", metavar="FILE", type=Path, help="a TOML configuration file")
     serve.add_argument("--max-message-bytes", type=int, metavar="N", help="largest request or reply")
     serve.add_argument("--grace-seconds", type=float, metavar="S", help="shutdown grace for in-flight calls")
@@ -201,8 +207,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command != "serve":
         return _store_command(args)
     try:
+        from outrig.service import supervisor
         from outrig.service.config import load_config
-        from outrig.service.transport.server import serve
+        from outrig.service.workers import WorkerRole, resolve_workers
     except ImportError as err:  # pragma: no cover - depends on the install
         print(f"outrig: the server needs its extras: pip install 'outrig[server]' ({err})", file=sys.stderr)
         return 2
@@ -234,9 +241,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "token_audience": args.token_audience,
                 "policy": args.policy,
                 "insecure": args.insecure,
+                "workers": args.workers,
             },
         )
         configure_logging(config.log_level, config.log_format)
+        role = WorkerRole.from_environ()  # this process is a worker its supervisor started
+        if role is not None:
+            config = supervisor.worker_config(config, role)
+        elif resolve_workers(config.workers) > 1:
+            # The supervisor imports neither gRPC nor a backend: each worker is `outrig serve`.
+            return asyncio.run(supervisor.supervise(config, argv, resolve_workers(config.workers)))
+        try:
+            from outrig.service.transport.server import serve
+        except ImportError as err:  # pragma: no cover - depends on the install
+            print(
+                f"outrig: the server needs its extras: pip install 'outrig[server]' ({err})", file=sys.stderr
+            )
+            return 2
         asyncio.run(serve(config))
     except (ConfigError, StoreError) as err:
         print(f"outrig: {err}", file=sys.stderr)

@@ -1,0 +1,144 @@
+"""`outrig serve --workers 2` as a user runs it: real processes on port 0, embedded with a data dir
+and in memory. Spaces are spread over both workers, any port answers any call (forwarded to the
+owner), Locate names the owner's own address and the SDK sends calls there; a SIGKILLed worker is
+restarted while the SDK retries, with every acknowledged write kept (data dir) or none (in
+memory); SIGTERM stops them all; a killed supervisor leaves no worker behind; a data dir made
+for another number of workers is refused."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import outrig
+
+from ..conftest import start_server
+from ..polling import wait_until
+from ..worker_processes import Workers, alive, start_workers
+
+
+@dataclasses.dataclass
+class Job(outrig.Entry, type_name="workers.Job"):
+    n: int | None = None
+
+
+@pytest.fixture(params=["data-dir", "in-memory"])
+def workers(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Workers]:
+    args = ["--data-dir", str(tmp_path / "data")] if request.param == "data-dir" else []
+    running = start_workers(2, *args)
+    yield running
+    running.stop()
+
+
+def test_spaces_spread_over_the_workers_and_any_port_answers(workers: Workers) -> None:
+    spaces = [*workers.spaces_of(0, 2), *workers.spaces_of(1, 2)]
+    ports = [workers.public, *workers.addresses]
+    for n, space in enumerate(spaces):
+        with outrig.connect(workers.public, space=space, direct=False) as at_public:
+            at_public.write(Job(n=n))
+        owner = workers.addresses[workers.owner(space)]
+        for port in ports:
+            with outrig.connect(port, space=space, direct=False) as there:
+                assert there.read_nowait(Job()) == Job(n=n)
+                assert there.count(Job()) == 1
+                location = there.locate()
+                assert location.address == owner
+                if port != workers.public:
+                    assert location.here == (port == owner)
+    # Each worker lists the spaces it serves, at its own address.
+    for index, address in enumerate(workers.addresses):
+        with outrig.connect(address, direct=False) as at_worker:
+            listed = {p.space: p for p in at_worker.list_spaces()}
+        assert sorted(listed) == sorted(s for s in spaces if workers.owner(s) == index)
+        assert {p.address for p in listed.values()} == {address}
+
+
+def test_the_sdk_sends_a_space_s_calls_to_its_worker(workers: Workers) -> None:
+    (space_name,) = workers.spaces_of(1)
+    with outrig.connect(workers.addresses[0], space=space_name) as space:
+        space.write(Job(n=1))
+        assert space.target == workers.addresses[1]  # straight to the owner, no forwarding hop
+        assert space.take_nowait(Job()) == Job(n=1)
+
+
+def test_a_killed_worker_is_restarted_while_the_sdk_retries(workers: Workers, tmp_path: Path) -> None:
+    durable = (tmp_path / "data").exists()
+    (kept,) = workers.spaces_of(0)
+    (killed,) = workers.spaces_of(1)
+    with (
+        outrig.connect(workers.public, space=kept, direct=False) as on_kept,
+        outrig.connect(workers.public, space=killed, direct=False) as on_killed,
+    ):
+        on_kept.write_many([Job(n=n) for n in range(5)])
+        on_killed.write_many([Job(n=n) for n in range(5)])
+        old = workers.pids[1]
+        os.kill(old, signal.SIGKILL)
+        # Calls during the restart are retried by the SDK until the restarted worker serves.
+        on_killed.write(Job(n=99))
+        new = workers.wait_restarted(1)
+        assert new != old and alive(new) and not alive(old)
+        assert on_kept.count(Job()) == 5
+        expected = [*range(5), 99] if durable else [99]
+        taken = on_killed.take_many(Job(), max_entries=100)
+        assert sorted(j.n or 0 for j in taken if isinstance(j, Job)) == expected
+    assert f"worker-1 (pid {old}) ended by signal SIGKILL" in workers.server.log.read_text()
+
+
+def test_sigterm_stops_every_worker_and_sighup_reaches_each(tmp_path: Path) -> None:
+    workers = start_workers(2)
+    workers.server.process.send_signal(signal.SIGHUP)
+    wait_until(
+        lambda: workers.server.log.read_text().count("SIGHUP: no policy file configured") == 2,
+        what="both workers logged the SIGHUP",
+    )
+    assert workers.stop() == 0
+    assert not any(alive(pid) for pid in workers.pids)
+
+
+def test_a_killed_supervisor_leaves_no_worker_behind() -> None:
+    workers = start_workers(2)
+    workers.server.process.kill()
+    workers.server.process.wait()
+    wait_until(lambda: not any(alive(pid) for pid in workers.pids), what="both workers ended")
+    workers.stop()
+
+
+def _serve(*args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "outrig.service", "serve", "--listen", "127.0.0.1:0", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_a_data_dir_of_another_number_of_workers_is_refused(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    workers = start_workers(2, "--data-dir", str(data))
+    with outrig.connect(workers.public, space="kept", direct=False) as space:
+        space.write(Job(n=1))
+    assert workers.stop() == 0
+    three = _serve("--workers", "3", "--data-dir", str(data))
+    assert three.returncode == 2
+    assert "was started with --workers 2, not 3" in three.stderr and "start with --workers 2" in three.stderr
+    one = _serve("--workers", "1", "--data-dir", str(data))
+    assert one.returncode == 2 and "holds the stores of 2 workers" in one.stderr
+    # Started again with its own number, it has what it had.
+    again = start_workers(2, "--data-dir", str(data))
+    with outrig.connect(again.public, space="kept", direct=False) as space:
+        assert space.read_nowait(Job()) == Job(n=1)
+    assert again.stop() == 0
+
+
+def test_a_single_process_data_dir_is_refused_to_workers(tmp_path: Path) -> None:
+    data = tmp_path / "single"
+    lone = start_server("--data-dir", str(data))
+    with outrig.connect(lone.address, space="kept") as space:
+        space.write(Job(n=1))
+    assert lone.stop() == 0
+    refused = _serve("--workers", "2", "--data-dir", str(data))
+    assert refused.returncode == 2
+    assert "holds the store of a single process; --workers 2 cannot serve it" in refused.stderr
