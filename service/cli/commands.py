@@ -244,8 +244,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "workers": args.workers,
             },
         )
-        configure_logging(config.log_level, config.log_format)
         role = WorkerRole.from_environ()  # this process is a worker its supervisor started
+        configure_logging(config.log_level, config.log_format, "" if role is None else role.name)
         if role is not None:
             config = supervisor.worker_config(config, role)
         elif resolve_workers(config.workers) > 1:

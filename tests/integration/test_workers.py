@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,8 +20,8 @@ import pytest
 
 import outrig
 
-from ..conftest import start_server
-from ..polling import wait_until
+from ..conftest import free_port, start_server
+from ..polling import scrape, wait_until
 from ..worker_processes import Workers, alive, start_workers
 
 
@@ -142,3 +143,47 @@ def test_a_single_process_data_dir_is_refused_to_workers(tmp_path: Path) -> None
     refused = _serve("--workers", "2", "--data-dir", str(data))
     assert refused.returncode == 2
     assert "holds the store of a single process; --workers 2 cannot serve it" in refused.stderr
+
+
+def _free_pair() -> int:
+    """A loopback port p such that p and p + 1 are free now."""
+    while True:
+        port = free_port()
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+
+
+def test_each_worker_serves_its_metrics_and_the_sdk_skips_the_forwarding_hop() -> None:
+    metrics = _free_pair()
+    workers = start_workers(2, "--metrics-listen", f"127.0.0.1:{metrics}")
+    try:
+        (space_name,) = workers.spaces_of(1)
+
+        def forwarded() -> float:
+            samples = [scrape(f"127.0.0.1:{metrics + i}") for i in range(2)]
+            return sum(v for s in samples for k, v in s.items() if k.startswith("outrig_routed_calls_total"))
+
+        # Through worker 0's own port, the SDK asks Locate and sends the space's calls to worker
+        # 1's: at most the first call (sent before Locate answered) is forwarded.
+        with outrig.connect(workers.addresses[0], space=space_name) as space:
+            for n in range(20):
+                space.write(Job(n=n))
+            assert space.count(Job()) == 20
+        assert forwarded() <= 1
+        before = forwarded()
+        with outrig.connect(workers.addresses[0], space=space_name, direct=False) as through:
+            for _ in range(5):
+                assert through.count(Job()) == 20
+        assert forwarded() == before + 5  # without routing, worker 0 forwards each
+        with outrig.connect(workers.public, space=space_name) as space:
+            assert space.count(Job()) == 20
+        scrapes = [scrape(f"127.0.0.1:{metrics + i}") for i in range(2)]
+        assert scrapes[1][f'outrig_entries{{space="{space_name}",type="workers.Job"}}'] == 20
+        assert not any(key.startswith(f'outrig_entries{{space="{space_name}"') for key in scrapes[0])
+        assert scrapes[1]['outrig_requests_total{code="OK",method="Write"}'] == 20
+    finally:
+        assert workers.stop() == 0
