@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -69,6 +70,42 @@ def test_the_sdk_sends_a_space_s_calls_to_its_worker(workers: Workers) -> None:
         assert space.take_nowait(Job()) == Job(n=1)
 
 
+def test_streams_blocking_calls_and_transactions_cross_the_workers() -> None:
+    """Through the port of the worker that does not serve the space (`direct=False`: forwarded):
+    a blocking take woken by a write through the other port, a notify stream, contents, and a
+    transaction that commits."""
+    workers = start_workers(2)
+    try:
+        (name,) = workers.spaces_of(1)
+        with (
+            outrig.connect(workers.addresses[0], space=name, direct=False) as through,
+            outrig.connect(workers.addresses[1], space=name, direct=False) as at_owner,
+            through.notify(Job()) as events,
+        ):
+            taken: list[object] = []
+            taker = threading.Thread(target=lambda: taken.append(through.take(Job(n=1), timeout=20)))
+            taker.start()
+            wait_for_waiters_of(workers, name)
+            at_owner.write(Job(n=1))
+            taker.join(30)
+            assert taken == [Job(n=1)]
+            assert next(iter(events)).entry == Job(n=1)
+            with through.transaction() as txn:
+                txn.write_many([Job(n=2), Job(n=3)])
+                assert at_owner.count(Job()) == 0
+            assert sorted(j.n or 0 for j in through.contents(Job()) if isinstance(j, Job)) == [2, 3]
+    finally:
+        assert workers.stop() == 0
+
+
+def wait_for_waiters_of(workers: Workers, space: str) -> None:
+    """Wait until the owner of `space` has one read or take parked in it (its ListSpaces cannot
+    say; its describe can)."""
+    owner = workers.addresses[workers.owner(space)]
+    with outrig.connect(owner, space=space, direct=False) as at_owner:
+        wait_until(lambda: at_owner.describe().waiters == 1, what="a parked take")
+
+
 def test_a_killed_worker_is_restarted_while_the_sdk_retries(workers: Workers, tmp_path: Path) -> None:
     durable = (tmp_path / "data").exists()
     (kept,) = workers.spaces_of(0)
@@ -76,17 +113,21 @@ def test_a_killed_worker_is_restarted_while_the_sdk_retries(workers: Workers, tm
     with (
         outrig.connect(workers.public, space=kept, direct=False) as on_kept,
         outrig.connect(workers.public, space=killed, direct=False) as on_killed,
+        outrig.connect(workers.addresses[0], space=killed) as routed,
     ):
         on_kept.write_many([Job(n=n) for n in range(5)])
         on_killed.write_many([Job(n=n) for n in range(5)])
+        assert routed.count(Job()) == 5 and routed.target == workers.addresses[1]
         old = workers.pids[1]
         os.kill(old, signal.SIGKILL)
-        # Calls during the restart are retried by the SDK until the restarted worker serves.
+        # Calls during the restart are retried by the SDK until the restarted worker serves:
+        # forwarded by whichever worker the public port reached, or sent to the worker directly.
         on_killed.write(Job(n=99))
+        routed.write(Job(n=100))
         new = workers.wait_restarted(1)
         assert new != old and alive(new) and not alive(old)
         assert on_kept.count(Job()) == 5
-        expected = [*range(5), 99] if durable else [99]
+        expected = [*range(5), 99, 100] if durable else [99, 100]
         taken = on_killed.take_many(Job(), max_entries=100)
         assert sorted(j.n or 0 for j in taken if isinstance(j, Job)) == expected
     assert f"worker-1 (pid {old}) ended by signal SIGKILL" in workers.server.log.read_text()
