@@ -228,21 +228,23 @@ class Supervisor:
                 sys.stdout.flush()
 
     async def _until_ready(self, worker: _Worker) -> int | None:
-        """Wait until `worker` serves (None) or ends first (its exit status)."""
+        """Wait until `worker` serves (None), the supervisor stops (None) or the worker ends
+        first (its exit status)."""
         assert worker.process is not None
         ended = asyncio.ensure_future(worker.process.wait())
-        ready = asyncio.ensure_future(worker.ready.wait())
-        await asyncio.wait(
-            (ended, ready, asyncio.ensure_future(self._stopping.wait())), return_when=asyncio.FIRST_COMPLETED
+        waits = (
+            ended,
+            asyncio.ensure_future(worker.ready.wait()),
+            asyncio.ensure_future(self._stopping.wait()),
         )
-        ready.cancel()
-        if worker.ready.is_set():
-            ended.cancel()
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+        if worker.ready.is_set() or not ended.done() or ended.cancelled():
             return None
-        if ended.done():
-            return ended.result()
-        ended.cancel()
-        return None
+        return ended.result()
 
     async def _watch(self, worker: _Worker) -> None:
         """Restart `worker` each time it ends, until the supervisor stops."""
