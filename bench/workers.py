@@ -10,7 +10,9 @@ a. Forwarded vs direct: one blocking client doing write+take pairs on a space of
 b. A worker killed: SIGKILL worker 1, then a write on its space through the public port (the
    SDK retrying UNAVAILABLE): the seconds from the kill until that write is acknowledged, which
    is the supervisor's backoff (0.1 s for a first restart), the worker's start and its store's
-   recovery; median over --kills kills, each after the worker has served again.
+   recovery, and the SDK's own retry backoff; median over --kills kills, each once the worker
+   has served again (kills in a row, so the supervisor's backoff doubles at each: 0.1, 0.2,
+   0.4 s, ...).
 
 Prints the core count and the load average (these machines are shared); asserts nothing.
 """
@@ -76,7 +78,8 @@ def kills(workers: Workers, space_name: str, count: int) -> None:
             workers.wait_restarted(1)
         held = space.count(Item())
     print(f"b. worker 1 SIGKILLed {count} times: its space served again after")
-    print(f"   median {statistics.median(away):.3f} s (min {min(away):.3f}, max {max(away):.3f});")
+    print(f"   median {statistics.median(away):.3f} s; each: {', '.join(f'{a:.2f}' for a in away)} s")
+    print("   (kills in a row: the supervisor's backoff doubles from 0.1 s each time)")
     print(f"   acknowledged writes held afterwards: {held} of {2 * count}")
 
 
