@@ -84,7 +84,9 @@ def kills(workers: Workers, space_name: str, count: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="fewer rounds, pairs and kills")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--pairs", type=int, default=500)

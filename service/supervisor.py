@@ -11,8 +11,10 @@ on an address of its own: the listen port + 1 + i for worker i, or, with port 0,
 The supervisor binds all of them first (with SO_REUSEPORT, never listening): port 0 becomes a
 port number the workers can be told, a worker restarted gets its ports back, and no other program
 takes them meanwhile. A worker's own address is what Locate answers and the other workers forward
-to. Metrics: worker i serves them on the metrics port + i (port 0: a free port each, logged); the
-console is worker 0's.
+to. Metrics: worker i serves them on the metrics port + i; the console is worker 0's.
+
+A port given (not 0) must be free: it is first bound without SO_REUSEPORT, as gRPC checks its own
+(the kernel would otherwise let a second supervisor, or a stale worker, share it silently).
 
 **Restarts.** A worker that ends without being asked to (a crash, SIGKILL) is started again after
 a backoff that doubles from RESTART_BACKOFF up to RESTART_BACKOFF_MAX and starts over once a
@@ -86,6 +88,11 @@ def _reserve(host: str, port: int, setting: str) -> socket.socket:
     except OSError as err:
         raise ConfigError(f"{setting}: cannot bind {host}:{port}: {err}") from None
     try:
+        if port:  # free, not only shareable: nothing listens there, ours or not
+            with socket.socket(family, kind, proto) as probe:
+                # SO_REUSEADDR: connections of an earlier server left in TIME_WAIT do not count.
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind(where)
         reserved.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         reserved.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         reserved.bind(where)

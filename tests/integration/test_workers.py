@@ -188,14 +188,10 @@ def test_a_single_process_data_dir_is_refused_to_workers(tmp_path: Path) -> None
 
 def _free_pair() -> int:
     """A loopback port p such that p and p + 1 are free now."""
-    while True:
+    port = free_port()
+    while not _free(port + 1):
         port = free_port()
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
+    return port
 
 
 def test_each_worker_serves_its_metrics_and_the_sdk_skips_the_forwarding_hop() -> None:
@@ -228,3 +224,30 @@ def test_each_worker_serves_its_metrics_and_the_sdk_skips_the_forwarding_hop() -
         assert scrapes[1]['outrig_requests_total{code="OK",method="Write"}'] == 20
     finally:
         assert workers.stop() == 0
+
+
+def test_given_ports_are_the_listen_port_and_the_next_ones_and_must_be_free() -> None:
+    port = free_port()
+    while not all(_free(port + i) for i in (1, 2)):
+        port = free_port()
+    workers = start_workers(2, "--listen", f"127.0.0.1:{port}")
+    try:
+        assert workers.public == f"127.0.0.1:{port}"
+        assert workers.addresses == [f"127.0.0.1:{port + 1}", f"127.0.0.1:{port + 2}"]
+        # A second supervisor on the same port is refused, not let in to share it.
+        refused = _serve("--workers", "2", "--listen", f"127.0.0.1:{port}")
+        assert refused.returncode == 2 and f"listen: cannot bind 127.0.0.1:{port}" in refused.stderr
+        with outrig.connect(workers.public, space="given", direct=False) as space:
+            space.write(Job(n=1))
+            assert space.count(Job()) == 1
+    finally:
+        assert workers.stop() == 0
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
