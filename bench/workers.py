@@ -87,10 +87,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    for flag, default in (("--rounds", 5), ("--pairs", 500), ("--kills", 5)):
+        parser.add_argument(flag, type=int, default=default)
     parser.add_argument("--quick", action="store_true", help="fewer rounds, pairs and kills")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--pairs", type=int, default=500)
-    parser.add_argument("--kills", type=int, default=5)
     args = parser.parse_args()
     rounds, count, kill_count = (3, 100, 2) if args.quick else (args.rounds, args.pairs, args.kills)
     print(f"cores: {os.cpu_count()} (affinity {len(os.sched_getaffinity(0))}); load {os.getloadavg()}")
