@@ -137,7 +137,7 @@ def recorded_workers(data_dir: Path) -> int | None:
     """The N a data dir was started with by `--workers N` (None: never by a supervisor)."""
     try:
         text = (data_dir / RECORD_NAME).read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # no record (or no data dir): what holds it says
         return None
     except OSError as err:
         raise ConfigError(f"data dir {data_dir}: cannot read {RECORD_NAME}: {err}") from None

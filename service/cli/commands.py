@@ -133,7 +133,8 @@ def _parser() -> argparse.ArgumentParser:
         "SQLite's online backup: a server using DATA_DIR goes on serving. DEST is created if missing and "
         "becomes a data dir a server can start from. The copy is then checked as `outrig check` does. "
         "Exit status: 0 copied and the copy is ok; 1 copied, but the copy has problems; 2 nothing copied "
-        "(DATA_DIR holds no store or an incompatible one, or DEST already holds a store).",
+        "(DATA_DIR holds no store or an incompatible one, or DEST already holds a store). The data dir of "
+        "`outrig serve --workers N`: each worker's store, to DEST/workers/I, and DEST records N.",
     )
     backup.add_argument("data_dir", metavar="DATA_DIR", type=Path, help="the data dir to copy")
     backup.add_argument("destination", metavar="DEST", type=Path, help="a directory with no store in it yet")
@@ -144,7 +145,8 @@ def _parser() -> argparse.ArgumentParser:
         "format version, SQLite's integrity check, that every stored entry and notify registration "
         "decodes, that every row belongs to a known space, and that ids will not be handed out twice. "
         "Prints what each space holds and a last line `check: ok` or `check: N problem(s)`. Exit status: "
-        "0 ok; 1 problems found; 2 DATA_DIR holds no store, an incompatible one, or cannot be read.",
+        "0 ok; 1 problems found; 2 DATA_DIR holds no store, an incompatible one, or cannot be read. The data "
+        "dir of `outrig serve --workers N`: each worker's store, the worst status of all.",
     )
     check.add_argument("data_dir", metavar="DATA_DIR", type=Path, help="the data dir to check")
     health.add_parser(commands)
@@ -174,16 +176,40 @@ def _stress(argv: Sequence[str]) -> int:
 
 
 def _store_command(args: argparse.Namespace) -> int:
-    """`outrig backup` and `outrig check`: 0 ok, 1 the store has problems, 2 nothing to work on."""
+    """`outrig backup` and `outrig check`: 0 ok, 1 the store has problems, 2 nothing to work on.
+    A data dir of `--workers N` has a store per worker: each is checked, or copied to the same
+    place under DEST (which then records N too)."""
+    from outrig.service.workers import recorded_workers
+
+    try:
+        workers = recorded_workers(args.data_dir)
+    except ConfigError as err:
+        print(f"outrig {args.command}: {err}", file=sys.stderr)
+        return 2
+    if workers is None:
+        return _one_store_command(args, args.data_dir, getattr(args, "destination", None))
+    from outrig.service.workers import record_workers, worker_data_dir
+
+    worst = 0
+    for i in range(workers):
+        print(f"worker {i} ({worker_data_dir(args.data_dir, i)}):")
+        destination = None if args.command == "check" else worker_data_dir(args.destination, i)
+        worst = max(worst, _one_store_command(args, worker_data_dir(args.data_dir, i), destination))
+    if args.command == "backup" and worst < 2:
+        record_workers(args.destination, workers)
+    return worst
+
+
+def _one_store_command(args: argparse.Namespace, data_dir: Path, destination: Path | None) -> int:
     from outrig.service.backends.embedded.store.backup import backup_store
     from outrig.service.backends.embedded.store.check import check_store
 
     try:
-        if args.command == "check":
-            report = check_store(args.data_dir)
+        if destination is None:
+            report = check_store(data_dir)
             print(report)
             return 0 if report.ok else 1
-        copied = backup_store(args.data_dir, args.destination)
+        copied = backup_store(data_dir, destination)
     except StoreError as err:
         print(f"outrig {args.command}: {err}", file=sys.stderr)
         return 2

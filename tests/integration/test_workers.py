@@ -152,9 +152,13 @@ def test_a_killed_supervisor_leaves_no_worker_behind() -> None:
     workers.stop()
 
 
-def _serve(*args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "outrig.service", "serve", "--listen", "127.0.0.1:0", *args]
+def _outrig(*args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "outrig.service", *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+
+
+def _serve(*args: str) -> subprocess.CompletedProcess[str]:
+    return _outrig("serve", "--listen", "127.0.0.1:0", *args)
 
 
 def test_a_data_dir_of_another_number_of_workers_is_refused(tmp_path: Path) -> None:
@@ -168,8 +172,17 @@ def test_a_data_dir_of_another_number_of_workers_is_refused(tmp_path: Path) -> N
     assert "was started with --workers 2, not 3" in three.stderr and "start with --workers 2" in three.stderr
     one = _serve("--workers", "1", "--data-dir", str(data))
     assert one.returncode == 2 and "holds the stores of 2 workers" in one.stderr
+    # `outrig check` checks each worker's store; `outrig backup` copies each, and the copy serves.
+    checked = _outrig("check", str(data))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "worker 0 (" in checked.stdout and "worker 1 (" in checked.stdout
+    assert checked.stdout.count("check: ok") == 2
+    copy = tmp_path / "copy"
+    copied = _outrig("backup", str(data), str(copy))
+    assert copied.returncode == 0, copied.stdout + copied.stderr
+    assert (copy / "workers" / "1" / "outrig.db").exists() and (copy / "workers.json").exists()
     # Started again with its own number, it has what it had.
-    again = start_workers(2, "--data-dir", str(data))
+    again = start_workers(2, "--data-dir", str(copy))
     with outrig.connect(again.public, space="kept", direct=False) as space:
         assert space.read_nowait(Job()) == Job(n=1)
     assert again.stop() == 0
