@@ -47,12 +47,30 @@ def worker_of(name: str, count: int) -> int:
     return (_hash(space) + k) % count
 
 
-def cores() -> int:
-    """The cores this process may run on (its CPU affinity), at least 1."""
+#: cgroup v2's CPU quota of this process's cgroup, as a container sees it ("max 100000": none).
+CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
+
+
+def cpu_quota(path: Path = CPU_MAX) -> int | None:
+    """The whole CPUs a cgroup v2 quota allows (rounded down, at least 1); None: no quota."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        quota, period = path.read_text().split()[:2]
+        if quota == "max":
+            return None
+        return max(1, int(quota) // int(period))
+    except (OSError, ValueError):
+        return None
+
+
+def cores() -> int:
+    """The cores this process may use: its CPU affinity, and no more than its cgroup's CPU
+    quota (a container's CPU limit), at least 1."""
+    try:
+        affinity = max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):  # pragma: no cover - not Linux
-        return max(1, os.cpu_count() or 1)
+        affinity = max(1, os.cpu_count() or 1)
+    quota = cpu_quota()
+    return affinity if quota is None else min(affinity, quota)
 
 
 def resolve_workers(workers: int) -> int:

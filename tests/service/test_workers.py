@@ -17,6 +17,7 @@ from outrig.service.workers import (
     WorkerRole,
     check_layout,
     cores,
+    cpu_quota,
     record_workers,
     recorded_workers,
     resolve_workers,
@@ -98,3 +99,18 @@ def test_a_data_dir_records_its_workers(tmp_path: Path) -> None:
     (tmp_path / "workers.json").write_text('{"workers": "many"}')
     with pytest.raises(ConfigError, match="not a record of workers"):
         recorded_workers(tmp_path)
+
+
+def test_a_cgroup_cpu_quota_caps_one_worker_per_core(tmp_path: Path) -> None:
+    cpu_max = tmp_path / "cpu.max"
+    for text, whole in (
+        ("max 100000\n", None),
+        ("200000 100000\n", 2),
+        ("250000 100000", 2),
+        ("50000 100000", 1),
+    ):
+        cpu_max.write_text(text)
+        assert cpu_quota(cpu_max) == whole
+    cpu_max.write_text("nonsense")
+    assert cpu_quota(cpu_max) is None
+    assert cpu_quota(tmp_path / "absent") is None
