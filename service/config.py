@@ -35,6 +35,7 @@ from outrig.service.engine.leases import MAX_LEASE_SECONDS
 from outrig.service.engine.partitions import MAX_PARTITIONS, Partitioning, split_name
 from outrig.service.engine.space import SpaceSettings
 from outrig.service.exceptions import ConfigError
+from outrig.service.workers import WorkerRole
 
 DEFAULT_LISTEN = "127.0.0.1:7480"
 
@@ -94,6 +95,11 @@ class ServerConfig:
     policy: Path | None = None  # TOML grant policy; without one, any authenticated caller may do anything
     insecure: bool = False  # allow listening beyond loopback without TLS or authentication
     policy_poll_interval: float = 1.0  # seconds between checks of the policy file for changes
+    # `outrig serve --workers N` (service/supervisor.py): processes serving this machine's spaces
+    # (0, or "auto": one per core this process may use; 1: this process alone, as ever).
+    workers: int = 1
+    # Set in a worker's own process only (from its environment, service/workers.py): who it is.
+    worker: WorkerRole | None = None
     limits: Limits = field(default_factory=Limits)
     space_defaults: SpaceSettings = field(default_factory=SpaceSettings)
     spaces: Mapping[str, SpaceSettings] = field(default_factory=dict)
@@ -141,6 +147,7 @@ _SCALARS = (
     "policy",
     "insecure",
     "policy_poll_interval",
+    "workers",
 )
 
 _BACKENDS = frozenset({"embedded", "postgres"})
@@ -212,6 +219,8 @@ def _convert(section: str, name: str, value: Any, current: Any) -> Any:
     """Check a file, environment or flag value and give it the type of the current value."""
     if name == "indexes":
         return _indexes(section, value)
+    if name == "workers" and isinstance(value, str) and value.strip().lower() == "auto":
+        return 0
     try:
         if isinstance(current, bool):
             if isinstance(value, bool):
@@ -258,6 +267,9 @@ def _convert(section: str, name: str, value: Any, current: Any) -> Any:
             need = " or ".join(map(repr, sorted(_BACKENDS)))
         else:
             need = "a positive number" if name in _POSITIVE else f"a value like {current!r}"
+            if name == "workers":
+                need = 'a number of processes, or 0 or "auto": one per core'
+
         raise ConfigError(f"{section}.{name}: invalid value {value!r} (expected {need})") from None
 
 

@@ -18,7 +18,12 @@ _TEXT: Final = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 class JsonFormatter(logging.Formatter):
-    """{"time": ISO 8601 UTC, "level", "logger", "message"[, "exception"]} per record."""
+    """{"time": ISO 8601 UTC, "level", "logger"[, "worker"], "message"[, "exception"]} per record
+    ("worker": which worker of `outrig serve --workers N` logged it)."""
+
+    def __init__(self, worker: str = "") -> None:
+        super().__init__()
+        self.worker = worker
 
     def format(self, record: logging.LogRecord) -> str:
         document = {
@@ -27,6 +32,8 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
+        if self.worker:
+            document["worker"] = self.worker
         if record.exc_info:
             document["exception"] = self.formatException(record.exc_info)
         return json.dumps(document, ensure_ascii=False)
@@ -34,9 +41,11 @@ class JsonFormatter(logging.Formatter):
     converter = staticmethod(time.gmtime)
 
 
-def configure_logging(level: str, log_format: str) -> None:
+def configure_logging(level: str, log_format: str, worker: str = "") -> None:
+    """Log to stderr; a worker of `outrig serve --workers N` names itself (`worker`) in each line."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(_TEXT))
+    text = _TEXT.replace("%(name)s", f"%(name)s [{worker}]") if worker else _TEXT
+    handler.setFormatter(JsonFormatter(worker) if log_format == "json" else logging.Formatter(text))
     logging.basicConfig(level=level, handlers=[handler])
 
 

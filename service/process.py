@@ -47,12 +47,13 @@ import gc
 import logging
 import mmap
 import os
+import signal
 import struct
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
-from outrig.service.exceptions import ProcessTuningError
+from outrig.service.exceptions import ConfigError, ProcessTuningError
 
 log = logging.getLogger("outrig.service")
 
@@ -181,6 +182,28 @@ async def release_when_idle(
             trimmed = True
             now = cpu_time()  # the trim's own CPU time is not activity
         last = now
+
+
+#: prctl(2): have the kernel send this process a signal when its parent ends.
+_PR_SET_PDEATHSIG = 1
+
+
+def end_with_supervisor(supervisor: int) -> bool:
+    """A worker of `outrig serve --workers N`: have the kernel send this process SIGTERM (a
+    graceful stop) when its supervisor ends, even by SIGKILL, so that no worker outlives it.
+    Raises ConfigError if the supervisor is already gone; False where prctl is not available
+    (off Linux), where only the supervisor's own stop ends the workers."""
+    libc = _libc()
+    done = False
+    if libc is not None:
+        prctl = libc.prctl
+        prctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong)
+        prctl.restype = ctypes.c_int
+        done = prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) == 0
+    # The supervisor may have ended before the request was made: then nobody would send it.
+    if os.getppid() != supervisor:
+        raise ConfigError(f"the supervisor (pid {supervisor}) of this worker is gone")
+    return done
 
 
 def tune_collector() -> None:

@@ -80,6 +80,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--request-window", type=float, metavar="S", help="seconds a request id is remembered (default 120)"
     )
+    serve.add_argument(
+        "--workers",
+        metavar="N",
+        help="run N worker processes sharing this machine's spaces and the listen port (0 or auto: one "
+        "per core; default 1: this process alone); worker i also listens on the listen port + 1 + i",
+    )
     serve.add_argument("--config", metavar="FILE", type=Path, help="a TOML configuration file")
     serve.add_argument("--max-message-bytes", type=int, metavar="N", help="largest request or reply")
     serve.add_argument("--grace-seconds", type=float, metavar="S", help="shutdown grace for in-flight calls")
@@ -127,7 +133,8 @@ def _parser() -> argparse.ArgumentParser:
         "SQLite's online backup: a server using DATA_DIR goes on serving. DEST is created if missing and "
         "becomes a data dir a server can start from. The copy is then checked as `outrig check` does. "
         "Exit status: 0 copied and the copy is ok; 1 copied, but the copy has problems; 2 nothing copied "
-        "(DATA_DIR holds no store or an incompatible one, or DEST already holds a store).",
+        "(DATA_DIR holds no store or an incompatible one, or DEST already holds a store). The data dir of "
+        "`outrig serve --workers N`: each worker's store, to DEST/workers/I, and DEST records N.",
     )
     backup.add_argument("data_dir", metavar="DATA_DIR", type=Path, help="the data dir to copy")
     backup.add_argument("destination", metavar="DEST", type=Path, help="a directory with no store in it yet")
@@ -138,7 +145,8 @@ def _parser() -> argparse.ArgumentParser:
         "format version, SQLite's integrity check, that every stored entry and notify registration "
         "decodes, that every row belongs to a known space, and that ids will not be handed out twice. "
         "Prints what each space holds and a last line `check: ok` or `check: N problem(s)`. Exit status: "
-        "0 ok; 1 problems found; 2 DATA_DIR holds no store, an incompatible one, or cannot be read.",
+        "0 ok; 1 problems found; 2 DATA_DIR holds no store, an incompatible one, or cannot be read. The data "
+        "dir of `outrig serve --workers N`: each worker's store, the worst status of all.",
     )
     check.add_argument("data_dir", metavar="DATA_DIR", type=Path, help="the data dir to check")
     health.add_parser(commands)
@@ -168,16 +176,40 @@ def _stress(argv: Sequence[str]) -> int:
 
 
 def _store_command(args: argparse.Namespace) -> int:
-    """`outrig backup` and `outrig check`: 0 ok, 1 the store has problems, 2 nothing to work on."""
+    """`outrig backup` and `outrig check`: 0 ok, 1 the store has problems, 2 nothing to work on.
+    A data dir of `--workers N` has a store per worker: each is checked, or copied to the same
+    place under DEST (which then records N too)."""
+    from outrig.service.workers import recorded_workers
+
+    try:
+        workers = recorded_workers(args.data_dir)
+    except ConfigError as err:
+        print(f"outrig {args.command}: {err}", file=sys.stderr)
+        return 2
+    if workers is None:
+        return _one_store_command(args, args.data_dir, getattr(args, "destination", None))
+    from outrig.service.workers import record_workers, worker_data_dir
+
+    worst = 0
+    for i in range(workers):
+        print(f"worker {i} ({worker_data_dir(args.data_dir, i)}):")
+        destination = None if args.command == "check" else worker_data_dir(args.destination, i)
+        worst = max(worst, _one_store_command(args, worker_data_dir(args.data_dir, i), destination))
+    if args.command == "backup" and worst < 2:
+        record_workers(args.destination, workers)
+    return worst
+
+
+def _one_store_command(args: argparse.Namespace, data_dir: Path, destination: Path | None) -> int:
     from outrig.service.backends.embedded.store.backup import backup_store
     from outrig.service.backends.embedded.store.check import check_store
 
     try:
-        if args.command == "check":
-            report = check_store(args.data_dir)
+        if destination is None:
+            report = check_store(data_dir)
             print(report)
             return 0 if report.ok else 1
-        copied = backup_store(args.data_dir, args.destination)
+        copied = backup_store(data_dir, destination)
     except StoreError as err:
         print(f"outrig {args.command}: {err}", file=sys.stderr)
         return 2
@@ -201,8 +233,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command != "serve":
         return _store_command(args)
     try:
+        from outrig.service import supervisor
         from outrig.service.config import load_config
-        from outrig.service.transport.server import serve
+        from outrig.service.workers import WorkerRole, resolve_workers
     except ImportError as err:  # pragma: no cover - depends on the install
         print(f"outrig: the server needs its extras: pip install 'outrig[server]' ({err})", file=sys.stderr)
         return 2
@@ -234,9 +267,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "token_audience": args.token_audience,
                 "policy": args.policy,
                 "insecure": args.insecure,
+                "workers": args.workers,
             },
         )
-        configure_logging(config.log_level, config.log_format)
+        role = WorkerRole.from_environ()  # this process is a worker its supervisor started
+        configure_logging(config.log_level, config.log_format, "" if role is None else role.name)
+        if role is not None:
+            config = supervisor.worker_config(config, role)
+        elif resolve_workers(config.workers) > 1:
+            # The supervisor imports neither gRPC nor a backend: each worker is `outrig serve`.
+            return asyncio.run(supervisor.supervise(config, argv, resolve_workers(config.workers)))
+        try:
+            from outrig.service.transport.server import serve
+        except ImportError as err:  # pragma: no cover - depends on the install
+            print(
+                f"outrig: the server needs its extras: pip install 'outrig[server]' ({err})", file=sys.stderr
+            )
+            return 2
         asyncio.run(serve(config))
     except (ConfigError, StoreError) as err:
         print(f"outrig: {err}", file=sys.stderr)

@@ -69,7 +69,10 @@ class OutrigServer:
             options=[
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", limit),
-                ("grpc.so_reuseport", 0),
+                # A worker shares the public port with the others (`outrig serve --workers N`);
+                # a lone server refuses a port another process listens on (gRPC's default on
+                # Linux would share it).
+                ("grpc.so_reuseport", 0 if config.worker is None else 1),
                 # gRPC cancels calls that wait to be picked up once more than 1,000 do (its default):
                 # a burst of blocked takes would be cut off long before max_waiters. Allow a
                 # burst as large as the waiters the quota admits.
@@ -110,7 +113,16 @@ class OutrigServer:
     @property
     def advertised(self) -> str:
         """Where other servers and clients reach this one: `advertise`, else the bound listen
-        address, with this host's name in place of a wildcard host."""
+        address, with this host's name in place of a wildcard host. A worker's is its own
+        address (with the host of `advertise`, if one is configured)."""
+        worker = self.config.worker
+        if worker is not None:
+            host, port = split_listen(worker.address)
+            if self.config.advertise:
+                host, _ = split_listen(self.config.advertise)
+            elif host in ("", "0.0.0.0", "::", "[::]"):
+                host = socket.gethostname()
+            return f"{host}:{port}"
         if self.config.advertise:
             return self.config.advertise
         host, _ = split_listen(self.config.listen)
@@ -130,6 +142,8 @@ class OutrigServer:
                 self.port = self._server.add_secure_port(f"{host}:{port}", self._credentials)
         except RuntimeError as err:
             raise ConfigError(f"listen: cannot bind {self.config.listen}: {err}") from err
+        if self.config.worker is not None:
+            self._listen_own(self.config.worker.address)
         self.backend.serving_at(self.advertised)
         self._servicer.advertised = self.advertised
         await self.backend.start()
@@ -144,6 +158,17 @@ class OutrigServer:
         if self.guard.policy is not None:
             self._watch = asyncio.create_task(self.guard.policy.watch(self.config.policy_poll_interval))
         return self.port
+
+    def _listen_own(self, address: str) -> None:
+        """A worker's own port, besides the public one: where Locate sends clients and the
+        other workers forward calls."""
+        try:
+            if self._credentials is None:
+                self._server.add_insecure_port(address)
+            else:
+                self._server.add_secure_port(address, self._credentials)
+        except RuntimeError as err:
+            raise ConfigError(f"workers: cannot bind this worker's own address {address}: {err}") from err
 
     def _serve_metrics(self, metrics: Metrics) -> None:
         loop = asyncio.get_running_loop()
@@ -237,6 +262,8 @@ async def serve(config: ServerConfig) -> None:
         if config.idle_release_seconds > 0:
             releasing = asyncio.create_task(process.release_when_idle(config.idle_release_seconds))
     process.tune_collector()
+    if config.worker is not None:
+        process.end_with_supervisor(config.worker.supervisor)
     server = OutrigServer(config)
     await server.start()
     # What start-up built (the modules, a policy's grants, a recovered store) lives as long as the
@@ -259,8 +286,12 @@ async def serve(config: ServerConfig) -> None:
         task.add_done_callback(reloads.discard)
 
     loop.add_signal_handler(signal.SIGHUP, reload)
-    # Tests and scripts read this line to find the port when listening on port 0.
-    print(f"outrig listening on {server.address}", flush=True)
+    # Tests and scripts read this line to find the port when listening on port 0 (a worker's:
+    # its supervisor, which prints the public one once every worker is up).
+    if config.worker is None:
+        print(f"outrig listening on {server.address}", flush=True)
+    else:
+        print(f"outrig worker {config.worker.index} listening on {server.advertised}", flush=True)
     await stopping.wait()
     log.info("shutting down (grace %.1f s)", config.grace_seconds)
     if releasing is not None:

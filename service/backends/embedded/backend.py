@@ -1,15 +1,22 @@
 """The embedded backend: the memory backend (backends/memory) recorded in SQLite in the data dir,
 with group commit (store/journal.py), rebuilt from it at start (store/recovery.py). Without a
-data dir, or with `in_memory`, it is the memory backend alone."""
+data dir, or with `in_memory`, it is the memory backend alone.
+
+A worker of `outrig serve --workers N` (the configuration's `worker`, service/workers.py) serves
+the spaces `worker_of` places on it, from a store of its own; `locate` names the worker that
+serves any other, and the workers forward calls to each other with the secret the supervisor
+made."""
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import sqlite3
 from pathlib import Path
 
 from outrig.service import software_version
+from outrig.service.backends.base import Placement
 from outrig.service.backends.embedded.store.journal import Journal
 from outrig.service.backends.embedded.store.recovery import RecoveryReport, recover
 from outrig.service.backends.embedded.store.schema import DataDirLock, database_path, open_store
@@ -17,6 +24,7 @@ from outrig.service.backends.memory.backend import MemoryBackend
 from outrig.service.config import ServerConfig
 from outrig.service.engine.clock import Clock
 from outrig.service.protocol import codec
+from outrig.service.workers import check_layout, worker_of
 
 log = logging.getLogger("outrig.service")
 
@@ -28,6 +36,33 @@ class EmbeddedBackend(MemoryBackend):
         super().__init__(config, clock)
         self._lock: DataDirLock | None = None
         self.recovery: RecoveryReport | None = None
+        self._role = config.worker
+
+    # ------------------------------------------------------------------ a worker's placement
+
+    async def locate(self, space: str) -> str | None:
+        """A worker's spaces are its own; any other is served by the worker `worker_of` names."""
+        role = self._role
+        if role is None:
+            return None
+        index = worker_of(space, role.count)
+        return None if index == role.index else role.addresses[index]
+
+    async def placements(self) -> list[Placement]:
+        """A lone server's spaces; a worker's own (those of the others: ask them)."""
+        role = self._role
+        if role is None:
+            return await super().placements()
+        return [Placement(name, role.name, role.address, 0, None, True) for name in self._spaces]
+
+    @property
+    def peer_secret(self) -> str:
+        return "" if self._role is None else self._role.secret
+
+    def accepts_peer(self, secret: str) -> bool:
+        """A worker accepts the calls its fellow workers forward (the supervisor's secret)."""
+        role = self._role
+        return role is not None and hmac.compare_digest(secret.encode(), role.secret.encode())
 
     async def open_store(self) -> None:
         data_dir = self.config.data_dir
@@ -35,6 +70,8 @@ class EmbeddedBackend(MemoryBackend):
             self._open_store(data_dir)  # blocks, but nothing is served before start() returns
 
     def _open_store(self, data_dir: Path) -> None:
+        if self._role is None:
+            check_layout(data_dir, 1)  # not the stores of several workers
         data_dir.mkdir(parents=True, exist_ok=True)
         self._lock = DataDirLock(data_dir)
         self._lock.acquire()

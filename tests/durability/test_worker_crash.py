@@ -1,0 +1,63 @@
+"""Crash harness with worker kills: `outrig serve --workers 2 --data-dir` under load, the worker
+that serves the space SIGKILLed at random moments and restarted by its supervisor, loses,
+duplicates and resurrects nothing.
+
+The clients (tests/durability/load.py: writers, takers and movers, whose transactions take an item
+and write its `Moved`) connect to the public port both workers share; the SDK sends the space's
+calls to its worker's own port (Locate), and, when that worker is gone, back to the public port,
+where the other worker forwards them, until the restarted worker serves again. Then the load
+stops, the supervisor is stopped with SIGTERM and started again on the data dir, and what is left
+is checked against what the clients were told (load.check).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+from pathlib import Path
+
+import outrig
+
+from ..worker_processes import start_workers
+from .load import Clients, Item, Moved, Tally, check, start_load, stop_load
+
+SEED = 20261201
+KILLS = 4
+CLIENTS = Clients(space="crash", seed=SEED, retry_deadline=30.0, movers=2)
+
+
+def test_worker_sigkilled_under_load_loses_duplicates_and_resurrects_nothing(tmp_path: Path) -> None:
+    data_dir = str(tmp_path / "data")
+    workers = start_workers(2, "--data-dir", data_dir)
+    serving = workers.owner(CLIENTS.space)
+    stop = threading.Event()
+    tally = Tally()
+    threads = start_load(lambda: workers.public, stop, tally, CLIENTS)
+    started = time.monotonic()
+    rng = random.Random(SEED)
+    try:
+        for _ in range(KILLS):
+            time.sleep(rng.uniform(0.3, 1.2))
+            os.kill(workers.pids[serving], signal.SIGKILL)
+            workers.wait_restarted(serving)
+        time.sleep(0.5)  # some load on the last incarnation too
+    finally:
+        stop_load(threads, stop, CLIENTS)
+    loaded = time.monotonic() - started
+    assert not any(thread.is_alive() for thread in threads), "a client thread did not stop"
+    assert not tally.errors, f"client calls failed despite retries: {tally.errors}"
+    assert workers.stop() == 0, "the supervisor did not stop cleanly on SIGTERM"
+
+    again = start_workers(2, "--data-dir", data_dir)
+    try:
+        with outrig.connect(again.public, space=CLIENTS.space) as space:
+            left = [item.uid for item in space.contents(Item()) if isinstance(item, Item)]
+            moved = [entry.uid for entry in space.contents(Moved()) if isinstance(entry, Moved)]
+    finally:
+        assert again.stop() == 0
+    check(
+        tally, left, "remaining", f"worker crash harness: seed {SEED}, {KILLS} kills in {loaded:.1f} s", moved
+    )
