@@ -390,6 +390,7 @@ class _Connection:
 
     __slots__ = (
         "_dial",
+        "_last_key",
         "_links",
         "_lock",
         "_metadata",
@@ -411,6 +412,7 @@ class _Connection:
         # A partitioned space's routing field and partitions (its Locate said): a call of one
         # partition is routed by the key "space~k" (`route_key`), located on its own.
         self._partitioning: dict[str, tuple[str, int]] = {}
+        self._last_key: tuple[object, str] = (None, "")
         self._lock = threading.Lock()
 
     def route_via(self, dial: Callable[[str], Any]) -> None:
@@ -429,8 +431,13 @@ class _Connection:
         found = self._partitioning.get(space)
         if found is None:
             return space
+        memo = self._last_key  # a call asks twice (its route, then its link): once is enough
+        if memo[0] is request:
+            return memo[1]
         k = request_partition(request, *found)
-        return space if k is None else f"{space}~{k}"
+        key = space if k is None else f"{space}~{k}"
+        self._last_key = (request, key)
+        return key
 
     def route_of(self, space: str) -> str | None:
         """The address the space's calls go to now; None: the home link."""

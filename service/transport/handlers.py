@@ -47,12 +47,18 @@ class Received(Generic[M]):
     """A request message and the bytes it was decoded from (and, found once, its entries' bytes:
     `wire.entry_encodings`)."""
 
-    __slots__ = ("_entries", "message", "raw")
+    __slots__ = ("_entries", "message", "raw", "suffix")
 
     def __init__(self, message: M, raw: bytes, entries: list[memoryview] | None = None) -> None:
         self.message = message
         self.raw = raw
         self._entries = entries
+        # Fields appended when the request is sent on (a partition's name: transport/partitions.py).
+        self.suffix = b""
+
+    def encoded(self) -> bytes:
+        """The request's bytes as they arrived, with `suffix` after them."""
+        return b"".join((self.raw, self.suffix)) if self.suffix else bytes(self.raw)
 
     @property
     def entries(self) -> list[memoryview]:

@@ -40,11 +40,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from outrig._protocol import varint
+from outrig._routing import value_partition
 from outrig.service.config import ServerConfig
 from outrig.service.engine.model import StoredEntry
 from outrig.service.engine.ordered import in_request_order
 from outrig.service.engine.partitions import (
     ID_STRIDE,
+    SEPARATOR,
     Partitioning,
     partition_name,
     partition_of,
@@ -103,8 +105,7 @@ def rename(request: Any, space: str) -> None:
     """Make `request` name `space` (a partition), in place; a `Received` keeps its bytes valid."""
     if isinstance(request, handlers.Received):
         request.message.space = space
-        request.entries  # noqa: B018 - found in the bytes as they arrived, before they grow
-        request.raw = b"".join((request.raw, _space_field(space)))
+        request.suffix = _space_field(space)  # what a forwarded copy appends to its bytes
     else:
         request.space = space
 
@@ -128,9 +129,10 @@ class Router:
     def __init__(self, config: ServerConfig) -> None:
         self._config = config
         self._limits = config.limits
+        self._partitionings = {name: config.partitioning(name) for name in config.spaces}
 
     def partitioning(self, space: str) -> Partitioning | None:
-        return self._config.partitioning(space)
+        return self._partitionings.get(space)
 
     def route(self, name: str, request: Any) -> FanOut | None:
         """None: the call is served as the one space it now names (renamed to its partition if it
@@ -139,8 +141,11 @@ class Router:
         space = getattr(message, "space", "")
         if not space:
             return None
-        base, k = split_name(space)
-        partitioning = self._config.partitioning(base)
+        partitionings = self._partitionings
+        if not partitionings:
+            return None  # no space is partitioned: every call as it is
+        base, k = split_name(space) if SEPARATOR in space else (space, None)
+        partitioning = partitionings.get(base)
         if k is not None:
             if partitioning is None or k >= partitioning.count:
                 have = (
@@ -169,6 +174,8 @@ class Router:
         return FanOut(base, partitioning, partitions)
 
     def _partitions(self, name: str, message: Any, space: str, partitioning: Partitioning) -> tuple[int, ...]:
+        if name == "Write" and not message.transaction and message.HasField("entry"):  # the hot path
+            return (self._entry_partition(message.entry, "entry", space, partitioning),)
         every = tuple(range(partitioning.count))
         if name in ("Write", "WriteMany"):
             ks = {
@@ -228,20 +235,22 @@ class Router:
 
     def _entry_partition(self, entry: pb.Entry, where: str, space: str, partitioning: Partitioning) -> int:
         field = partitioning.field
-        at = f"{where}.fields[{field!r}]"
-        value = entry.fields.get(field) if field in entry.fields else None
+        fields = entry.fields
+        value = fields.get(field)
+        k = None if value is None else value_partition(value, partitioning.count)
+        if k is not None:
+            return k
         kind = None if value is None else value.WhichOneof("kind")
-        if value is None or kind in (None, "null_value"):
+        at = f"{where}.fields[{field!r}]"
+        if kind in (None, "null_value"):
             raise RoutingValueError(
                 f"{at}: space {space!r} is partitioned by {field!r}: every entry written to it "
                 "holds a value there"
             )
-        if kind not in _ROUTABLE:
-            raise RoutingValueError(
-                f"{at}: a routing value of space {space!r} is a bool, int, double, string or bytes, "
-                f"not {str(kind).removesuffix('_value')}"
-            )
-        return partition_of(codec.field_value(value, at, self._limits), partitioning.count)
+        raise RoutingValueError(
+            f"{at}: a routing value of space {space!r} is a bool, int, double, string or bytes, "
+            f"not {str(kind).removesuffix('_value')}"
+        )
 
     def _transaction_partition(self, transaction: int, space: str, partitioning: Partitioning) -> int:
         k = partition_of_id(transaction)
@@ -283,31 +292,36 @@ def template_partitions(
 def _pinned(template: pb.Template, partitioning: Partitioning, where: str, limits: Any) -> set[int] | None:
     field = partitioning.field
     if field in template.fields:
-        value = codec.field_value(template.fields[field], f"{where}.fields[{field!r}]", limits)
-        if value.kind != "null":  # a null template field is a wildcard
-            return {partition_of(value, partitioning.count)}
+        value = template.fields[field]
+        kind = value.WhichOneof("kind")
+        if kind not in (None, "null_value"):  # a null template field is a wildcard
+            return _value_partitions((value,), partitioning)
     if field in template.matchers:
-        return _matcher_partitions(
-            template.matchers[field], partitioning, f"{where}.matchers[{field!r}]", limits
-        )
+        return _matcher_partitions(template.matchers[field], partitioning)
     return None
 
 
-def _matcher_partitions(
-    matcher: pb.Matcher, partitioning: Partitioning, where: str, limits: Any
-) -> set[int] | None:
+def _value_partitions(values: Iterable[pb.Value], partitioning: Partitioning) -> set[int]:
+    """The partitions of template values; a value no entry's routing field can hold (a list, a
+    map) matches nothing, in any partition: none."""
+    found = set()
+    for value in values:
+        k = value_partition(value, partitioning.count)
+        if k is not None:
+            found.add(k)
+    return found
+
+
+def _matcher_partitions(matcher: pb.Matcher, partitioning: Partitioning) -> set[int] | None:
     kind = matcher.WhichOneof("kind")
     if kind == "equal":
-        return {partition_of(codec.field_value(matcher.equal, where, limits), partitioning.count)}
+        return _value_partitions((matcher.equal,), partitioning)
     if kind == "one_of":
-        return {
-            partition_of(codec.field_value(v, where, limits), partitioning.count)
-            for v in matcher.one_of.values
-        }
+        return _value_partitions(matcher.one_of.values, partitioning)
     if kind == "all":
         found: set[int] | None = None
         for inner in matcher.all.matchers:
-            pinned = _matcher_partitions(inner, partitioning, where, limits)
+            pinned = _matcher_partitions(inner, partitioning)
             if pinned is not None:
                 found = pinned if found is None else found & pinned
         return found

@@ -69,7 +69,7 @@ def request_bytes(request: Any) -> bytes:
     """A decoded request as the bytes to forward: a `handlers.Received`'s own (as they arrived),
     else the message serialized."""
     if isinstance(request, handlers.Received):
-        return bytes(request.raw)
+        return request.encoded()
     encoded: bytes = request.SerializeToString()
     return encoded
 
