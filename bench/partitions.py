@@ -1,6 +1,17 @@
-"""Partitioned spaces (docs/scaling.md): what fan-out costs, and the blocking take's claim protocol.
+"""Partitioned spaces (docs/scaling.md): every core, what fan-out costs, and the blocking take's
+claim protocol.
 
-    python bench/partitions.py [--quick] [--part b|c] [--rounds N] [--entries N]
+    python bench/partitions.py [--quick] [--part a|b|c] [--rounds N] [--entries N] [--seconds S]
+                               [--clients N]
+
+a. Every core: one space in P partitions by "region", served in memory by `outrig serve
+   --workers W`: P = 1, 2 and 4 on W = 1 (partitioning alone: the CPU per pair should stay
+   flat), and P = 2 on W = 2 against P = 2 on W = 1 (the issue's comparison) and P = 4 on W = 2.
+   --clients client processes, each with 10 asyncio tasks per worker (the SDK routing each pair
+   to its partition's worker over one Mux stream per worker, so each stream carries 10 in flight,
+   as one worker's does), do write+take pairs with routing values spread, for --seconds a round:
+   pairs/s, and the CPU seconds per pair of the server processes (each worker, and their sum)
+   and of the clients, from /proc; rounds interleaved, medians.
 
 b. Fan-out latency: one in-memory server holding a space in P = 1 (unpartitioned: the baseline),
    2 and 4 partitions by "region", each with --entries entries spread over 64 regions. One
@@ -14,15 +25,20 @@ c. The blocking take without the routing field: 10 takers, each on its own conne
    polled). Wake-up latency: from the write's call to the take's return (same machine, monotonic
    clock), median and p99; and the check that every entry was taken exactly once.
 
-Part a (worker processes) is bench/workers.py. Rounds are interleaved, figures are medians over
+bench/workers.py measures a forwarded call between workers and a killed worker's time away. Rounds
+are interleaved, figures are medians over
 rounds; prints the core count and load average: server and clients share this machine's cores.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
+import re
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -32,6 +48,10 @@ from pathlib import Path
 from servers import ServerProcess, start_outrig_with
 
 import outrig
+import outrig.aio
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+_WORKER_LINE = re.compile(r"outrig worker (\d+) listening on (\S+): pid (\d+)")
 
 REGIONS = [f"region-{i}" for i in range(64)]
 SHAPES = (1, 2, 4)
@@ -63,6 +83,149 @@ def _start(workdir: Path) -> ServerProcess:
 def _quantiles(samples: list[float]) -> tuple[float, float]:
     ordered = sorted(samples)
     return statistics.median(ordered), ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+
+
+# ---------------------------------------------------------------- a. every core
+
+
+def _cpu(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+
+
+def _children_cpu(pid: int) -> float:
+    """CPU of a process and its children that were waited for (a client process, once done)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])) / _CLOCK_TICKS
+
+
+class _Served:
+    """`outrig serve --workers W` in memory with "jobs" in P partitions: its workers' pids."""
+
+    def __init__(self, workdir: Path, workers: int, partitions: int) -> None:
+        config = workdir / f"every-core-{workers}-{partitions}.toml"
+        config.write_text(
+            "[space_defaults]\nmax_entries = 10000000\n\n"
+            + (
+                f'[spaces.jobs]\npartition_by = "region"\npartitions = {partitions}\n'
+                if partitions > 1
+                else ""
+            )
+        )
+        flags = ["--in-memory", "--config", str(config), "--log-level", "WARNING", "--workers", str(workers)]
+        self.server = start_outrig_with(workdir, *flags, name=f"outrig-w{workers}-p{partitions}")
+        self.pids = [self.server.pid]
+        if workers > 1:
+            assert self.server.process.stdout is not None
+            self.pids = []
+            for _ in range(workers):
+                found = _WORKER_LINE.search(self.server.process.stdout.readline())
+                assert found is not None, self.server.log.read_text()[-2000:]
+                self.pids.append(int(found.group(3)))
+
+    def cpu(self) -> list[float]:
+        return [_cpu(pid) for pid in self.pids]
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+async def _client_pairs(address: str, seconds: float, tasks: int, seed: int) -> int:
+    done = 0
+    async with outrig.aio.connect(address, space="jobs") as space:
+        for i in range(64):  # locate every partition before the clock starts
+            await space.write(Job(region=REGIONS[i], n=-1))
+            await space.take(Job(region=REGIONS[i], n=-1), timeout=10)
+        deadline = time.monotonic() + seconds
+
+        async def pairs(task: int) -> None:
+            nonlocal done
+            n = 0
+            while time.monotonic() < deadline:
+                region = REGIONS[(seed * 131 + task * 17 + n) % len(REGIONS)]
+                await space.write(Job(region=region, n=n))
+                await space.take(Job(region=region, n=n), timeout=10)
+                n += 1
+                done += 1
+
+        await asyncio.gather(*(pairs(task) for task in range(tasks)))
+    return done
+
+
+def _clients(address: str, clients: int, seconds: float, tasks: int) -> tuple[int, float]:
+    """Pairs done by `clients` client processes of `tasks` tasks each in `seconds`, and their CPU
+    seconds."""
+    command = [
+        sys.executable,
+        __file__,
+        "--client",
+        address,
+        "--seconds",
+        str(seconds),
+        "--tasks",
+        str(tasks),
+    ]
+    processes = [
+        subprocess.Popen([*command, "--seed", str(i)], stdout=subprocess.PIPE, text=True)
+        for i in range(clients)
+    ]
+    total, cpu = 0, 0.0
+    for process in processes:
+        out, _ = process.communicate(timeout=seconds + 120)
+        pairs, client_cpu = out.split()
+        total += int(pairs)
+        cpu += float(client_cpu)
+    return total, cpu
+
+
+SHAPES_A = ((1, 1), (1, 2), (1, 4), (2, 2), (2, 4))  # (workers, partitions)
+
+
+def part_a(workdir: Path, rounds: int, seconds: float, clients: int) -> None:
+    print(
+        f"\na. every core: {clients} client processes x 10 tasks a worker, write+take pairs with the "
+        f"routing value set, {seconds:.0f} s a round, {rounds} rounds, in memory"
+    )
+    rows: dict[tuple[int, int], list[tuple[float, float, list[float], float]]] = {}
+    for _ in range(rounds):
+        for workers, partitions in SHAPES_A:
+            served = _Served(workdir, workers, partitions)
+            try:
+                tasks = 10 * workers  # 10 in flight on each of a client's streams (one per worker)
+                _clients(served.server.address, clients, 1.0, tasks)  # warm
+                before = served.cpu()
+                pairs, client_cpu = _clients(served.server.address, clients, seconds, tasks)
+                after = served.cpu()
+            finally:
+                served.stop()
+            used = [b - a for a, b in zip(before, after, strict=True)]
+            rows.setdefault((workers, partitions), []).append(
+                (
+                    pairs / seconds,
+                    sum(used) / max(1, pairs),
+                    [u / max(1, pairs) for u in used],
+                    client_cpu / max(1, pairs),
+                )
+            )
+    base = rows[(1, 1)]
+    base_rate = statistics.median(r for r, _, _, _ in base)
+    base_cpu = statistics.median(c for _, c, _, _ in base)
+    one_worker_p2 = statistics.median(r for r, _, _, _ in rows[(1, 2)])
+    print(f"{'workers':>7} {'P':>2} {'pairs/s':>8} {'vs W1P1':>8} {'server us/pair':>15} {'vs W1P1':>8} "
+          f"{'per worker us/pair':>20} {'client us/pair':>15}")  # fmt: skip
+    for (workers, partitions), found in rows.items():
+        rate = statistics.median(r for r, _, _, _ in found)
+        cpu = statistics.median(c for _, c, _, _ in found)
+        each = [statistics.median(e[i] for _, _, e, _ in found) for i in range(workers)]
+        client = statistics.median(c for _, _, _, c in found)
+        print(
+            f"{workers:>7} {partitions:>2} {rate:>8.0f} {rate / base_rate:>8.2f} {cpu * 1e6:>15.0f} "
+            f"{cpu / base_cpu:>8.2f} {' '.join(f'{e * 1e6:.0f}' for e in each):>20} {client * 1e6:>15.0f}"
+        )
+    two = statistics.median(r for r, _, _, _ in rows[(2, 2)])
+    print(f"P = 2: 2 workers / 1 worker, pairs/s: {two / one_worker_p2:.2f}")
 
 
 # ---------------------------------------------------------------- b. fan-out latency
@@ -195,14 +358,25 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--part", choices=["b", "c"])
+    parser.add_argument("--part", choices=["a", "b", "c"])
+    parser.add_argument("--seconds", type=float)
+    parser.add_argument("--clients", type=int)
+    parser.add_argument("--client", help=argparse.SUPPRESS)  # a client process of part a
+    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--tasks", type=int, default=10, help=argparse.SUPPRESS)
     parser.add_argument("--rounds", type=int)
     parser.add_argument("--entries", type=int)
     args = parser.parse_args()
+    if args.client:
+        pairs = asyncio.run(_client_pairs(args.client, args.seconds, args.tasks, args.seed))
+        print(pairs, _children_cpu(os.getpid()))
+        return
     rounds = args.rounds or (3 if args.quick else 5)
     print(f"cores: {os.cpu_count()}, load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     with tempfile.TemporaryDirectory(prefix="outrig-bench-partitions-") as work:
         workdir = Path(work)
+        if args.part in (None, "a"):
+            part_a(workdir, rounds, args.seconds or (3.0 if args.quick else 8.0), args.clients or 3)
         if args.part in (None, "b"):
             part_b(
                 workdir, rounds, args.entries or (1000 if args.quick else 10_000), 100 if args.quick else 300
