@@ -49,6 +49,8 @@ from servers import ServerProcess, start_outrig_with
 
 import outrig
 import outrig.aio
+from outrig._codec import encode_value
+from outrig._routing import value_partition
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 _WORKER_LINE = re.compile(r"outrig worker (\d+) listening on (\S+): pid (\d+)")
@@ -132,19 +134,25 @@ class _Served:
         self.server.stop()
 
 
-async def _client_pairs(address: str, seconds: float, tasks: int, seed: int) -> int:
+def _regions_of(partition: int, partitions: int) -> list[str]:
+    """64 routing values of one partition."""
+    names = (f"one-{i}" for i in range(100_000))
+    return [r for r in names if value_partition(encode_value(r), partitions) == partition][:64]
+
+
+async def _client_pairs(address: str, seconds: float, tasks: int, seed: int, regions: list[str]) -> int:
     done = 0
     async with outrig.aio.connect(address, space="jobs") as space:
-        for i in range(64):  # locate every partition before the clock starts
-            await space.write(Job(region=REGIONS[i], n=-1))
-            await space.take(Job(region=REGIONS[i], n=-1), timeout=10)
+        for region in regions:  # locate every partition before the clock starts
+            await space.write(Job(region=region, n=-1))
+            await space.take(Job(region=region, n=-1), timeout=10)
         deadline = time.monotonic() + seconds
 
         async def pairs(task: int) -> None:
             nonlocal done
             n = 0
             while time.monotonic() < deadline:
-                region = REGIONS[(seed * 131 + task * 17 + n) % len(REGIONS)]
+                region = regions[(seed * 131 + task * 17 + n) % len(regions)]
                 await space.write(Job(region=region, n=n))
                 await space.take(Job(region=region, n=n), timeout=10)
                 n += 1
@@ -154,7 +162,7 @@ async def _client_pairs(address: str, seconds: float, tasks: int, seed: int) -> 
     return done
 
 
-def _clients(address: str, clients: int, seconds: float, tasks: int) -> tuple[int, float]:
+def _clients(address: str, clients: int, seconds: float, tasks: int, one: bool = False) -> tuple[int, float]:
     """Pairs done by `clients` client processes of `tasks` tasks each in `seconds`, and their CPU
     seconds."""
     command = [
@@ -166,6 +174,7 @@ def _clients(address: str, clients: int, seconds: float, tasks: int) -> tuple[in
         str(seconds),
         "--tasks",
         str(tasks),
+        *(["--one-partition"] if one else []),
     ]
     processes = [
         subprocess.Popen([*command, "--seed", str(i)], stdout=subprocess.PIPE, text=True)
@@ -180,7 +189,8 @@ def _clients(address: str, clients: int, seconds: float, tasks: int) -> tuple[in
     return total, cpu
 
 
-SHAPES_A = ((1, 1), (1, 2), (1, 4), (2, 2), (2, 4))  # (workers, partitions)
+# (workers, partitions, every routing value in one partition: one worker takes the whole load)
+SHAPES_A = ((1, 1, False), (1, 2, False), (1, 4, False), (2, 2, False), (2, 4, False), (2, 2, True))
 
 
 def part_a(workdir: Path, rounds: int, seconds: float, clients: int) -> None:
@@ -188,20 +198,20 @@ def part_a(workdir: Path, rounds: int, seconds: float, clients: int) -> None:
         f"\na. every core: {clients} client processes x 10 tasks a worker, write+take pairs with the "
         f"routing value set, {seconds:.0f} s a round, {rounds} rounds, in memory"
     )
-    rows: dict[tuple[int, int], list[tuple[float, float, list[float], float]]] = {}
+    rows: dict[tuple[int, int, bool], list[tuple[float, float, list[float], float]]] = {}
     for _ in range(rounds):
-        for workers, partitions in SHAPES_A:
+        for workers, partitions, one in SHAPES_A:
             served = _Served(workdir, workers, partitions)
             try:
-                tasks = 10 * workers  # 10 in flight on each of a client's streams (one per worker)
-                _clients(served.server.address, clients, 1.0, tasks)  # warm
+                tasks = 10 if one else 10 * workers  # 10 in flight on each of a client's streams
+                _clients(served.server.address, clients, 1.0, tasks, one)  # warm
                 before = served.cpu()
-                pairs, client_cpu = _clients(served.server.address, clients, seconds, tasks)
+                pairs, client_cpu = _clients(served.server.address, clients, seconds, tasks, one)
                 after = served.cpu()
             finally:
                 served.stop()
             used = [b - a for a, b in zip(before, after, strict=True)]
-            rows.setdefault((workers, partitions), []).append(
+            rows.setdefault((workers, partitions, one), []).append(
                 (
                     pairs / seconds,
                     sum(used) / max(1, pairs),
@@ -209,23 +219,25 @@ def part_a(workdir: Path, rounds: int, seconds: float, clients: int) -> None:
                     client_cpu / max(1, pairs),
                 )
             )
-    base = rows[(1, 1)]
+    base = rows[(1, 1, False)]
     base_rate = statistics.median(r for r, _, _, _ in base)
     base_cpu = statistics.median(c for _, c, _, _ in base)
-    one_worker_p2 = statistics.median(r for r, _, _, _ in rows[(1, 2)])
+    one_worker_p2 = statistics.median(r for r, _, _, _ in rows[(1, 2, False)])
     print(f"{'workers':>7} {'P':>2} {'pairs/s':>8} {'vs W1P1':>8} {'server us/pair':>15} {'vs W1P1':>8} "
           f"{'per worker us/pair':>20} {'client us/pair':>15}")  # fmt: skip
-    for (workers, partitions), found in rows.items():
+    for (workers, partitions, one), found in rows.items():
         rate = statistics.median(r for r, _, _, _ in found)
         cpu = statistics.median(c for _, c, _, _ in found)
         each = [statistics.median(e[i] for _, _, e, _ in found) for i in range(workers)]
         client = statistics.median(c for _, _, _, c in found)
+        star = "*" if one else " "
         print(
-            f"{workers:>7} {partitions:>2} {rate:>8.0f} {rate / base_rate:>8.2f} {cpu * 1e6:>15.0f} "
+            f"{workers:>7} {partitions:>2}{star}{rate:>7.0f} {rate / base_rate:>8.2f} {cpu * 1e6:>15.0f} "
             f"{cpu / base_cpu:>8.2f} {' '.join(f'{e * 1e6:.0f}' for e in each):>20} {client * 1e6:>15.0f}"
         )
-    two = statistics.median(r for r, _, _, _ in rows[(2, 2)])
+    two = statistics.median(r for r, _, _, _ in rows[(2, 2, False)])
     print(f"P = 2: 2 workers / 1 worker, pairs/s: {two / one_worker_p2:.2f}")
+    print("*: every routing value in one partition, so one of the two workers takes the whole load")
 
 
 # ---------------------------------------------------------------- b. fan-out latency
@@ -364,11 +376,13 @@ def main() -> None:
     parser.add_argument("--client", help=argparse.SUPPRESS)  # a client process of part a
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--tasks", type=int, default=10, help=argparse.SUPPRESS)
+    parser.add_argument("--one-partition", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--rounds", type=int)
     parser.add_argument("--entries", type=int)
     args = parser.parse_args()
     if args.client:
-        pairs = asyncio.run(_client_pairs(args.client, args.seconds, args.tasks, args.seed))
+        regions = _regions_of(0, 2) if args.one_partition else REGIONS
+        pairs = asyncio.run(_client_pairs(args.client, args.seconds, args.tasks, args.seed, regions))
         print(pairs, _children_cpu(os.getpid()))
         return
     rounds = args.rounds or (3 if args.quick else 5)
