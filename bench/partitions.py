@@ -96,6 +96,20 @@ def _cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
 
 
+def _switches(pid: int) -> int:
+    """Context switches of every thread of a process so far (how often it slept and woke)."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/status") as status:
+                for line in status:
+                    if "ctxt_switches:" in line:  # voluntary and nonvoluntary
+                        total += int(line.split()[1])
+        except FileNotFoundError:
+            continue
+    return total
+
+
 def _children_cpu(pid: int) -> float:
     """CPU of a process and its children that were waited for (a client process, once done)."""
     with open(f"/proc/{pid}/stat") as stat:
@@ -129,6 +143,9 @@ class _Served:
 
     def cpu(self) -> list[float]:
         return [_cpu(pid) for pid in self.pids]
+
+    def switches(self) -> int:
+        return sum(_switches(pid) for pid in self.pids)
 
     def stop(self) -> None:
         self.server.stop()
@@ -199,15 +216,16 @@ def part_a(workdir: Path, rounds: int, seconds: float, clients: int) -> None:
         f"routing value set, {seconds:.0f} s a round, {rounds} rounds, in memory"
     )
     rows: dict[tuple[int, int, bool], list[tuple[float, float, list[float], float]]] = {}
+    woken: dict[tuple[int, int, bool], list[float]] = {}
     for _ in range(rounds):
         for workers, partitions, one in SHAPES_A:
             served = _Served(workdir, workers, partitions)
             try:
                 tasks = 10 if one else 10 * workers  # 10 in flight on each of a client's streams
                 _clients(served.server.address, clients, 1.0, tasks, one)  # warm
-                before = served.cpu()
+                before, switched = served.cpu(), served.switches()
                 pairs, client_cpu = _clients(served.server.address, clients, seconds, tasks, one)
-                after = served.cpu()
+                after, switched = served.cpu(), served.switches() - switched
             finally:
                 served.stop()
             used = [b - a for a, b in zip(before, after, strict=True)]
@@ -219,12 +237,13 @@ def part_a(workdir: Path, rounds: int, seconds: float, clients: int) -> None:
                     client_cpu / max(1, pairs),
                 )
             )
+            woken.setdefault((workers, partitions, one), []).append(switched / max(1, pairs))
     base = rows[(1, 1, False)]
     base_rate = statistics.median(r for r, _, _, _ in base)
     base_cpu = statistics.median(c for _, c, _, _ in base)
     one_worker_p2 = statistics.median(r for r, _, _, _ in rows[(1, 2, False)])
     print(f"{'workers':>7} {'P':>2} {'pairs/s':>8} {'vs W1P1':>8} {'server us/pair':>15} {'vs W1P1':>8} "
-          f"{'per worker us/pair':>20} {'client us/pair':>15}")  # fmt: skip
+          f"{'per worker us/pair':>20} {'client us/pair':>15} {'server switches/pair':>21}")  # fmt: skip
     for (workers, partitions, one), found in rows.items():
         rate = statistics.median(r for r, _, _, _ in found)
         cpu = statistics.median(c for _, c, _, _ in found)
@@ -234,6 +253,7 @@ def part_a(workdir: Path, rounds: int, seconds: float, clients: int) -> None:
         print(
             f"{workers:>7} {partitions:>2}{star}{rate:>7.0f} {rate / base_rate:>8.2f} {cpu * 1e6:>15.0f} "
             f"{cpu / base_cpu:>8.2f} {' '.join(f'{e * 1e6:.0f}' for e in each):>20} {client * 1e6:>15.0f}"
+            f" {statistics.median(woken[(workers, partitions, one)]):>21.2f}"
         )
     two = statistics.median(r for r, _, _, _ in rows[(2, 2, False)])
     print(f"P = 2: 2 workers / 1 worker, pairs/s: {two / one_worker_p2:.2f}")
