@@ -21,6 +21,8 @@ from typing import Protocol
 __all__ = ["CommandController", "ControlError", "Controller", "ManagedServer", "install", "installed"]
 
 _LISTENING = re.compile(r"outrig listening on (\S+)")
+_WORKER = re.compile(r"outrig worker (\d+) listening on (\S+): pid (\d+)")
+_RESTARTED = re.compile(r"outrig worker (\d+) restarted: pid (\d+)")
 
 
 class ControlError(Exception):
@@ -57,7 +59,13 @@ class ManagedServer:
     """
 
     def __init__(
-        self, data_dir: Path, log: Path, *, serve_args: tuple[str, ...] = (), python: str = ""
+        self,
+        data_dir: Path,
+        log: Path,
+        *,
+        serve_args: tuple[str, ...] = (),
+        python: str = "",
+        workers: int = 1,
     ) -> None:
         self.data_dir = data_dir
         self.log = log
@@ -66,6 +74,13 @@ class ManagedServer:
         self._serve_args = serve_args
         self._python = python or sys.executable
         self._process: subprocess.Popen[bytes] | None = None
+        # With workers (`outrig serve --workers N`), a kill is of one worker in turn, which the
+        # supervisor restarts: their own addresses and pids, from the log.
+        self.workers = workers
+        self.worker_addresses: list[str] = []
+        self.worker_pids: list[int] = []
+        self.kills = 0
+        self._killed: tuple[int, int] | None = None  # (worker, log offset at its kill)
 
     def start(self, listen: str = "127.0.0.1:0", timeout: float = 120.0) -> str:
         """Start the server and return its address once it listens."""
@@ -79,6 +94,7 @@ class ManagedServer:
             "--data-dir",
             str(self.data_dir),
             *self._serve_args,
+            *(["--workers", str(self.workers)] if self.workers > 1 else []),
         ]
         offset = self.log.stat().st_size if self.log.exists() else 0
         environment = {k: v for k, v in os.environ.items() if not k.startswith("OUTRIG_")}
@@ -92,7 +108,7 @@ class ManagedServer:
             with self.log.open("rb") as output:
                 output.seek(offset)
                 found = _LISTENING.search(output.read().decode(errors="replace"))
-            if found:
+            if found and self._workers_listed(offset):
                 self.address = found.group(1)
                 return self.address
             if self._process.poll() is not None:
@@ -104,16 +120,61 @@ class ManagedServer:
         self.stop()
         raise ControlError(f"the server did not listen within {timeout:.0f} s; see {self.log}")
 
+    def _workers_listed(self, offset: int) -> bool:
+        """Whether every worker has said where it listens (a lone server has none to say)."""
+        if self.workers <= 1:
+            return True
+        with self.log.open("rb") as output:
+            output.seek(offset)
+            found = _WORKER.findall(output.read().decode(errors="replace"))
+        if len(found) < self.workers:
+            return False
+        self.worker_addresses, self.worker_pids = [""] * self.workers, [0] * self.workers
+        for index, address, pid in found[-self.workers :]:
+            self.worker_addresses[int(index)], self.worker_pids[int(index)] = address, int(pid)
+        return True
+
     def kill(self) -> None:
         if self._process is None or self._process.poll() is not None:
             raise ControlError("no running server to kill")
+        if self.workers > 1:  # one worker, in turn: the supervisor restarts it
+            victim = self.kills % self.workers
+            self.kills += 1
+            self._killed = (victim, self.log.stat().st_size)
+            try:
+                os.kill(self.worker_pids[victim], signal.SIGKILL)
+            except ProcessLookupError as err:
+                raise ControlError(
+                    f"worker {victim} (pid {self.worker_pids[victim]}) is not running"
+                ) from err
+            return
         self._process.send_signal(signal.SIGKILL)
         self._process.wait()
 
     def restart(self) -> None:
         if not self.address:
             raise ControlError("the server was never started")
+        if self._killed is not None:
+            self._wait_restarted(*self._killed)
+            self._killed = None
+            return
         self.start(listen=self.address)
+
+    def _wait_restarted(self, victim: int, offset: int, timeout: float = 120.0) -> None:
+        """Return once the supervisor has restarted worker `victim` and it serves again."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.log.open("rb") as output:
+                output.seek(offset)
+                for index, pid in _RESTARTED.findall(output.read().decode(errors="replace")):
+                    if int(index) == victim:
+                        self.worker_pids[victim] = int(pid)
+                        wait_until_serving(
+                            self.worker_addresses[victim], max(1.0, deadline - time.monotonic())
+                        )
+                        return
+            time.sleep(0.05)
+        raise ControlError(f"worker {victim} was not restarted within {timeout:.0f} s; see {self.log}")
 
     def stop(self, timeout: float = 60.0) -> int | None:
         """Stop the server cleanly (SIGTERM), killing it after ``timeout`` seconds; its status."""

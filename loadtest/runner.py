@@ -67,6 +67,14 @@ def parser() -> argparse.ArgumentParser:
         "--commit-interval-ms", type=int, metavar="MS", help="the started server's --commit-interval-ms"
     )
     group.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="the started server runs N worker processes (outrig serve --workers N); a kill is then "
+        "a SIGKILL of one worker in turn, which the supervisor restarts (default 1: one process)",
+    )
+    group.add_argument(
         "--partitions",
         type=int,
         default=1,
@@ -119,7 +127,9 @@ def main(argv: list[str]) -> int:
                 "--config",
                 str(_partitioned(report_dir, params_from(args).space, args.partitions)),
             ]
-        server = ManagedServer(data_dir, report_dir / "server.log", serve_args=tuple(serve_args))
+        server = ManagedServer(
+            data_dir, report_dir / "server.log", serve_args=tuple(serve_args), workers=args.workers
+        )
         try:
             address = server.start()
         except ControlError as err:

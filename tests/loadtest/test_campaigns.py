@@ -179,6 +179,26 @@ def test_both_campaigns_stay_exact_on_a_partitioned_space(tmp_path: Path) -> Non
     assert (verdict["lost"], verdict["duplicated"], verdict["empty"]) == (0, 0, "yes")
 
 
+def test_single_workers_killed_under_a_partitioned_space_lose_nothing(tmp_path: Path) -> None:
+    """`--workers 2 --partitions 2`: each kill is a SIGKILL of one worker in turn (the supervisor
+    restarts it and it recovers its store) while readers and writers run, through the public port."""
+    done = _stress(
+        tmp_path, "--profile", "stress-with-shutdown", *SMALL, "--interleave", "--try-shutdown", "3",
+        "--workers", "2", "--partitions", "2",
+    )  # fmt: skip
+    verdict = _verdict(done)
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert (verdict["written"], verdict["taken"], verdict["lost"], verdict["duplicated"]) == (
+        1000,
+        1000,
+        0,
+        0,
+    )
+    assert len(re.findall(r"^kill \d: SIGKILL after", done.stdout, re.M)) == 3
+    log = (tmp_path / "report" / "server.log").read_text()
+    assert "outrig worker 0 restarted" in log and "outrig worker 1 restarted" in log
+
+
 def test_bad_options_exit_2_naming_the_option(tmp_path: Path) -> None:
     done = _stress(tmp_path, "--num-writers", "0")
     assert done.returncode == 2
