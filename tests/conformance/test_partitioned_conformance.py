@@ -5,6 +5,8 @@ The same tests run against:
 - `plain`: "jobs" unpartitioned, on one server (the reference: every test must pass there too,
   except those about partitions themselves);
 - `partitioned`: "jobs" in 3 partitions by "region", on one server (LocalServer);
+- `workers`: "jobs" in 4 partitions on `outrig serve --workers 2` with a data dir (SQLite, one
+  store per worker), two partitions on each worker, the SDK connected to the shared port;
 - `tier-direct` and `tier-forwarded`: "jobs" in 4 partitions on a tier of two `outrig serve
   --backend postgres` processes on a real PostgreSQL, the partitions owned by both; the SDK
   either sends each call of one partition straight to its owner, or (``direct=False``) sends
@@ -18,6 +20,7 @@ partition and takes where a match appears).
 from __future__ import annotations
 
 import random
+import shutil
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 import outrig
@@ -33,10 +37,13 @@ from outrig._routing import value_partition
 from outrig.service.config import ServerConfig
 from outrig.service.engine import SpaceSettings
 from outrig.testing import LocalServer
+from outrig.v1 import space_pb2 as pb
+from outrig.v1.space_pb2_grpc import SpaceStub
 
 from ..conftest import ServerProcess, start_server
 from ..polling import scrape, wait_until
 from ..postgres_server import PostgresServer
+from ..worker_processes import start_workers
 
 REGIONS = [f"r{i}" for i in range(8)]
 
@@ -59,7 +66,8 @@ class Shape:
     address: str
     partitions: int  # 1: unpartitioned
     direct: bool = True
-    servers: tuple[ServerProcess, ...] = ()
+    servers: tuple[ServerProcess, ...] = ()  # a tier's servers
+    workers: tuple[str, ...] = ()  # `--workers N`: each worker's own address
 
     def connect(self, **options: Any) -> outrig.Space:
         return outrig.connect(self.address, space="jobs", direct=self.direct, **options)
@@ -71,8 +79,19 @@ def _config_file(partitions: int) -> Path:
     return path
 
 
-@pytest.fixture(scope="module", params=["plain", "partitioned", "tier-direct", "tier-forwarded"])
+@pytest.fixture(scope="module", params=["plain", "partitioned", "workers", "tier-direct", "tier-forwarded"])
 def shape(request: pytest.FixtureRequest) -> Iterator[Shape]:
+    if request.param == "workers":
+        config = _config_file(4)
+        data_dir = tempfile.mkdtemp(prefix="outrig-partitions-workers-")
+        workers = start_workers(2, "--data-dir", data_dir, "--config", str(config))
+        try:
+            yield Shape("workers", workers.public, 4, workers=tuple(workers.addresses))
+        finally:
+            workers.stop()
+            config.unlink()
+            shutil.rmtree(data_dir, ignore_errors=True)
+        return
     if request.param in ("plain", "partitioned"):
         partitions = 1 if request.param == "plain" else 3
         spaces = (
@@ -359,8 +378,21 @@ def test_describe_browse_and_purge_cover_every_partition(space: outrig.Space) ->
     assert space.count(Job()) == 0
 
 
+def test_each_partition_is_served_by_a_worker_of_its_own(shape: Shape) -> None:
+    if not shape.workers:
+        pytest.skip("not workers")
+    with grpc.insecure_channel(shape.address) as channel:
+        stub = SpaceStub(channel)
+        owners = {
+            stub.Locate(pb.LocateRequest(space="jobs", partition=k)).address for k in range(shape.partitions)
+        }
+    assert owners == set(shape.workers)  # partition k on worker (hash + k) mod 2: both
+
+
 def test_each_partition_is_a_space_of_the_tier(shape: Shape) -> None:
     partitioned(shape)
+    if shape.workers:
+        pytest.skip("a worker lists its own spaces only")
     with shape.connect() as space:
         for region in REGIONS:
             space.write(Job(region=region, n=1))
