@@ -60,6 +60,9 @@ class Clients:
     seed: int
     retry_deadline: float
     movers: int = 0
+    # A partitioned space (by uid): each mover's transaction names a routing value of its own
+    # (docs/scaling.md), takes an item of that partition and writes its Moved there.
+    routed: bool = False
 
 
 def _writer(address: str, number: int, stop: threading.Event, tally: Tally, clients: Clients) -> None:
@@ -124,8 +127,11 @@ def _mover(address: str, number: int, stop: threading.Event, tally: Tally, clien
     aborted = 0
     with outrig.connect(address, space=clients.space, retry_deadline=clients.retry_deadline) as space:
         try:
+            rounds = 0
             while not stop.is_set():
-                txn = space.transaction(lease=4 * clients.retry_deadline)
+                rounds += 1
+                route = f"m{number}-{rounds}" if clients.routed else None
+                txn = space.transaction(lease=4 * clients.retry_deadline, route=route)
                 try:
                     item = txn.take(Item(), timeout=0.2)
                     if isinstance(item, Item) and item.uid is not None:
