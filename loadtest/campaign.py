@@ -71,12 +71,17 @@ def _on_init(environment: Environment, **_kwargs: Any) -> None:
     if not environment.host:
         _refuse("--host HOST:PORT (the outrig server's address) is required")
     host = str(environment.host)
-    if isinstance(params, MixParams):
-        _state.mix = MixCoordinator(params, link, host)
-        return
     controller: Controller | None = control.installed()
     if controller is None and options.kill_command and options.restart_command:
         controller = CommandController(options.kill_command, options.restart_command, host)
+    if isinstance(params, MixParams):
+        if params.mix_kills and controller is None:
+            _refuse(
+                f"--mix-kills {params.mix_kills} needs a way to kill and restart the server: run the "
+                "campaign with `outrig stress`, or give --kill-command and --restart-command"
+            )
+        _state.mix = MixCoordinator(params, link, host, controller)
+        return
     if params.try_shutdown and controller is None:
         _refuse(
             f"--try-shutdown {params.try_shutdown} needs a way to kill and restart the server: "
@@ -180,6 +185,7 @@ class CampaignShape(LoadTestShape):
         params = coordinator.params
         elapsed = self.get_run_time()
         if elapsed < params.duration:
+            coordinator.maybe_kill(elapsed)
             return params.users_at(elapsed), float(params.step_users), [MixUser]
         coordinator.ask_for_reports()  # the workers stop starting operations and account for them
         workers = getattr(self.runner, "worker_count", 1)

@@ -24,6 +24,7 @@ from locust.env import Environment
 
 import outrig
 from outrig import OutrigError
+from outrig.loadtest.control import Controller
 from outrig.loadtest.entries import (
     ENTRY_CLASSES,
     ROOT_TEMPLATES,
@@ -43,6 +44,7 @@ _NOTIFY_SECONDS = 0.5
 _LEASE = 3600.0
 _RECENT = 256
 _REPORT_WAIT = 10.0
+_ENDED_BY_KILLS = (outrig.TransactionNotFoundError, outrig.TransactionAbortedError, outrig.LeaseNotFoundError)
 
 
 class MixWorker:
@@ -73,6 +75,12 @@ class MixWorker:
         self.in_flight += 1
         try:
             operation()
+        except _ENDED_BY_KILLS:
+            # What a kill ends (docs/loadtest.md): counted, not failed, when the mix kills.
+            if self.params.mix_kills:
+                self.tally.interrupted += 1
+            else:
+                self.tally.failed += 1
         except OutrigError:
             self.tally.failed += 1
         finally:
@@ -237,7 +245,9 @@ def mix_worker() -> MixWorker:
 class MixCoordinator:
     """The master's side of the mix: the step shape's clock, and the final account."""
 
-    def __init__(self, params: MixParams, link: Link, host: str) -> None:
+    def __init__(
+        self, params: MixParams, link: Link, host: str, controller: Controller | None = None
+    ) -> None:
         self.params = params
         self.host = host
         self._link = link
@@ -245,6 +255,32 @@ class MixCoordinator:
         self.verdict: Verdict | None = None
         self.started = time.monotonic()
         self._asked_at: float | None = None
+        self._controller = controller
+        self._kills_due = params.kill_times()
+        self._killing: Any = None  # the greenlet of a kill and restart in progress
+        self.kills: list[str] = []
+
+    def maybe_kill(self, elapsed: float) -> None:
+        """Kill the server (one worker) and bring it back, once each kill's time has come."""
+        if not self._kills_due or elapsed < self._kills_due[0] or self._controller is None:
+            return
+        if self._killing is not None and not self._killing.ready():
+            return
+        self._kills_due.pop(0)
+        self._killing = gevent.spawn(self._kill_and_restart, len(self.kills) + 1, elapsed)
+
+    def _kill_and_restart(self, number: int, elapsed: float) -> None:
+        assert self._controller is not None
+        began = time.monotonic()
+        try:
+            self._controller.kill()
+            self._controller.restart()
+        except Exception as err:  # the account says so; the verdict fails on it
+            self.kills.append(f"kill {number}: at {elapsed:.1f} s failed: {err}")
+            return
+        self.kills.append(
+            f"kill {number}: SIGKILL at {elapsed:.1f} s; serving again {time.monotonic() - began:.1f} s later"
+        )
 
     @property
     def finished(self) -> bool:
@@ -293,6 +329,13 @@ class MixCoordinator:
         unaccounted = len(set(taken) - written)
         if unaccounted:
             notes.append(f"{unaccounted} entries taken were never acknowledged to their writer")
+        if self._killing is not None:
+            self._killing.join(timeout=120)
+        notes.extend(self.kills)
+        if tally.interrupted:
+            notes.append(f"kills ended {tally.interrupted} open transactions or notify registrations")
+        if len(self.kills) < self.params.mix_kills or any("failed" in kill for kill in self.kills):
+            tally.failed += 1
         notes.append(f"notify: {events} events received; final drain took {drained} entries")
         notes.append(f"retry path: sdk (the SDK retried {tally.retries} attempts)")
         self.verdict = Verdict(

@@ -31,7 +31,7 @@ _STRESS_NUMBERS: Final = (
     "query_timeout",
 )
 _SWITCHES: Final = ("use_if_exists", "interleave", "verify_takes")
-_MIX_NUMBERS: Final = ("max_users", "step_users", "step_seconds", "duration")
+_MIX_NUMBERS: Final = ("max_users", "step_users", "step_seconds", "duration", "mix_kills")
 _WEEK: Final = 7 * 24 * 3600.0
 
 
@@ -98,6 +98,7 @@ class MixParams:
     step_seconds: float = 10.0
     duration: float = 60.0
     space: str = "mix"
+    mix_kills: int = 0  # SIGKILLs of the server (or of one worker) spread over the duration
 
     def check(self) -> None:
         if self.max_users < 1:
@@ -108,6 +109,12 @@ class MixParams:
             raise ValueError(f"--step-seconds must be > 0, got {self.step_seconds}")
         if self.duration <= 0:
             raise ValueError(f"--duration must be > 0 seconds, got {self.duration}")
+        if self.mix_kills < 0:
+            raise ValueError(f"--mix-kills must be >= 0, got {self.mix_kills}")
+
+    def kill_times(self) -> list[float]:
+        """When the kills come: spread evenly over the duration."""
+        return [self.duration * (i + 1) / (self.mix_kills + 1) for i in range(self.mix_kills)]
 
     def users_at(self, elapsed: float) -> int:
         return min(self.max_users, self.step_users * (1 + int(elapsed // self.step_seconds)))
@@ -169,6 +176,12 @@ def add_arguments(parser: Any, *, campaign_flag: str = "--campaign") -> None:
         ("--step-users", int, "random: users added per step (10)"),
         ("--step-seconds", float, "random: seconds per step (10)"),
         ("--duration", float, "random: seconds the mix runs (60)"),
+        (
+            "--mix-kills",
+            int,
+            "random: SIGKILLs of the server (of one worker, in turn, under --workers) spread over "
+            "the duration (0)",
+        ),
     ]
     _add_valued(group, mix)
 

@@ -69,6 +69,9 @@ class Tally:
     takes_gone: int = 0
     takes_again: int = 0
     reads_again: int = 0
+    # The random mix's calls a kill ended as documented: a transaction that was open (embedded
+    # transactions live in memory until they commit), a notify registration it ended.
+    interrupted: int = 0
 
     def add(self, other: Tally) -> None:
         for name in self.__dataclass_fields__:

@@ -197,6 +197,16 @@ def test_single_workers_killed_under_a_partitioned_space_lose_nothing(tmp_path: 
     assert len(re.findall(r"^kill \d: SIGKILL after", done.stdout, re.M)) == 3
     log = (tmp_path / "report" / "server.log").read_text()
     assert "outrig worker 0 restarted" in log and "outrig worker 1 restarted" in log
+    (tmp_path / "mix").mkdir()
+    mix = _stress(
+        tmp_path / "mix", "--profile", "random", "--max-users", "10", "--step-users", "5",
+        "--step-seconds", "2", "--duration", "8", "--mix-kills", "2", "--workers", "2", "--partitions", "2",
+    )  # fmt: skip
+    verdict = _verdict(mix)
+    assert mix.returncode == 0, mix.stdout[-3000:]
+    assert int(verdict["written"]) > 0 and int(verdict["taken"]) > 0
+    assert (verdict["lost"], verdict["duplicated"], verdict["empty"]) == (0, 0, "yes")
+    assert len(re.findall(r"^kill \d: SIGKILL at", mix.stdout, re.M)) == 2, mix.stdout[-2000:]
 
 
 def test_bad_options_exit_2_naming_the_option(tmp_path: Path) -> None:
