@@ -25,7 +25,7 @@ from ..worker_processes import start_workers
 from .load import Clients, Item, Moved, Tally, check, start_load, stop_load
 
 SEED = 20261201
-KILLS = 4
+KILLS = 3
 CLIENTS = Clients(space="crash", seed=SEED, retry_deadline=30.0, movers=2)
 
 
