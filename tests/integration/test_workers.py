@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import threading
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -211,9 +212,17 @@ def _free_pair() -> int:
 
 
 def test_each_worker_serves_its_metrics_and_the_sdk_skips_the_forwarding_hop() -> None:
-    metrics = _free_pair()
-    workers = start_workers(2, "--metrics-listen", f"127.0.0.1:{metrics}")
+    metrics, console = _free_pair(), free_port()
+    workers = start_workers(
+        2, "--metrics-listen", f"127.0.0.1:{metrics}", "--console", f"127.0.0.1:{console}"
+    )
     try:
+        # The console is worker 0's.
+        with urllib.request.urlopen(f"http://127.0.0.1:{console}/", timeout=10) as page:
+            assert page.status == 200 and b"outrig" in page.read()
+        assert "[worker-0]" in next(
+            line for line in workers.server.log.read_text().splitlines() if "console on http://" in line
+        )
         (space_name,) = workers.spaces_of(1)
 
         def forwarded() -> float:
@@ -267,3 +276,10 @@ def _free(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def test_a_worker_that_cannot_start_stops_them_all_with_its_status() -> None:
+    refused = _serve("--workers", "2", "--listen", "0.0.0.0:0")
+    assert refused.returncode == 2
+    assert "refusing to serve on 0.0.0.0 without authentication" in refused.stderr
+    assert "a worker ended (status 2) before it served: stopping" in refused.stderr
