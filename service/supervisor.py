@@ -109,6 +109,13 @@ def _port_plus(address: str, offset: int, setting: str) -> str:
     return f"{host}:{port + offset if port else 0}"
 
 
+def restart_delay(backoff: float, ran: float) -> tuple[float, float]:
+    """(seconds to wait before restarting a worker that ended after `ran` seconds of service,
+    the backoff for its next restart), given its current `backoff`."""
+    delay = RESTART_BACKOFF if ran >= RESTART_RESET else backoff
+    return delay, min(RESTART_BACKOFF_MAX, delay * 2)
+
+
 def worker_config(config: ServerConfig, role: WorkerRole) -> ServerConfig:
     """A worker's configuration: its supervisor's, with the worker's addresses and data dir."""
     return dataclasses.replace(
@@ -261,10 +268,7 @@ class Supervisor:
             if self._stopping.is_set():
                 return
             ran = time.monotonic() - worker.started_at
-            if ran >= RESTART_RESET:
-                worker.backoff = RESTART_BACKOFF
-            delay = worker.backoff
-            worker.backoff = min(RESTART_BACKOFF_MAX, worker.backoff * 2)
+            delay, worker.backoff = restart_delay(worker.backoff, ran)
             log.warning(
                 "%s (pid %d) ended %s after %.1f s; restarting it in %.1f s",
                 worker.role.name,

@@ -26,6 +26,7 @@ class Workers:
     addresses: list[str]
     pids: list[int]
     lines: queue.Queue[str] = field(default_factory=queue.Queue)
+    durable: bool = False  # a test's note: whether they keep their spaces in a data dir
 
     @property
     def public(self) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -176,6 +177,31 @@ def stop_load(threads: list[threading.Thread], stop: threading.Event, clients: C
     stop.set()
     for thread in threads:
         thread.join(timeout=clients.retry_deadline + 10)
+
+
+def load_through_kills(
+    address: Callable[[], str], clients: Clients, kills: int, kill: Callable[[], None], pause: float = 1.5
+) -> tuple[Tally, float]:
+    """Run the load on `address()` while `kill()` is called `kills` times, each after a pause of
+    0.3 s to `pause` (random, from the clients' seed), and then half a second more; stop it.
+    What the clients were told, and the seconds the load ran (it checks every client stopped
+    and none saw a call fail despite its retries)."""
+    stop = threading.Event()
+    tally = Tally()
+    threads = start_load(address, stop, tally, clients)
+    started = time.monotonic()
+    rng = random.Random(clients.seed)
+    try:
+        for _ in range(kills):
+            time.sleep(rng.uniform(0.3, pause))
+            kill()
+        time.sleep(0.5)  # some load on the last incarnation too
+    finally:
+        stop_load(threads, stop, clients)
+    loaded = time.monotonic() - started
+    assert not any(thread.is_alive() for thread in threads), "a client thread did not stop"
+    assert not tally.errors, f"client calls failed despite retries: {tally.errors}"
+    return tally, loaded
 
 
 def check(

@@ -16,18 +16,15 @@ server at different points of its calls. Change SEED to explore others.
 
 from __future__ import annotations
 
-import random
 import signal
 import socket
-import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import outrig
 
 from ..conftest import ServerProcess
-from .load import Clients, Item, Tally, check, start_load, stop_load
+from .load import Clients, Item, check, load_through_kills
 
 SEED = 20240611
 KILLS = 5
@@ -50,24 +47,14 @@ def test_sigkill_under_load_loses_duplicates_and_resurrects_nothing(
     def start() -> ServerProcess:
         return server_factory("--listen", address, "--data-dir", str(data_dir))
 
-    server = start()
-    stop = threading.Event()
-    tally = Tally()
-    threads = start_load(lambda: address, stop, tally, CLIENTS)
-    started = time.monotonic()
-    rng = random.Random(SEED)
-    try:
-        for _ in range(KILLS):
-            time.sleep(rng.uniform(0.3, 1.5))
-            server.stop(signal.SIGKILL)
-            server = start()
-        time.sleep(0.5)  # some load on the last incarnation too
-    finally:
-        stop_load(threads, stop, CLIENTS)
-    loaded = time.monotonic() - started
-    assert not any(thread.is_alive() for thread in threads), "a client thread did not stop"
-    assert not tally.errors, f"client calls failed despite retries: {tally.errors}"
+    running = [start()]
 
+    def kill() -> None:
+        running[0].stop(signal.SIGKILL)
+        running[0] = start()
+
+    tally, loaded = load_through_kills(lambda: address, CLIENTS, KILLS, kill)
+    server = running[0]
     assert server.stop() == 0, "the server did not shut down cleanly on SIGTERM"
     server = start()
     with outrig.connect(server.address, space=CLIENTS.space) as space:

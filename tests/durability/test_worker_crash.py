@@ -13,19 +13,16 @@ is checked against what the clients were told (load.check).
 from __future__ import annotations
 
 import os
-import random
 import signal
-import threading
-import time
 from pathlib import Path
 
 import outrig
 
 from ..worker_processes import start_workers
-from .load import Clients, Item, Moved, Tally, check, start_load, stop_load
+from .load import Clients, Item, Moved, check, load_through_kills
 
 SEED = 20261201
-KILLS = 4
+KILLS = 3
 CLIENTS = Clients(space="crash", seed=SEED, retry_deadline=30.0, movers=2)
 
 
@@ -33,22 +30,12 @@ def test_worker_sigkilled_under_load_loses_duplicates_and_resurrects_nothing(tmp
     data_dir = str(tmp_path / "data")
     workers = start_workers(2, "--data-dir", data_dir)
     serving = workers.owner(CLIENTS.space)
-    stop = threading.Event()
-    tally = Tally()
-    threads = start_load(lambda: workers.public, stop, tally, CLIENTS)
-    started = time.monotonic()
-    rng = random.Random(SEED)
-    try:
-        for _ in range(KILLS):
-            time.sleep(rng.uniform(0.3, 1.2))
-            os.kill(workers.pids[serving], signal.SIGKILL)
-            workers.wait_restarted(serving)
-        time.sleep(0.5)  # some load on the last incarnation too
-    finally:
-        stop_load(threads, stop, CLIENTS)
-    loaded = time.monotonic() - started
-    assert not any(thread.is_alive() for thread in threads), "a client thread did not stop"
-    assert not tally.errors, f"client calls failed despite retries: {tally.errors}"
+
+    def kill() -> None:
+        os.kill(workers.pids[serving], signal.SIGKILL)
+        workers.wait_restarted(serving)
+
+    tally, loaded = load_through_kills(lambda: workers.public, CLIENTS, KILLS, kill, pause=1.2)
     assert workers.stop() == 0, "the supervisor did not stop cleanly on SIGTERM"
 
     again = start_workers(2, "--data-dir", data_dir)

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import threading
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,16 +32,18 @@ class Job(outrig.Entry, type_name="workers.Job"):
     n: int | None = None
 
 
-@pytest.fixture(params=["data-dir", "in-memory"])
-def workers(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Workers]:
-    args = ["--data-dir", str(tmp_path / "data")] if request.param == "data-dir" else []
-    running = start_workers(2, *args)
+@pytest.fixture(scope="module", params=["data-dir", "in-memory"])
+def workers(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workers]:
+    """Two workers for the module's tests (each uses spaces of its own names)."""
+    data = tmp_path_factory.mktemp("workers") / "data"
+    running = start_workers(2, *(["--data-dir", str(data)] if request.param == "data-dir" else []))
+    running.durable = request.param == "data-dir"
     yield running
-    running.stop()
+    assert running.stop() == 0
 
 
 def test_spaces_spread_over_the_workers_and_any_port_answers(workers: Workers) -> None:
-    spaces = [*workers.spaces_of(0, 2), *workers.spaces_of(1, 2)]
+    spaces = [*workers.spaces_of(0, 2, prefix="spread"), *workers.spaces_of(1, 2, prefix="spread")]
     ports = [workers.public, *workers.addresses]
     for n, space in enumerate(spaces):
         with outrig.connect(workers.public, space=space, direct=False) as at_public:
@@ -58,12 +61,13 @@ def test_spaces_spread_over_the_workers_and_any_port_answers(workers: Workers) -
     for index, address in enumerate(workers.addresses):
         with outrig.connect(address, direct=False) as at_worker:
             listed = {p.space: p for p in at_worker.list_spaces()}
-        assert sorted(listed) == sorted(s for s in spaces if workers.owner(s) == index)
+        assert all(workers.owner(s) == index for s in listed)
+        assert {s for s in spaces if workers.owner(s) == index} <= set(listed)
         assert {p.address for p in listed.values()} == {address}
 
 
 def test_the_sdk_sends_a_space_s_calls_to_its_worker(workers: Workers) -> None:
-    (space_name,) = workers.spaces_of(1)
+    (space_name,) = workers.spaces_of(1, prefix="routed")
     with outrig.connect(workers.addresses[0], space=space_name) as space:
         space.write(Job(n=1))
         assert space.target == workers.addresses[1]  # straight to the owner, no forwarding hop
@@ -106,10 +110,10 @@ def wait_for_waiters_of(workers: Workers, space: str) -> None:
         wait_until(lambda: at_owner.describe().waiters == 1, what="a parked take")
 
 
-def test_a_killed_worker_is_restarted_while_the_sdk_retries(workers: Workers, tmp_path: Path) -> None:
-    durable = (tmp_path / "data").exists()
-    (kept,) = workers.spaces_of(0)
-    (killed,) = workers.spaces_of(1)
+def test_a_killed_worker_is_restarted_while_the_sdk_retries(workers: Workers) -> None:
+    durable = workers.durable
+    (kept,) = workers.spaces_of(0, prefix="kept")
+    (killed,) = workers.spaces_of(1, prefix="killed")
     with (
         outrig.connect(workers.public, space=kept, direct=False) as on_kept,
         outrig.connect(workers.public, space=killed, direct=False) as on_killed,
@@ -208,9 +212,17 @@ def _free_pair() -> int:
 
 
 def test_each_worker_serves_its_metrics_and_the_sdk_skips_the_forwarding_hop() -> None:
-    metrics = _free_pair()
-    workers = start_workers(2, "--metrics-listen", f"127.0.0.1:{metrics}")
+    metrics, console = _free_pair(), free_port()
+    workers = start_workers(
+        2, "--metrics-listen", f"127.0.0.1:{metrics}", "--console", f"127.0.0.1:{console}"
+    )
     try:
+        # The console is worker 0's.
+        with urllib.request.urlopen(f"http://127.0.0.1:{console}/", timeout=10) as page:
+            assert page.status == 200 and b"outrig" in page.read()
+        assert "[worker-0]" in next(
+            line for line in workers.server.log.read_text().splitlines() if "console on http://" in line
+        )
         (space_name,) = workers.spaces_of(1)
 
         def forwarded() -> float:
@@ -264,3 +276,10 @@ def _free(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def test_a_worker_that_cannot_start_stops_them_all_with_its_status() -> None:
+    refused = _serve("--workers", "2", "--listen", "0.0.0.0:0")
+    assert refused.returncode == 2
+    assert "refusing to serve on 0.0.0.0 without authentication" in refused.stderr
+    assert "a worker ended (status 2) before it served: stopping" in refused.stderr

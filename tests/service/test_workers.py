@@ -11,7 +11,7 @@ import pytest
 from outrig.service.config import load_config
 from outrig.service.engine.partitions import partition_name
 from outrig.service.exceptions import ConfigError
-from outrig.service.supervisor import Supervisor
+from outrig.service.supervisor import RESTART_BACKOFF_MAX, RESTART_RESET, Supervisor, restart_delay
 from outrig.service.workers import (
     SECRET_VARIABLE,
     WorkerRole,
@@ -114,3 +114,13 @@ def test_a_cgroup_cpu_quota_caps_one_worker_per_core(tmp_path: Path) -> None:
     cpu_max.write_text("nonsense")
     assert cpu_quota(cpu_max) is None
     assert cpu_quota(tmp_path / "absent") is None
+
+
+def test_restarts_back_off_to_a_bound_and_start_over_after_a_while() -> None:
+    backoff, delays = 0.1, []
+    for _ in range(10):  # a worker that ends at once, again and again
+        delay, backoff = restart_delay(backoff, ran=0.5)
+        delays.append(delay)
+    assert delays[:4] == [0.1, 0.2, 0.4, 0.8]
+    assert max(delays) == RESTART_BACKOFF_MAX == delays[-1]
+    assert restart_delay(backoff, ran=RESTART_RESET) == (0.1, 0.2)  # it had served a while
