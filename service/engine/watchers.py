@@ -5,30 +5,45 @@ Each watcher is filed once per template, in the narrowest place its template all
 - under (type, field, key) for the template's first set field (equality);
 - else under (type, field, key) for each value of its smallest set matcher (`OneOf`);
 - else by its prefix (`Prefix`), per (type, field, kind);
-- else by its range (`Range`, or the narrowest part of an `All`), per (type, field);
-- else under (type,): every write of the type looks at it (`Not`, `Present`, `Missing`);
+- else by its range (`Range`, or the narrowest part of an `All`), per (type, field, kind): a
+  range open above by its low end, one open below by its high end (two sorted maps), a range
+  bounded on both sides in an interval map (stabbing.py);
+- else by `Present`, per (type, field); else by `Missing`, per type and field; else by
+  `Not(v)`, per type and field and then by v (each alone, or as a part of an `All`);
+- else under (type,): a template of a type and nothing more matches every entry of it;
 - nowhere, if its template can match nothing (an empty range).
 
 A written entry then finds the watchers that could match it with one dict lookup per (type in
-its lineage) x (its fields), one more per distinct prefix length parked on a string field, and
-two bisections per field with parked ranges: the cost of a write depends on the entry's shape
-and on the watchers that may match it, not on how many are parked. A range's bisections look at
-the ranges that start at or below the value, or at those that end above it, whichever are
-fewer: exactly the matching ones for one-sided ranges (`GE`, `LT`, ...), a few more for
-two-sided ranges that straddle nothing.
+its lineage) x (its fields), one more per distinct prefix length parked on a string field, a
+walk of the sorted maps and the interval map of a field's kind that stops at the first range
+that does not hold the value, one look per field with parked `Missing` or `Not` waiters, and
+one bucket skipped there: the `Not(v)` waiters of the value v itself. A template filed by its
+only condition is looked at by exactly the writes that match it: the cost of a write depends on
+the entry's shape and on the watchers that match it, not on how many are parked. One filed by
+one of several conditions is looked at by the writes that meet that one.
 """
 
 from __future__ import annotations
 
-import math
 from collections import Counter, OrderedDict
-from collections.abc import Hashable, Iterable
-from typing import Any, Generic, Protocol, TypeVar
+from collections.abc import Hashable, Iterable, Mapping, MutableMapping
+from typing import Generic, Protocol, TypeVar, cast
 
-from sortedcontainers import SortedList
+from sortedcontainers import SortedDict
 
-from outrig.service.engine.matchers import Bounds, Prefix, point
+from outrig.service.engine.matchers import (
+    ORDERED_KINDS,
+    All,
+    Bounds,
+    Matcher,
+    NotEqual,
+    Prefix,
+    Presence,
+    point,
+)
 from outrig.service.engine.model import StoredEntry, Template
+from outrig.service.engine.stabbing import IntervalMap
+from outrig.service.engine.values import FieldValue
 
 
 class Watcher(Protocol):
@@ -42,6 +57,7 @@ class Watcher(Protocol):
 W = TypeVar("W", bound=Watcher)
 
 _NEVER = object()  # the slot of templates that match nothing: no write looks there
+_KIND_OF_RANK = {rank: kind for kind, rank in ORDERED_KINDS.items()}
 
 
 class _Prefixes(Generic[W]):
@@ -84,62 +100,140 @@ class _Prefixes(Generic[W]):
         return bool(self.by_prefix)
 
 
-class _Ranges(Generic[W]):
-    """Watchers of one (type, field) by the range they wait for, sorted by each end."""
+H = TypeVar("H", bound=Hashable)
 
-    __slots__ = ("by_seq", "starts", "stops")
+
+def _into(buckets: MutableMapping[H, OrderedDict[int, W]], key: H, watcher: W) -> bool:
+    """File `watcher` in the bucket of `key`; False if it is there already (by another template)."""
+    bucket = buckets.get(key)
+    if bucket is None:
+        bucket = buckets[key] = OrderedDict()
+    elif watcher.seq in bucket:
+        return False
+    bucket[watcher.seq] = watcher
+    return True
+
+
+def _out(buckets: MutableMapping[H, OrderedDict[int, W]], key: H, seq: int) -> bool:
+    """Unfile `seq` from the bucket of `key` (dropping the bucket when it empties); False if it
+    was not there."""
+    bucket = buckets.get(key)
+    if bucket is None or bucket.pop(seq, None) is None:
+        return False
+    if not bucket:
+        del buckets[key]
+    return True
+
+
+class _Ranges(Generic[W]):
+    """Watchers of one (type, field, kind) by the range they wait for: those open above by its
+    low end, those open below by its high end, those bounded on both sides by the interval.
+
+    A value is held by exactly the ranges open above whose low end is at or below it (a prefix
+    of `above`), those open below whose high end is past it (a suffix of `below`), and what the
+    interval map finds: each walk stops at the first range that does not hold it."""
+
+    __slots__ = ("above", "below", "between")
 
     def __init__(self) -> None:
-        self.by_seq: dict[int, tuple[Bounds, W]] = {}
-        self.starts: SortedList[tuple[tuple[object, ...], int]] = SortedList()  # (start, seq)
-        self.stops: SortedList[tuple[tuple[object, ...], int]] = SortedList()  # (stop, seq)
+        self.above: SortedDict[tuple[object, ...], OrderedDict[int, W]] = SortedDict()
+        self.below: SortedDict[tuple[object, ...], OrderedDict[int, W]] = SortedDict()
+        self.between: IntervalMap[tuple[object, ...], OrderedDict[int, W]] = IntervalMap()
 
     def add(self, bounds: Bounds, watcher: W) -> bool:
-        """File `watcher` by `bounds`; False if it is filed here already (by another template)."""
-        if watcher.seq in self.by_seq:
+        """File `watcher` by `bounds`; False if it is filed there already (by another template)."""
+        start, stop = bounds
+        if stop == (start[0], 1):  # open above (open below too, perhaps: either map is exact)
+            return _into(self.above, start, watcher)
+        if start == (stop[0], 0):
+            return _into(self.below, stop, watcher)
+        bucket = self.between.get(start, stop)
+        if bucket is None:
+            bucket = OrderedDict()
+            self.between.put(start, stop, bucket)
+        elif watcher.seq in bucket:
             return False
-        self.by_seq[watcher.seq] = (bounds, watcher)
-        self.starts.add((bounds[0], watcher.seq))
-        self.stops.add((bounds[1], watcher.seq))
+        bucket[watcher.seq] = watcher
         return True
 
     def remove(self, bounds: Bounds, seq: int) -> bool:
-        filed = self.by_seq.get(seq)
-        if filed is None or filed[0] != bounds:
+        start, stop = bounds
+        if stop == (start[0], 1):
+            return _out(self.above, start, seq)
+        if start == (stop[0], 0):
+            return _out(self.below, stop, seq)
+        bucket = self.between.get(start, stop)
+        if bucket is None or bucket.pop(seq, None) is None:
             return False
-        del self.by_seq[seq]
-        self.starts.remove((bounds[0], seq))
-        self.stops.remove((bounds[1], seq))
+        if not bucket:
+            self.between.pop(start, stop)
         return True
 
     def find(self, at: tuple[object, ...], found: dict[int, W]) -> None:
         """Add the watchers whose range holds the point `at` to `found`."""
-        probe: Any = (at, math.inf)  # after every (at, seq)
-        started = self.starts.bisect_right(probe)  # ranges with start <= at
-        if not started:
-            return
-        ending = self.stops.bisect_right(probe)  # ranges with stop <= at: the rest end above it
-        if ending == len(self.by_seq):
-            return
-        by_seq = self.by_seq
-        if started <= len(self.by_seq) - ending:
-            for _, seq in self.starts.islice(0, started):
-                bounds, watcher = by_seq[seq]
-                if at < bounds[1]:
-                    found[seq] = watcher
-        else:
-            for _, seq in self.stops.islice(ending):
-                bounds, watcher = by_seq[seq]
-                if bounds[0] <= at:
-                    found[seq] = watcher
+        above, below = self.above, self.below
+        if above:
+            for start in above:
+                if at < start:
+                    break
+                found.update(above[start])
+        if below:
+            for stop in reversed(below):
+                if stop <= at:
+                    break
+                found.update(below[stop])
+        if self.between:
+            for bucket in self.between.stab(at):
+                found.update(bucket)
+
+    def buckets(self) -> Iterable[OrderedDict[int, W]]:
+        yield from self.above.values()
+        yield from self.below.values()
+        yield from (bucket for _, bucket in self.between.items())
 
     def __bool__(self) -> bool:
-        return bool(self.by_seq)
+        return bool(self.above or self.below or self.between)
+
+
+class _Absent(Generic[W]):
+    """Watchers of one type that a field's absence can wake: `Missing` ones by field, `Not(v)`
+    ones by field and then v."""
+
+    __slots__ = ("missing", "nots")
+
+    def __init__(self) -> None:
+        self.missing: dict[str, OrderedDict[int, W]] = {}
+        self.nots: dict[str, dict[FieldValue, OrderedDict[int, W]]] = {}
+
+    def find(self, fields: Mapping[str, FieldValue], found: dict[int, W]) -> None:
+        for name, bucket in self.missing.items():
+            value = fields.get(name)
+            if value is None or value.kind == "null":
+                found.update(bucket)
+        for name, by_value in self.nots.items():
+            value = fields.get(name)
+            skipped = by_value.get(value) if value is not None else None  # Not(v) for v itself
+            for bucket in by_value.values():
+                if bucket is not skipped:
+                    found.update(bucket)
+
+    def buckets(self) -> Iterable[OrderedDict[int, W]]:
+        yield from self.missing.values()
+        for by_value in self.nots.values():
+            yield from by_value.values()
+
+    def __bool__(self) -> bool:
+        return bool(self.missing or self.nots)
+
+
+def _parts(matcher: Matcher) -> tuple[Matcher, ...]:
+    return matcher.matchers if isinstance(matcher, All) else (matcher,)
 
 
 def _place(template: Template) -> list[tuple[str, Hashable, object]]:
     """Where to file a template: ("slot", key, None), ("prefix", (type, field, kind), prefix),
-    or ("range", (type, field), bounds)."""
+    ("range", (type, field, kind), bounds), ("present", (type, field), None), ("missing",
+    type, field) or ("not", type, (field, value))."""
     type_name = template.type_name
     if template.fields:
         name, value = template.fields[0]
@@ -156,7 +250,16 @@ def _place(template: Template) -> list[tuple[str, Hashable, object]]:
     for name, matcher in template.matchers:
         bounds = matcher.bounds()
         if bounds is not None:
-            return [("range", (type_name, name), bounds)]
+            kind = _KIND_OF_RANK[bounds[0][0]]  # type: ignore[index]
+            return [("range", (type_name, name, kind), bounds)]
+    conditions = [(name, part) for name, matcher in template.matchers for part in _parts(matcher)]
+    for wanted in (True, False):
+        for name, part in conditions:
+            if isinstance(part, Presence) and part.present is wanted:
+                return [("present", (type_name, name), None) if wanted else ("missing", type_name, name)]
+    for name, part in conditions:
+        if isinstance(part, NotEqual):
+            return [("not", type_name, (name, part.value))]
     return [("slot", (type_name,), None)]
 
 
@@ -168,6 +271,8 @@ class WatcherIndex(Generic[W]):
         self._slots: dict[Hashable, OrderedDict[int, W]] = {}
         self._prefixes: dict[Hashable, _Prefixes[W]] = {}
         self._ranges: dict[Hashable, _Ranges[W]] = {}
+        self._present: dict[Hashable, OrderedDict[int, W]] = {}
+        self._absent: dict[str, _Absent[W]] = {}
         # How many watchers wait on each type, so a write skips types nobody waits on.
         self._types: dict[str, int] = {}
         self._count = 0
@@ -186,17 +291,17 @@ class WatcherIndex(Generic[W]):
         if how == "prefix":
             return self._prefixes.setdefault(key, _Prefixes()).add(detail, watcher)  # type: ignore[arg-type]
         if how == "range":
-            ranges = self._ranges.setdefault(key, _Ranges())
-            if ranges.add(detail, watcher):  # type: ignore[arg-type]
-                return True
-            if ranges.by_seq[watcher.seq][0] == detail:
-                return False  # the same range, from another of its templates: filed already
-            key = key[:1]  # type: ignore[index]  # another range on that field: its type's slot
-        bucket = self._slots.setdefault(key, OrderedDict())
-        if watcher.seq in bucket:  # two templates of one watcher in the same slot
-            return False
-        bucket[watcher.seq] = watcher
-        return True
+            return self._ranges.setdefault(key, _Ranges()).add(detail, watcher)  # type: ignore[arg-type]
+        if how == "present":
+            return _into(self._present, key, watcher)
+        if how == "missing":
+            missing = self._absent.setdefault(cast(str, key), _Absent()).missing
+            return _into(missing, cast(str, detail), watcher)
+        if how == "not":
+            name, value = cast(tuple[str, FieldValue], detail)
+            nots = self._absent.setdefault(cast(str, key), _Absent()).nots
+            return _into(nots.setdefault(name, {}), value, watcher)
+        return _into(self._slots, key, watcher)
 
     def remove(self, watcher: W) -> None:
         """Unfile `watcher`; removing one that is not filed does nothing."""
@@ -224,17 +329,29 @@ class WatcherIndex(Generic[W]):
             return True
         if how == "range":
             ranges = self._ranges.get(key)
-            if ranges is not None and ranges.remove(detail, seq):  # type: ignore[arg-type]
-                if not ranges:
-                    del self._ranges[key]
-                return True
-            key = key[:1]  # type: ignore[index]  # filed under its type's slot (see _file)
-        bucket = self._slots.get(key)
-        if bucket is None or bucket.pop(seq, None) is None:
-            return False
-        if not bucket:
-            del self._slots[key]
-        return True
+            if ranges is None or not ranges.remove(detail, seq):  # type: ignore[arg-type]
+                return False
+            if not ranges:
+                del self._ranges[key]
+            return True
+        if how == "present":
+            return _out(self._present, key, seq)
+        if how in ("missing", "not"):
+            absent = self._absent.get(cast(str, key))
+            if absent is None:
+                return False
+            if how == "missing":
+                removed = _out(absent.missing, cast(str, detail), seq)
+            else:
+                name, value = cast(tuple[str, FieldValue], detail)
+                by_value = absent.nots.get(name)
+                removed = by_value is not None and _out(by_value, value, seq)
+                if by_value is not None and not by_value:
+                    del absent.nots[name]
+            if not absent:
+                del self._absent[cast(str, key)]
+            return removed
+        return _out(self._slots, key, seq)
 
     def candidates(self, entry: StoredEntry) -> list[W]:
         """Watchers with a template that may match `entry`, in the order they were added."""
@@ -242,13 +359,15 @@ class WatcherIndex(Generic[W]):
             return []
         found: dict[int, W] = {}
         slots, prefixes, ranges = self._slots, self._prefixes, self._ranges
+        present, absent = self._present, self._absent
+        fields = entry.fields
         for type_name in entry.lineage:
             if type_name not in self._types:
                 continue
             bucket = slots.get((type_name,))
             if bucket:
                 found.update(bucket)
-            for name, value in entry.fields.items():
+            for name, value in fields.items():
                 bucket = slots.get((type_name, name, value.key))
                 if bucket:
                     found.update(bucket)
@@ -257,20 +376,34 @@ class WatcherIndex(Generic[W]):
                     if waiting is not None and isinstance(value.data, str | bytes):
                         waiting.find(value.data, found)
                 if ranges:
-                    waiting_ranges = ranges.get((type_name, name))
+                    waiting_ranges = ranges.get((type_name, name, value.kind))
                     if waiting_ranges is not None:
                         at = point(value)
                         if at is not None:
                             waiting_ranges.find(at, found)
+                if present and value.kind != "null":
+                    bucket = present.get((type_name, name))
+                    if bucket:
+                        found.update(bucket)
+            if absent:
+                waiting_absent = absent.get(type_name)
+                if waiting_absent is not None:
+                    waiting_absent.find(fields, found)
         return [found[seq] for seq in sorted(found)]
 
     def all(self) -> Iterable[W]:
         seen: dict[int, W] = {}
         for bucket in self._slots.values():
             seen.update(bucket)
+        for bucket in self._present.values():
+            seen.update(bucket)
         for prefixes in self._prefixes.values():
             for waiting in prefixes.by_prefix.values():
                 seen.update(waiting)
         for ranges in self._ranges.values():
-            seen.update((seq, watcher) for seq, (_, watcher) in ranges.by_seq.items())
+            for bucket in ranges.buckets():
+                seen.update(bucket)
+        for absent in self._absent.values():
+            for bucket in absent.buckets():
+                seen.update(bucket)
         return list(seen.values())
