@@ -33,6 +33,8 @@ from bisect import bisect_left, insort
 from collections.abc import Iterator
 from typing import Any, Generic, TypeVar
 
+from sortedcontainers import SortedList
+
 __all__ = ["IntervalMap"]
 
 K = TypeVar("K")
@@ -116,13 +118,19 @@ def _lift_right(parent: _Node) -> _Node:
 class IntervalMap(Generic[K, V]):
     """Half-open intervals [start, stop) mapped to values, looked up by a point they contain."""
 
-    __slots__ = ("_nodes", "_random", "_root", "_values")
+    __slots__ = ("_nodes", "_random", "_root", "_starts", "_stops", "_values", "least", "most")
 
     def __init__(self, seed: int | None = None) -> None:
         self._values: dict[tuple[K, K], V] = {}
         self._root: _Node | None = None
         self._nodes = 0
         self._random = random.Random(seed).random  # the treap's priorities, its own generator
+        # Every start and stop, so that the least start and the greatest stop (None when empty)
+        # tell at one comparison each that a point lies beyond every interval.
+        self._starts: SortedList[K] = SortedList()
+        self._stops: SortedList[K] = SortedList()
+        self.least: K | None = None
+        self.most: K | None = None
 
     def __len__(self) -> int:
         return len(self._values)
@@ -157,6 +165,12 @@ class IntervalMap(Generic[K, V]):
         self._values[start, stop] = value
         if not known:
             self._root = self._put(self._root, start, stop)
+            self._starts.add(start)
+            self._stops.add(stop)
+            self._hull()
+
+    def _hull(self) -> None:
+        self.least, self.most = (self._starts[0], self._stops[-1]) if self._starts else (None, None)
 
     def _put(self, node: _Node | None, start: Any, stop: Any) -> _Node:
         if node is None:
@@ -201,6 +215,9 @@ class IntervalMap(Generic[K, V]):
         if not node.starts:
             self._root = self._cut(self._root, node.center)
             self._nodes -= 1
+        self._starts.remove(start)
+        self._stops.remove(stop)
+        self._hull()
         return value
 
     def _cut(self, node: _Node | None, center: Any) -> _Node | None:

@@ -56,7 +56,6 @@ class Watcher(Protocol):
 
 W = TypeVar("W", bound=Watcher)
 
-_NEVER = object()  # the slot of templates that match nothing: no write looks there
 _KIND_OF_RANK = {rank: kind for kind, rank in ORDERED_KINDS.items()}
 
 
@@ -133,57 +132,74 @@ class _Ranges(Generic[W]):
     of `above`), those open below whose high end is past it (a suffix of `below`), and what the
     interval map finds: each walk stops at the first range that does not hold it."""
 
-    __slots__ = ("above", "below", "between")
+    __slots__ = ("above", "below", "between", "highest", "lowest")
 
     def __init__(self) -> None:
         self.above: SortedDict[tuple[object, ...], OrderedDict[int, W]] = SortedDict()
         self.below: SortedDict[tuple[object, ...], OrderedDict[int, W]] = SortedDict()
         self.between: IntervalMap[tuple[object, ...], OrderedDict[int, W]] = IntervalMap()
+        # The least low end of `above`, the greatest high end of `below` (None when empty): a
+        # value below the one (or at or above the other) is in none of them, at one comparison.
+        self.lowest: tuple[object, ...] | None = None
+        self.highest: tuple[object, ...] | None = None
 
     def add(self, bounds: Bounds, watcher: W) -> bool:
         """File `watcher` by `bounds`; False if it is filed there already (by another template)."""
         start, stop = bounds
         if stop == (start[0], 1):  # open above (open below too, perhaps: either map is exact)
-            return _into(self.above, start, watcher)
-        if start == (stop[0], 0):
-            return _into(self.below, stop, watcher)
-        bucket = self.between.get(start, stop)
-        if bucket is None:
-            bucket = OrderedDict()
-            self.between.put(start, stop, bucket)
-        elif watcher.seq in bucket:
-            return False
-        bucket[watcher.seq] = watcher
-        return True
+            filed = _into(self.above, start, watcher)
+        elif start == (stop[0], 0):
+            filed = _into(self.below, stop, watcher)
+        else:
+            bucket = self.between.get(start, stop)
+            if bucket is None:
+                bucket = OrderedDict()
+                self.between.put(start, stop, bucket)
+            elif watcher.seq in bucket:
+                return False
+            bucket[watcher.seq] = watcher
+            return True
+        self._ends()
+        return filed
 
     def remove(self, bounds: Bounds, seq: int) -> bool:
         start, stop = bounds
         if stop == (start[0], 1):
-            return _out(self.above, start, seq)
-        if start == (stop[0], 0):
-            return _out(self.below, stop, seq)
-        bucket = self.between.get(start, stop)
-        if bucket is None or bucket.pop(seq, None) is None:
-            return False
-        if not bucket:
-            self.between.pop(start, stop)
-        return True
+            removed = _out(self.above, start, seq)
+        elif start == (stop[0], 0):
+            removed = _out(self.below, stop, seq)
+        else:
+            bucket = self.between.get(start, stop)
+            if bucket is None or bucket.pop(seq, None) is None:
+                return False
+            if not bucket:
+                self.between.pop(start, stop)
+            return True
+        self._ends()
+        return removed
+
+    def _ends(self) -> None:
+        self.lowest = self.above.peekitem(0)[0] if self.above else None
+        self.highest = self.below.peekitem(-1)[0] if self.below else None
 
     def find(self, at: tuple[object, ...], found: dict[int, W]) -> None:
         """Add the watchers whose range holds the point `at` to `found`."""
-        above, below = self.above, self.below
-        if above:
+        lowest, highest, between = self.lowest, self.highest, self.between
+        if lowest is not None and lowest <= at:
+            above = self.above
             for start in above:
                 if at < start:
                     break
                 found.update(above[start])
-        if below:
+        if highest is not None and at < highest:
+            below = self.below
             for stop in reversed(below):
                 if stop <= at:
                     break
                 found.update(below[stop])
-        if self.between:
-            for bucket in self.between.stab(at):
+        least = between.least
+        if least is not None and least <= at < between.most:  # type: ignore[operator]
+            for bucket in between.stab(at):
                 found.update(bucket)
 
     def buckets(self) -> Iterable[OrderedDict[int, W]]:
@@ -230,37 +246,154 @@ def _parts(matcher: Matcher) -> tuple[Matcher, ...]:
     return matcher.matchers if isinstance(matcher, All) else (matcher,)
 
 
-def _place(template: Template) -> list[tuple[str, Hashable, object]]:
-    """Where to file a template: ("slot", key, None), ("prefix", (type, field, kind), prefix),
-    ("range", (type, field, kind), bounds), ("present", (type, field), None), ("missing",
-    type, field) or ("not", type, (field, value))."""
-    type_name = template.type_name
+def _place(template: Template) -> list[tuple[str, str, object]]:
+    """Where to file a template, within its type: ("never", "", None), ("any", "", None),
+    ("equal", field, key), ("prefix", field, (kind, prefix)), ("range", field, (kind, bounds)),
+    ("present", field, None), ("missing", field, None) or ("not", field, value)."""
     if template.fields:
         name, value = template.fields[0]
-        return [("slot", (type_name, name, value.key), None)]
+        return [("equal", name, value.key)]
     if template.empty:
-        return [("slot", _NEVER, None)]
+        return [("never", "", None)]
     sets = [(name, values) for name, m in template.matchers if (values := m.equals()) is not None]
     if sets:
         name, values = min(sets, key=lambda item: len(item[1]))
-        return [("slot", (type_name, name, value.key), None) for value in values]
+        return [("equal", name, value.key) for value in values]
     for name, matcher in template.matchers:
         if isinstance(matcher, Prefix):
-            return [("prefix", (type_name, name, matcher.kind), matcher.prefix)]
+            return [("prefix", name, (matcher.kind, matcher.prefix))]
     for name, matcher in template.matchers:
         bounds = matcher.bounds()
         if bounds is not None:
-            kind = _KIND_OF_RANK[bounds[0][0]]  # type: ignore[index]
-            return [("range", (type_name, name, kind), bounds)]
+            return [("range", name, (_KIND_OF_RANK[bounds[0][0]], bounds))]  # type: ignore[index]
     conditions = [(name, part) for name, matcher in template.matchers for part in _parts(matcher)]
-    for wanted in (True, False):
+    for wanted in ("present", "missing"):
         for name, part in conditions:
-            if isinstance(part, Presence) and part.present is wanted:
-                return [("present", (type_name, name), None) if wanted else ("missing", type_name, name)]
+            if isinstance(part, Presence) and part.present is (wanted == "present"):
+                return [(wanted, name, None)]
     for name, part in conditions:
         if isinstance(part, NotEqual):
-            return [("not", type_name, (name, part.value))]
-    return [("slot", (type_name,), None)]
+            return [("not", name, part.value)]
+    return [("any", "", None)]
+
+
+class _TypeWaiters(Generic[W]):
+    """The watchers of one type, by where their templates are filed (see the module's doc)."""
+
+    __slots__ = ("absent", "any", "equal", "fields", "filed", "prefixes", "present", "ranges")
+
+    def __init__(self) -> None:
+        self.any: OrderedDict[int, W] = OrderedDict()  # the type and nothing more
+        self.equal: dict[tuple[str, Hashable], OrderedDict[int, W]] = {}  # (field, value key)
+        self.prefixes: dict[tuple[str, str], _Prefixes[W]] = {}  # (field, kind)
+        self.ranges: dict[tuple[str, str], _Ranges[W]] = {}  # (field, kind)
+        self.present: dict[str, OrderedDict[int, W]] = {}
+        self.absent: _Absent[W] = _Absent()
+        # Filings by field (for the fields a write has: a field nobody waits on costs one
+        # lookup), and in all (the type is dropped when none is left).
+        self.fields: Counter[str] = Counter()
+        self.filed = 0
+
+    def file(self, how: str, name: str, detail: object, watcher: W) -> bool:
+        """File `watcher`; False if it is filed there already (by another of its templates)."""
+        if how == "any":
+            filed = watcher.seq not in self.any
+            self.any[watcher.seq] = watcher
+        elif how == "equal":
+            filed = _into(self.equal, (name, detail), watcher)
+        elif how == "prefix":
+            kind, prefix = cast(tuple[str, str | bytes], detail)
+            filed = self.prefixes.setdefault((name, kind), _Prefixes()).add(prefix, watcher)
+        elif how == "range":
+            kind, bounds = cast(tuple[str, Bounds], detail)
+            filed = self.ranges.setdefault((name, kind), _Ranges()).add(bounds, watcher)
+        elif how == "present":
+            filed = _into(self.present, name, watcher)
+        elif how == "missing":
+            filed = _into(self.absent.missing, name, watcher)
+        else:
+            filed = _into(self.absent.nots.setdefault(name, {}), cast(FieldValue, detail), watcher)
+        if filed:
+            self.filed += 1
+            if how != "any":
+                self.fields[name] += 1
+        return filed
+
+    def unfile(self, how: str, name: str, detail: object, seq: int) -> bool:
+        if how == "any":
+            unfiled = self.any.pop(seq, None) is not None
+        elif how == "equal":
+            unfiled = _out(self.equal, (name, detail), seq)
+        elif how == "prefix":
+            kind, prefix = cast(tuple[str, str | bytes], detail)
+            prefixes = self.prefixes.get((name, kind))
+            unfiled = prefixes is not None and prefixes.remove(prefix, seq)
+            if prefixes is not None and not prefixes:
+                del self.prefixes[name, kind]
+        elif how == "range":
+            kind, bounds = cast(tuple[str, Bounds], detail)
+            ranges = self.ranges.get((name, kind))
+            unfiled = ranges is not None and ranges.remove(bounds, seq)
+            if ranges is not None and not ranges:
+                del self.ranges[name, kind]
+        elif how == "present":
+            unfiled = _out(self.present, name, seq)
+        elif how == "missing":
+            unfiled = _out(self.absent.missing, name, seq)
+        else:
+            by_value = self.absent.nots.get(name)
+            unfiled = by_value is not None and _out(by_value, cast(FieldValue, detail), seq)
+            if by_value is not None and not by_value:
+                del self.absent.nots[name]
+        if unfiled:
+            self.filed -= 1
+            if how != "any":
+                self.fields[name] -= 1
+                if not self.fields[name]:
+                    del self.fields[name]
+        return unfiled
+
+    def find(self, fields: Mapping[str, FieldValue], found: dict[int, W]) -> None:
+        """Add the watchers of this type that `fields` may match to `found`."""
+        if self.any:
+            found.update(self.any)
+        watched = self.fields
+        if not watched:
+            return
+        equal, prefixes, ranges, present = self.equal, self.prefixes, self.ranges, self.present
+        for name, value in fields.items():
+            if name not in watched:
+                continue
+            if equal:
+                bucket = equal.get((name, value.key))
+                if bucket:
+                    found.update(bucket)
+            if prefixes:
+                waiting = prefixes.get((name, value.kind))
+                if waiting is not None and isinstance(value.data, str | bytes):
+                    waiting.find(value.data, found)
+            if ranges:
+                waiting_ranges = ranges.get((name, value.kind))
+                if waiting_ranges is not None:
+                    at = point(value)
+                    if at is not None:
+                        waiting_ranges.find(at, found)
+            if present and value.kind != "null":
+                bucket = present.get(name)
+                if bucket:
+                    found.update(bucket)
+        if self.absent:
+            self.absent.find(fields, found)
+
+    def buckets(self) -> Iterable[OrderedDict[int, W]]:
+        yield self.any
+        yield from self.equal.values()
+        for prefixes in self.prefixes.values():
+            yield from prefixes.by_prefix.values()
+        for ranges in self.ranges.values():
+            yield from ranges.buckets()
+        yield from self.present.values()
+        yield from self.absent.buckets()
 
 
 class WatcherIndex(Generic[W]):
@@ -268,13 +401,8 @@ class WatcherIndex(Generic[W]):
 
     def __init__(self) -> None:
         # OrderedDicts so that iterating a bucket never walks slots left by departed watchers.
-        self._slots: dict[Hashable, OrderedDict[int, W]] = {}
-        self._prefixes: dict[Hashable, _Prefixes[W]] = {}
-        self._ranges: dict[Hashable, _Ranges[W]] = {}
-        self._present: dict[Hashable, OrderedDict[int, W]] = {}
-        self._absent: dict[str, _Absent[W]] = {}
-        # How many watchers wait on each type, so a write skips types nobody waits on.
-        self._types: dict[str, int] = {}
+        self._types: dict[str, _TypeWaiters[W]] = {}  # a write skips the types nobody waits on
+        self._never: OrderedDict[int, W] = OrderedDict()  # templates that match nothing
         self._count = 0
 
     def __len__(self) -> int:
@@ -282,128 +410,48 @@ class WatcherIndex(Generic[W]):
 
     def add(self, watcher: W) -> None:
         for template in watcher.templates:
-            for how, key, detail in _place(template):
-                if self._file(how, key, detail, watcher):
-                    self._types[template.type_name] = self._types.get(template.type_name, 0) + 1
+            for how, name, detail in _place(template):
+                if how == "never":
+                    self._never[watcher.seq] = watcher
+                    continue
+                waiters = self._types.get(template.type_name)
+                if waiters is None:
+                    waiters = self._types[template.type_name] = _TypeWaiters()
+                waiters.file(how, name, detail, watcher)
         self._count += 1
-
-    def _file(self, how: str, key: Hashable, detail: object, watcher: W) -> bool:
-        if how == "prefix":
-            return self._prefixes.setdefault(key, _Prefixes()).add(detail, watcher)  # type: ignore[arg-type]
-        if how == "range":
-            return self._ranges.setdefault(key, _Ranges()).add(detail, watcher)  # type: ignore[arg-type]
-        if how == "present":
-            return _into(self._present, key, watcher)
-        if how == "missing":
-            missing = self._absent.setdefault(cast(str, key), _Absent()).missing
-            return _into(missing, cast(str, detail), watcher)
-        if how == "not":
-            name, value = cast(tuple[str, FieldValue], detail)
-            nots = self._absent.setdefault(cast(str, key), _Absent()).nots
-            return _into(nots.setdefault(name, {}), value, watcher)
-        return _into(self._slots, key, watcher)
 
     def remove(self, watcher: W) -> None:
         """Unfile `watcher`; removing one that is not filed does nothing."""
-        removed = False
+        removed = self._never.pop(watcher.seq, None) is not None
         for template in watcher.templates:
-            for how, key, detail in _place(template):
-                if not self._unfile(how, key, detail, watcher.seq):
-                    continue
-                removed = True
-                left = self._types[template.type_name] - 1
-                if left:
-                    self._types[template.type_name] = left
-                else:
-                    del self._types[template.type_name]
+            waiters = self._types.get(template.type_name)
+            if waiters is None:
+                continue
+            for how, name, detail in _place(template):
+                if how != "never" and waiters.unfile(how, name, detail, watcher.seq):
+                    removed = True
+            if not waiters.filed:
+                del self._types[template.type_name]
         if removed:
             self._count -= 1
-
-    def _unfile(self, how: str, key: Hashable, detail: object, seq: int) -> bool:
-        if how == "prefix":
-            prefixes = self._prefixes.get(key)
-            if prefixes is None or not prefixes.remove(detail, seq):  # type: ignore[arg-type]
-                return False
-            if not prefixes:
-                del self._prefixes[key]
-            return True
-        if how == "range":
-            ranges = self._ranges.get(key)
-            if ranges is None or not ranges.remove(detail, seq):  # type: ignore[arg-type]
-                return False
-            if not ranges:
-                del self._ranges[key]
-            return True
-        if how == "present":
-            return _out(self._present, key, seq)
-        if how in ("missing", "not"):
-            absent = self._absent.get(cast(str, key))
-            if absent is None:
-                return False
-            if how == "missing":
-                removed = _out(absent.missing, cast(str, detail), seq)
-            else:
-                name, value = cast(tuple[str, FieldValue], detail)
-                by_value = absent.nots.get(name)
-                removed = by_value is not None and _out(by_value, value, seq)
-                if by_value is not None and not by_value:
-                    del absent.nots[name]
-            if not absent:
-                del self._absent[cast(str, key)]
-            return removed
-        return _out(self._slots, key, seq)
 
     def candidates(self, entry: StoredEntry) -> list[W]:
         """Watchers with a template that may match `entry`, in the order they were added."""
         if not self._count:
             return []
         found: dict[int, W] = {}
-        slots, prefixes, ranges = self._slots, self._prefixes, self._ranges
-        present, absent = self._present, self._absent
-        fields = entry.fields
+        types, fields = self._types, entry.fields
         for type_name in entry.lineage:
-            if type_name not in self._types:
-                continue
-            bucket = slots.get((type_name,))
-            if bucket:
-                found.update(bucket)
-            for name, value in fields.items():
-                bucket = slots.get((type_name, name, value.key))
-                if bucket:
-                    found.update(bucket)
-                if prefixes:
-                    waiting = prefixes.get((type_name, name, value.kind))
-                    if waiting is not None and isinstance(value.data, str | bytes):
-                        waiting.find(value.data, found)
-                if ranges:
-                    waiting_ranges = ranges.get((type_name, name, value.kind))
-                    if waiting_ranges is not None:
-                        at = point(value)
-                        if at is not None:
-                            waiting_ranges.find(at, found)
-                if present and value.kind != "null":
-                    bucket = present.get((type_name, name))
-                    if bucket:
-                        found.update(bucket)
-            if absent:
-                waiting_absent = absent.get(type_name)
-                if waiting_absent is not None:
-                    waiting_absent.find(fields, found)
+            waiters = types.get(type_name)
+            if waiters is not None:
+                waiters.find(fields, found)
+        if len(found) < 2:
+            return list(found.values())
         return [found[seq] for seq in sorted(found)]
 
     def all(self) -> Iterable[W]:
-        seen: dict[int, W] = {}
-        for bucket in self._slots.values():
-            seen.update(bucket)
-        for bucket in self._present.values():
-            seen.update(bucket)
-        for prefixes in self._prefixes.values():
-            for waiting in prefixes.by_prefix.values():
-                seen.update(waiting)
-        for ranges in self._ranges.values():
-            for bucket in ranges.buckets():
-                seen.update(bucket)
-        for absent in self._absent.values():
-            for bucket in absent.buckets():
+        seen: dict[int, W] = dict(self._never)
+        for waiters in self._types.values():
+            for bucket in waiters.buckets():
                 seen.update(bucket)
         return list(seen.values())

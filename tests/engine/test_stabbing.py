@@ -70,6 +70,8 @@ class IntervalMachine(RuleBasedStateMachine):
         assert len(self.map) == len(self.model)
         assert _shape(self.map._root) == self.map.nodes
         assert dict(self.map.items()) == self.model
+        hull = (min(s for s, _ in self.model), max(e for _, e in self.model)) if self.model else (None, None)
+        assert (self.map.least, self.map.most) == hull
 
 
 IntervalMachine.TestCase.settings = settings(
