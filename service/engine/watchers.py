@@ -13,11 +13,12 @@ Each watcher is filed once per template, in the narrowest place its template all
 - else under (type,): a template of a type and nothing more matches every entry of it;
 - nowhere, if its template can match nothing (an empty range).
 
-A written entry then finds the watchers that could match it with one dict lookup per (type in
-its lineage) x (its fields), one more per distinct prefix length parked on a string field, a
-walk of the sorted maps and the interval map of a field's kind that stops at the first range
-that does not hold the value, one look per field with parked `Missing` or `Not` waiters, and
-one bucket skipped there: the `Not(v)` waiters of the value v itself. A template filed by its
+A written entry then finds the watchers that could match it with one dict lookup per type in
+its lineage and per field of it that the type's watchers wait on, one more per distinct prefix
+length parked on a string field, a walk of the sorted maps and the interval map of the value's
+kind that stops at the first range that does not hold the value (none at all when it lies beyond
+every range there), one look per field with parked `Missing` or `Not` waiters, and one bucket
+skipped there: the `Not(v)` waiters of the value v itself. A template filed by its
 only condition is looked at by exactly the writes that match it: the cost of a write depends on
 the entry's shape and on the watchers that match it, not on how many are parked. One filed by
 one of several conditions is looked at by the writes that meet that one.
