@@ -5,14 +5,18 @@ ranges, prefixes and priority queues, measured.
 
 Measures, in-process with no gRPC (the engine alone, so the ratios isolate its data structures):
   - a range take (priority in [90, 99], the oldest such) and an order_by take (the highest
-    priority) among 1,000,000 entries against among 1,000; an equality take beside them;
+    priority) among 1,000,000 entries against among 1,000; an equality take beside them, the
+    baseline: its ratio is what the memory hierarchy alone costs at that size (a million
+    entries do not fit in cache), and each ordered take's ratio is also given over it;
   - a priority take (the highest of 100 levels among 100,000 entries) against an equality take in
     the same space;
-  - a write with 10,000 parked non-matching range waiters (one-sided, two-sided, prefix) against
-    none;
+  - a write with 10,000 parked non-matching range waiters (one-sided, two-sided beside the value
+    or around it with the value in a gap, prefix) against none, and against 10,000 parked
+    non-matching equality waiters, the baseline of what parked waiters cost a write at all;
   - memory allocated per ordered-index entry.
 Each figure is the median over interleaved rounds; every ratio compares two cases of the same run.
-Prints the core count and Python version. Nothing here is asserted: it reports.
+Prints the core count, Python version and load average (at the start and the end: the machine
+may be shared). Nothing here is asserted: it reports.
 """
 
 from __future__ import annotations
@@ -104,8 +108,12 @@ def _rounds(cases: dict[str, Callable[[], float]], rounds: int) -> dict[str, flo
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def _row(name: str, low: float, high: float) -> None:
-    print(f"{name:<58}{low * 1e6:>9.2f} us{high * 1e6:>9.2f} us{high / low:>8.2f}")
+def _row(name: str, low: float, high: float, more: str = "") -> None:
+    print(f"{name:<58}{low * 1e6:>9.2f} us{high * 1e6:>9.2f} us{high / low:>8.2f}{more}")
+
+
+def _load() -> str:
+    return "/".join(f"{figure:.2f}" for figure in os.getloadavg())
 
 
 def main() -> None:
@@ -116,7 +124,10 @@ def main() -> None:
     big, ops = (100_000, 2_000) if args.quick else (1_000_000, 10_000)
     rounds = args.rounds or (3 if args.quick else 5)
     small, mid = 1_000, 100_000
-    print(f"cores={os.cpu_count()} python={platform.python_version()} rounds={rounds} ops/round={ops}")
+    print(
+        f"cores={os.cpu_count()} python={platform.python_version()} rounds={rounds} ops/round={ops}"
+        f" load={_load()}"
+    )
     clock = FakeClock()
 
     # Ranges and order_by among few and many entries. The indexes are made by the first take, in
@@ -128,13 +139,18 @@ def main() -> None:
         for label, query in (("range", RANGE), ("order_by", ORDERED), ("equality", EQUAL)):
             cases[f"{label} {size}"] = lambda s=space, q=query: _per_op(_taker(s, q), ops)  # type: ignore[misc]
     medians = _rounds(cases, rounds)
-    print(f"{'take, ' + f'{small:,} vs {big:,} entries':<58}{'small':>12}{'large':>12}{'ratio':>8}")
+    print(
+        f"{'take, ' + f'{small:,} vs {big:,} entries':<58}{'small':>12}{'large':>12}{'ratio':>8}"
+        f"{'/ equality':>12}"
+    )
+    baseline = medians[f"equality {big}"] / medians[f"equality {small}"]
     for label, what in (
         ("range", "range take (priority in [90, 99], oldest)"),
         ("order_by", "order_by take (highest priority)"),
-        ("equality", "equality take (region = eu, oldest)"),
+        ("equality", "equality take (region = eu, oldest): the baseline"),
     ):
-        _row(what, medians[f"{label} {small}"], medians[f"{label} {big}"])
+        low, high = medians[f"{label} {small}"], medians[f"{label} {big}"]
+        _row(what, low, high, f"{high / low / baseline:>12.2f}")
 
     # The priority queue against an equality take in the same space.
     del spaces, cases
@@ -171,12 +187,14 @@ def main() -> None:
     _settle()
     new = _job(0)
 
-    def writer(parked: int, make: Callable[[int], Matcher]) -> Callable[[], float]:
+    def writer(parked: int, make: Callable[[int], Matcher] | None) -> Callable[[], float]:
         space = _space(0, clock)
         for i in range(parked):
-            template = make_template(
-                "bench.Job", {}, {"priority": make(i)} if make is not _prefix else {"region": make(i)}
-            )
+            if make is None:  # an equality waiter on a serial number no write has
+                template = make_template("bench.Job", {"n": FieldValue("int", -1 - i)})
+            else:
+                field = "region" if make is _prefix else "priority"
+                template = make_template("bench.Job", {}, {field: make(i)})
             space.park(Waiter(space.new_waiter_seq(), (template,), True, lambda entries: True))
         return lambda: _per_op(lambda i: space.write([new], 3600.0), ops)
 
@@ -189,22 +207,31 @@ def main() -> None:
     def _below(i: int) -> Matcher:
         return Range("int", None, False, -1 - i, True)
 
+    def _gaps(i: int) -> Matcher:  # [15, 25], [-25, -15], [35, 45], ...: the value 0 between them
+        middle = 20 * (i // 2 + 1) * (1 if i % 2 else -1)
+        return Range("int", middle - 5, True, middle + 5, True)
+
     def _prefix(i: int) -> Matcher:
         return Prefix("string", f"zz-{i}")
 
-    kinds = {
+    kinds: dict[str, Callable[[int], Matcher] | None] = {
+        "n = -1-i (equality): the baseline": None,
         "GE(1000+i)": _one_sided,
         "[1000+i, 1010+i]": _two_sided,
+        "[20j-5, 20j+5], j = +-1, +-2, ...: 0 in a gap": _gaps,
         "LE(-1-i)": _below,
         "Prefix(zz-i)": _prefix,
     }
-    write_cases = {"none": writer(0, _one_sided)} | {
-        name: writer(10_000, make) for name, make in kinds.items()
-    }
+    write_cases = {"none": writer(0, None)} | {name: writer(10_000, make) for name, make in kinds.items()}
+    _settle()  # the parked waiters out of the collections the writes trigger, as the spaces above
     medians = _rounds(write_cases, rounds)
-    print(f"{'write, 10,000 parked non-matching waiters':<58}{'none':>12}{'parked':>12}{'ratio':>8}")
+    print(
+        f"{'write, 10,000 parked non-matching waiters':<58}{'none':>12}{'parked':>12}{'ratio':>8}"
+        f"{'/ equality':>12}"
+    )
+    equality = medians["n = -1-i (equality): the baseline"]
     for name in kinds:
-        _row(f"waiters {name}", medians["none"], medians[name])
+        _row(f"waiters {name}", medians["none"], medians[name], f"{medians[name] / equality:>12.2f}")
 
     # Memory: one ordered index over `big` entries, made after the space is filled; what it
     # allocates, traced (resident memory would hide it in what the earlier cases freed).
@@ -216,6 +243,7 @@ def main() -> None:
     allocated, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     print(f"memory: {allocated / big:,.0f} bytes allocated per ordered-index entry ({big:,} entries)")
+    print(f"load={_load()}")
 
 
 if __name__ == "__main__":

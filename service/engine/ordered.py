@@ -83,28 +83,41 @@ class OrderedField:
     def walk(self, descending: bool, bounds: Bounds | None = None) -> Iterator[Iterator[StoredEntry]]:
         """The entries within `bounds` in groups of equal value, ascending or descending by value;
         each group in the space's order. Lazily, a bisection per group: a priority take looks at
-        one group, and the oldest entry of a range is the oldest of its groups' first entries."""
-        start, stop = self._span(bounds)
+        one group, and the oldest entry of a range is the oldest of its groups' first entries.
+
+        By key ranges (`irange_key`), never by position: a position in a sorted list of a million
+        entries is a walk of its positional index (about log2 of its thousand sublists in
+        Python, the index rebuilt whole after a sublist splits or merges), a key range two
+        bisections in C."""
+        low, high = bounds if bounds is not None else (None, None)
         entries = self._entries
         if not descending:
-            while start < stop:
-                head = entries[start]
-                after = min(stop, entries.bisect_key_left((*self._value(head), _AFTER)))
-                yield self._group(head, start, after)
-                start = after
-            return
-        while stop > start:
-            top = self._value(entries[stop - 1])
-            first = max(start, entries.bisect_key_left(top))
-            yield entries.islice(first, stop)
-            stop = first
+            while True:
+                rest = entries.irange_key(low, high, (True, False))
+                head = next(rest, None)
+                if head is None:
+                    return
+                low = (*self._value(head), _AFTER)
+                yield self._group(head, rest, low)
+        while True:
+            top = next(entries.irange_key(low, high, (True, False), reverse=True), None)
+            if top is None:
+                return
+            high = self._value(top)
+            start = high if low is None else max(low, high)
+            yield entries.irange_key(start, (*high, _AFTER), (True, False))
 
-    def _group(self, head: StoredEntry, start: int, stop: int) -> Iterator[StoredEntry]:
-        """The entries at [start, stop), `head` (the one at start) known: a merge of groups that
-        stops at the first match looks no further into the others."""
+    def _group(
+        self, head: StoredEntry, rest: Iterator[StoredEntry], after: tuple[object, ...]
+    ) -> Iterator[StoredEntry]:
+        """The group of `head`: it, then what follows it below the key `after`. A merge of groups
+        that stops at the first match looks no further into the others."""
         yield head
-        if stop - start > 1:
-            yield from self._entries.islice(start + 1, stop)
+        key = self._key
+        for stored in rest:
+            if not key(stored) < after:
+                return
+            yield stored
 
     def _value(self, stored: StoredEntry) -> tuple[object, ...]:
         return sort_key(stored.fields[self.field])  # type: ignore[return-value]

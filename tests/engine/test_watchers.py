@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from outrig.service.engine.model import NewEntry, StoredEntry, Template
+from outrig.service.engine.matchers import All, Matcher, NotEqual, Prefix, Presence, Range
+from outrig.service.engine.model import NewEntry, StoredEntry, Template, make_template
 from outrig.service.engine.values import FieldValue
 from outrig.service.engine.watchers import WatcherIndex
 
@@ -159,3 +160,92 @@ def test_all_lists_each_watcher_once() -> None:
     index.add(W(1, (template("A"), template("B"))))
     index.add(W(2, (template("A", k=1),)))
     assert sorted(w.seq for w in index.all()) == [1, 2]
+
+
+# ---------------------------------------------------------------- matchers: what a write looks at
+
+
+def _parked(index: WatcherIndex[W], matchers: dict[str, Matcher], seq: int, type_name: str = "Job") -> W:
+    watcher = W(seq, (make_template(type_name, {}, matchers),))
+    index.add(watcher)
+    return watcher
+
+
+def _int(n: int) -> FieldValue:
+    return FieldValue("int", n)
+
+
+def test_a_write_looks_only_at_the_waiters_it_matches_among_thousands() -> None:
+    """5,000 parked waiters of every kind a write of priority 50, region "eu" cannot wake (ranges
+    beside it, around it nested and not, on either side, of another kind; Not(50); Missing
+    region; Present on a field it lacks; a prefix it does not start with), and a few it can:
+    the write looks at exactly those few. Counted, not timed."""
+    index: WatcherIndex[W] = WatcherIndex()
+    seq = iter(range(1, 10**6))
+    for i in range(500):
+        _parked(index, {"priority": Range("int", 100 + 3 * i, True, 101 + 3 * i, True)}, next(seq))  # beside
+        _parked(index, {"priority": Range("int", 60 + i, True, 2_000 + i, False)}, next(seq))  # nested above
+        _parked(index, {"priority": Range("int", -i, True, 49, True)}, next(seq))  # nested below
+        _parked(index, {"priority": Range("int", 51 + i, True, None, False)}, next(seq))  # GE above
+        _parked(index, {"priority": Range("int", None, False, 50 - i, False)}, next(seq))  # LT below
+        _parked(index, {"priority": Range("double", -1e9, True, 1e9, True)}, next(seq))  # another kind
+        _parked(index, {"priority": NotEqual(_int(50))}, next(seq))
+        _parked(index, {"region": Presence(False)}, next(seq))  # Missing
+        _parked(index, {"zone": Presence(True)}, next(seq))  # Present, on a field it lacks
+        _parked(index, {"region": Prefix("string", f"us-{i}")}, next(seq))
+    wakes = [
+        _parked(index, {"priority": Range("int", 50, True, 51, False)}, next(seq)),
+        _parked(index, {"priority": Range("int", -5, False, 500, True)}, next(seq)),
+        _parked(index, {"priority": Range("int", 50, True, None, False)}, next(seq)),
+        _parked(index, {"priority": Range("int", None, False, 50, True)}, next(seq)),
+        _parked(index, {"priority": NotEqual(_int(49))}, next(seq)),
+        _parked(index, {"zone": Presence(False)}, next(seq)),
+        _parked(index, {"region": Presence(True)}, next(seq)),
+        _parked(index, {"region": Prefix("string", "e")}, next(seq)),
+        _parked(index, {"zone": NotEqual(_int(1))}, next(seq)),  # absent: not equal to 1
+        _parked(index, {}, next(seq)),
+    ]
+    assert len(index) == 5_010
+    written = StoredEntry(
+        1, NewEntry("Job", (), {"priority": _int(50), "region": FieldValue("string", "eu")}, None, 1), None
+    )
+    looked_at = index.candidates(written)
+    assert seqs(looked_at) == seqs(wakes)
+    assert all(watcher.templates[0].matches(written) for watcher in looked_at)
+    # A write of another type looks at none of them.
+    other = StoredEntry(2, NewEntry("Other", (), {"priority": _int(50)}, None, 1), None)
+    assert index.candidates(other) == []
+
+
+def test_present_missing_and_not_are_looked_at_only_by_writes_they_match() -> None:
+    index: WatcherIndex[W] = WatcherIndex()
+    present = _parked(index, {"k": Presence(True)}, 1)
+    missing = _parked(index, {"k": Presence(False)}, 2)
+    not_one = _parked(index, {"k": NotEqual(_int(1))}, 3)
+    not_two = _parked(index, {"k": NotEqual(_int(2))}, 4)
+    both = _parked(index, {"k": All([Presence(True), NotEqual(_int(1))])}, 5)  # filed by Present
+    assert seqs(index.candidates(entry("Job", k=1))) == [1, 4, 5]
+    assert seqs(index.candidates(entry("Job", k=2))) == [1, 3, 5]
+    assert seqs(index.candidates(entry("Job"))) == [2, 3, 4]
+    null = StoredEntry(1, NewEntry("Job", (), {"k": FieldValue("null", None)}, None, 1), None)
+    assert seqs(index.candidates(null)) == [2, 3, 4]  # null: missing, and equal to neither
+    for watcher in (present, missing, not_one, not_two, both):
+        index.remove(watcher)
+    assert len(index) == 0 and not list(index.all())
+    assert index.candidates(entry("Job", k=1)) == [] and index._types == {}
+
+
+def test_the_same_range_in_two_templates_is_filed_once_and_unfiled_once() -> None:
+    index: WatcherIndex[W] = WatcherIndex()
+    between = make_template("Job", {}, {"p": Range("int", 1, True, 5, True)})
+    above = make_template("Job", {}, {"p": Range("int", 1, True, None, False)})
+    twice = W(1, (between, between, above, above))
+    other = W(2, (between, make_template("Job", {}, {"p": Range("int", 2, True, 3, True)})))
+    index.add(twice)
+    index.add(other)
+    assert seqs(index.candidates(entry("Job", p=2))) == [1, 2]
+    assert seqs(index.candidates(entry("Job", p=9))) == [1]
+    index.remove(twice)
+    assert seqs(index.candidates(entry("Job", p=2))) == [2]
+    index.remove(other)
+    assert len(index) == 0 and index._types == {}
