@@ -28,9 +28,10 @@ all n; `ncls`, `superintervals` and `quicksect` take integer coordinates only.
 
 from __future__ import annotations
 
+import itertools
 import random
 from bisect import bisect_left, insort
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, Generic, TypeVar
 
 from sortedcontainers import SortedList
@@ -86,15 +87,7 @@ def _lift_left(parent: _Node) -> _Node:
     assert child is not None
     parent.left, child.right = child.right, parent
     center = child.center
-    moved = []
-    for start, stop in parent.starts:
-        if center < start:
-            break
-        moved.append((start, stop))
-    if moved:
-        parent.release(moved)
-        child.hold(moved)
-    return child
+    return _hand_over(parent, child, itertools.takewhile(lambda pair: pair[0] <= center, parent.starts))
 
 
 def _lift_right(parent: _Node) -> _Node:
@@ -104,11 +97,13 @@ def _lift_right(parent: _Node) -> _Node:
     assert child is not None
     parent.right, child.left = child.left, parent
     center = child.center
-    moved = []
-    for stop, start in reversed(parent.stops):
-        if stop <= center:
-            break
-        moved.append((start, stop))
+    stopping = itertools.takewhile(lambda pair: pair[0] > center, reversed(parent.stops))
+    return _hand_over(parent, child, ((start, stop) for stop, start in stopping))
+
+
+def _hand_over(parent: _Node, child: _Node, moving: Iterable[tuple[Any, Any]]) -> _Node:
+    """Move the intervals `moving` (as (start, stop)) from `parent` to `child`, now above it."""
+    moved = list(moving)  # read before `parent` changes
     if moved:
         parent.release(moved)
         child.hold(moved)

@@ -37,7 +37,7 @@ import hashlib
 import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from outrig._protocol import varint
 from outrig._routing import value_partition
@@ -347,7 +347,7 @@ def _payloads(reply: bytes) -> list[bytes]:
     ]
 
 
-def _ordered(payloads: Sequence[bytes], order: Sequence[pb.OrderKey], fifo: bool) -> list[bytes]:
+def _ordered(payloads: Sequence[bytes], order: Sequence[pb.OrderKey]) -> list[bytes]:
     """Payloads from several partitions in the request's order (ties: as given)."""
     if not order:
         return list(payloads)
@@ -358,6 +358,15 @@ def _ordered(payloads: Sequence[bytes], order: Sequence[pb.OrderKey], fifo: bool
         entries.append(stored)
     keys = tuple((key.field, key.descending) for key in order)
     return [payloads[stored.id - 1] for stored in in_request_order(entries, keys, True)]
+
+
+class _Ask(NamedTuple):
+    """A fan-out read or take: its method, its request, its partitions, how many it wants."""
+
+    name: str
+    request: pb.MatchRequest
+    fan: FanOut
+    wanted: int
 
 
 class Fan:
@@ -424,9 +433,9 @@ class Fan:
         take = name in ("Take", "TakeMany")
         many = name in ("ReadMany", "TakeMany")
         wanted = codec.max_entries(request, self._limits) if many else 1
+        ask = _Ask(name, request, fan, wanted)
         timeout = codec.timeout(request, self._limits)
         immediate = request.if_exists or timeout == 0
-        fifo = self._config.space_settings(fan.space).fifo
         if take and request.request_id:
             earlier = await self._each(
                 name,
@@ -440,7 +449,7 @@ class Fan:
             )
             found = [payload for reply in earlier for payload in _payloads(reply)]
             if found:
-                return wire.entries_reply(_ordered(found, request.order_by, fifo))
+                return wire.entries_reply(_ordered(found, request.order_by))
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         first: int | None = None
@@ -451,9 +460,9 @@ class Fan:
                 ks.insert(0, first)
             remaining = None if deadline is None else max(0.0, deadline - loop.time())
             if take:
-                found = await self._take_pass(name, request, fan, ks, wanted, fifo, first, remaining, context)
+                found = await self._take_pass(ask, ks, first, remaining, context)
             else:
-                found = await self._read_pass(name, request, fan, ks, wanted, fifo, context)
+                found = await self._read_pass(ask, ks, context)
             if found or immediate or remaining == 0.0:
                 return wire.entries_reply(found)
             woken = await self._wait(request, fan, ks, wanted if not take else 1, remaining, context)
@@ -463,39 +472,23 @@ class Fan:
             if not take:
                 return wire.entries_reply(payloads[:wanted])
 
-    async def _read_pass(
-        self,
-        name: str,
-        request: pb.MatchRequest,
-        fan: FanOut,
-        ks: list[int],
-        wanted: int,
-        fifo: bool,
-        context: handlers.Context,
-    ) -> list[bytes]:
+    async def _read_pass(self, ask: _Ask, ks: list[int], context: handlers.Context) -> list[bytes]:
+        name, request, fan, wanted = ask
         replies = await self._each(
             name,
             [copy_for(request, partition_name(fan.space, k), timeout=0.0, if_exists=True) for k in ks],
             context,
         )
         found = [payload for reply in replies for payload in _payloads(reply)]
-        return _ordered(found, request.order_by, fifo)[:wanted]
+        return _ordered(found, request.order_by)[:wanted]
 
     async def _take_pass(
-        self,
-        name: str,
-        request: pb.MatchRequest,
-        fan: FanOut,
-        ks: list[int],
-        wanted: int,
-        fifo: bool,
-        woken: int | None,
-        remaining: float | None,
-        context: handlers.Context,
+        self, ask: _Ask, ks: list[int], woken: int | None, remaining: float | None, context: handlers.Context
     ) -> list[bytes]:
         """Take up to `wanted` now: partition by partition, or by the order, from where the best
         matches are. The partition `woken` found a match: a take there may wait (up to
         `remaining`) while that match is locked by a transaction, as a take_nowait does."""
+        name, request, fan, wanted = ask
 
         def sub(k: int, count: int) -> pb.MatchRequest:
             waits = k == woken and remaining is not None
@@ -526,7 +519,7 @@ class Fan:
             ranked = [
                 (k, payload) for k, reply in zip(ks, looked, strict=True) for payload in _payloads(reply)
             ]
-            best = _ordered([payload for _, payload in ranked], request.order_by, fifo)[:wanted]
+            best = _ordered([payload for _, payload in ranked], request.order_by)[:wanted]
             chosen = {id(payload) for payload in best}
             counts: dict[int, int] = {}
             for k, payload in ranked:
@@ -539,7 +532,7 @@ class Fan:
                 "TakeMany" if name == "TakeMany" else "Take", [sub(k, counts[k]) for k in order], context
             )
             found = [payload for reply in replies for payload in _payloads(reply)]
-            return _ordered(found, request.order_by, fifo)[:wanted]
+            return _ordered(found, request.order_by)[:wanted]
         found = []
         for k in ks:
             reply = await self._call(name, sub(k, wanted - len(found)), context)
@@ -600,7 +593,7 @@ class Fan:
             for n in self._names(fan):
                 async for reply in self._stream("Contents", copy_for(request, n), context):
                     found.extend(_payloads(reply))
-            ordered = _ordered(found, request.order_by, self._config.space_settings(fan.space).fifo)
+            ordered = _ordered(found, request.order_by)
             if limit:
                 ordered = ordered[:limit]
             for start in range(0, len(ordered), chunk):
@@ -712,33 +705,20 @@ class Fan:
 
     # ------------------------------------------------------------------ leases
 
-    async def renew(
-        self, request: pb.RenewLeasesRequest, fan: FanOut, context: handlers.Context
-    ) -> pb.RenewLeasesReply:
-        groups = self._by_partition([renewal.id for renewal in request.renewals])
-        subs = [
-            pb.RenewLeasesRequest(
-                space=partition_name(fan.space, k), renewals=[request.renewals[i] for i in positions]
-            )
-            for k, positions in groups
-        ]
-        return pb.RenewLeasesReply(
-            results=await self._results("RenewLeases", subs, groups, len(request.renewals), context)
-        )
-
-    async def cancel(
-        self, request: pb.CancelLeasesRequest, fan: FanOut, context: handlers.Context
-    ) -> pb.CancelLeasesReply:
-        groups = self._by_partition(list(request.ids))
-        subs = [
-            pb.CancelLeasesRequest(
-                space=partition_name(fan.space, k), ids=[request.ids[i] for i in positions]
-            )
-            for k, positions in groups
-        ]
-        return pb.CancelLeasesReply(
-            results=await self._results("CancelLeases", subs, groups, len(request.ids), context)
-        )
+    async def leases(self, name: str, request: Any, fan: FanOut, context: handlers.Context) -> Any:
+        """RenewLeases or CancelLeases of leases of several partitions: one call per partition,
+        with its share of the renewals or ids, the results back in the order asked."""
+        field = "renewals" if name == "RenewLeases" else "ids"
+        items = list(getattr(request, field))
+        groups = self._by_partition([item.id if field == "renewals" else item for item in items])
+        subs = []
+        for k, at in groups:
+            sub = type(request)(space=partition_name(fan.space, k))
+            getattr(sub, field).extend(items[i] for i in at)
+            subs.append(sub)
+        reply = pb.RenewLeasesReply() if field == "renewals" else pb.CancelLeasesReply()
+        reply.results.extend(await self._results(name, subs, groups, len(items), context))
+        return reply
 
     @staticmethod
     def _by_partition(ids: Sequence[int]) -> list[tuple[int, list[int]]]:

@@ -243,14 +243,8 @@ def streaming(method: Streaming[R]) -> Streaming[R]:
                 async for encoded in fanned(request, address, context):
                     yield encoded  # type: ignore[misc]  # encoded replies, as the method's
             else:
-                call = self._peers.stream(
-                    address, METHODS[name], request, self._backend.peer_secret, context.time_remaining()
-                )
-                try:
-                    async for reply in call:
-                        yield reply
-                finally:
-                    call.cancel()  # the caller's stream ended first (a no-op once the call has)
+                async for reply in self._forwarded_stream(name, address, request, context):
+                    yield reply
         except (asyncio.CancelledError, GeneratorExit):
             code = "CANCELLED"
             raise
@@ -384,11 +378,11 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
         """A call of a partitioned space that goes to several of its partitions (`partitions.Fan`)."""
         if name in ("Read", "Take", "ReadMany", "TakeMany"):
             return await self._fan.match(name, request, fan, context)
+        if name in ("RenewLeases", "CancelLeases"):
+            return await self._fan.leases(name, request, fan, context)
         run = {
             "WriteMany": self._fan.write_many,
             "Count": self._fan.count,
-            "RenewLeases": self._fan.renew,
-            "CancelLeases": self._fan.cancel,
             "DescribeSpace": self._fan.describe,
             "Browse": self._fan.browse,
             "Purge": self._fan.purge,
@@ -415,6 +409,13 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
             async for reply in _LOCAL[name](self, request, context):
                 yield reply
             return
+        async for reply in self._forwarded_stream(name, address, request, context):
+            yield reply
+
+    async def _forwarded_stream(
+        self, name: str, address: str, request: Any, context: handlers.Context
+    ) -> AsyncIterator[Any]:
+        """A streaming call forwarded to `address`: its replies, as the owner sends them."""
         call = self._peers.stream(
             address, METHODS[name], request, self._backend.peer_secret, context.time_remaining()
         )
@@ -422,7 +423,7 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
             async for reply in call:
                 yield reply
         finally:
-            call.cancel()
+            call.cancel()  # the caller's stream ended first (a no-op once the call has)
 
     def _space(self, request: Any) -> str:
         return codec.space_name(request.space, self._limits)

@@ -122,24 +122,27 @@ def test_the_campaign_catches_acknowledged_writes_a_crash_lost(tmp_path: Path) -
     assert "failed: " in done.stdout
 
 
-def test_the_random_mix_accounts_for_every_entry(tmp_path: Path) -> None:
-    done = _stress(
-        tmp_path,
-        "--profile",
-        "random",
-        "--max-users",
-        "10",
-        "--step-users",
-        "5",
-        "--step-seconds",
-        "2",
-        "--duration",
-        "6",
-    )
+MIX = ["--profile", "random", "--max-users", "10", "--step-users", "5", "--step-seconds", "2"]
+
+
+def _exact(done: subprocess.CompletedProcess[str], **expected: int) -> dict[str, int | str]:
+    """The verdict of a campaign that passed: nothing lost or duplicated (and `expected`)."""
     verdict = _verdict(done)
     assert done.returncode == 0, done.stdout[-3000:]
+    assert (verdict["lost"], verdict["duplicated"]) == (0, 0), done.stdout[-3000:]
+    assert {name: verdict[name] for name in expected} == expected
+    return verdict
+
+
+def _exact_mix(done: subprocess.CompletedProcess[str]) -> None:
+    verdict = _exact(done)
     assert int(verdict["written"]) > 0 and int(verdict["taken"]) > 0
-    assert (verdict["lost"], verdict["duplicated"], verdict["empty"]) == (0, 0, "yes")
+    assert verdict["empty"] == "yes"
+
+
+def test_the_random_mix_accounts_for_every_entry(tmp_path: Path) -> None:
+    done = _stress(tmp_path, *MIX, "--duration", "6")
+    _exact_mix(done)
     assert re.search(r"notify: \d+ events received", done.stdout)
     with (tmp_path / "report" / "stats_stats.csv").open() as stats:
         names = {row["Name"] for row in csv.DictReader(stats)}
@@ -160,52 +163,28 @@ def test_both_campaigns_stay_exact_on_a_partitioned_space(tmp_path: Path) -> Non
         "--partitions",
         "3",
     )
-    verdict = _verdict(done)
-    assert done.returncode == 0, done.stdout[-3000:]
-    assert (verdict["written"], verdict["taken"], verdict["lost"], verdict["duplicated"]) == (
-        1000,
-        1000,
-        0,
-        0,
-    )
+    _exact(done, written=1000, taken=1000)
     assert "kill 1: SIGKILL after 1000 writes" in done.stdout
-    mix = _stress(
-        tmp_path / "mix", "--profile", "random", "--max-users", "10", "--step-users", "5",
-        "--step-seconds", "2", "--duration", "6", "--partitions", "3",
-    )  # fmt: skip
-    verdict = _verdict(mix)
-    assert mix.returncode == 0, mix.stdout[-3000:]
-    assert int(verdict["written"]) > 0 and int(verdict["taken"]) > 0
-    assert (verdict["lost"], verdict["duplicated"], verdict["empty"]) == (0, 0, "yes")
+    _exact_mix(_stress(tmp_path / "mix", *MIX, "--duration", "6", "--partitions", "3"))
 
 
 def test_single_workers_killed_under_a_partitioned_space_lose_nothing(tmp_path: Path) -> None:
     """`--workers 2 --partitions 2`: each kill is a SIGKILL of one worker in turn (the supervisor
-    restarts it and it recovers its store) while readers and writers run, through the public port."""
+    restarts it and it recovers its store) while readers and writers run, through the public port;
+    and the random mix with two such kills."""
     done = _stress(
         tmp_path, "--profile", "stress-with-shutdown", *SMALL, "--interleave", "--try-shutdown", "3",
         "--workers", "2", "--partitions", "2",
     )  # fmt: skip
-    verdict = _verdict(done)
-    assert done.returncode == 0, done.stdout[-3000:]
-    assert (verdict["written"], verdict["taken"], verdict["lost"], verdict["duplicated"]) == (
-        1000,
-        1000,
-        0,
-        0,
-    )
+    _exact(done, written=1000, taken=1000)
     assert len(re.findall(r"^kill \d: SIGKILL after", done.stdout, re.M)) == 3
     log = (tmp_path / "report" / "server.log").read_text()
     assert "outrig worker 0 restarted" in log and "outrig worker 1 restarted" in log
     (tmp_path / "mix").mkdir()
     mix = _stress(
-        tmp_path / "mix", "--profile", "random", "--max-users", "10", "--step-users", "5",
-        "--step-seconds", "2", "--duration", "8", "--mix-kills", "2", "--workers", "2", "--partitions", "2",
-    )  # fmt: skip
-    verdict = _verdict(mix)
-    assert mix.returncode == 0, mix.stdout[-3000:]
-    assert int(verdict["written"]) > 0 and int(verdict["taken"]) > 0
-    assert (verdict["lost"], verdict["duplicated"], verdict["empty"]) == (0, 0, "yes")
+        tmp_path / "mix", *MIX, "--duration", "8", "--mix-kills", "2", "--workers", "2", "--partitions", "2"
+    )
+    _exact_mix(mix)
     assert len(re.findall(r"^kill \d: SIGKILL at", mix.stdout, re.M)) == 2, mix.stdout[-2000:]
 
 
