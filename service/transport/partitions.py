@@ -525,8 +525,7 @@ class Fan:
             for k, payload in ranked:
                 if id(payload) in chosen:
                     counts[k] = counts.get(k, 0) + 1
-            if woken is not None and woken not in counts:
-                counts[woken] = 1
+            # No more than `wanted` in all: an entry taken beyond them would be lost to the caller.
             order = [k for k in ks if k in counts]
             replies = await self._each(
                 "TakeMany" if name == "TakeMany" else "Take", [sub(k, counts[k]) for k in order], context

@@ -437,3 +437,27 @@ def test_the_sdk_sends_a_call_of_one_partition_straight_to_its_owner(shape: Shap
         assert forwarded == 0  # every one went to the partition's owner
     else:
         assert forwarded == 2 * elsewhere > 0  # the write and the take of each the other server owns
+
+
+def test_blocking_ordered_takers_lose_nothing(shape: Shape, space: outrig.Space) -> None:
+    """Blocking takes with an order, woken by writes to any partition while better matches arrive
+    in others: each entry is taken once, and none is taken for a caller that does not get it."""
+    taken: list[int] = []
+    lock = threading.Lock()
+
+    def taker() -> None:
+        with shape.connect() as mine:
+            while (job := mine.take(Job(), timeout=1.0, order_by=[outrig.desc("priority")])) is not None:
+                with lock:
+                    taken.append(job.n)  # type: ignore[union-attr]
+
+    threads = [threading.Thread(target=taker) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    rng = random.Random(7)
+    for i in range(200):
+        space.write(Job(region=REGIONS[rng.randrange(8)], n=i, priority=rng.randrange(5)))
+    for thread in threads:
+        thread.join(timeout=60)
+    left = [job.n for job in space.contents(Job())]  # type: ignore[union-attr]
+    assert sorted(taken + left) == list(range(200))
