@@ -527,14 +527,29 @@ class Fan:
                     counts[k] = counts.get(k, 0) + 1
             # No more than `wanted` in all: an entry taken beyond them would be lost to the caller.
             order = [k for k in ks if k in counts]
-            replies = await self._each(
-                "TakeMany" if name == "TakeMany" else "Take", [sub(k, counts[k]) for k in order], context
-            )
-            found = [payload for reply in replies for payload in _payloads(reply)]
-            return _ordered(found, request.order_by)[:wanted]
+            tasks = [
+                asyncio.ensure_future(
+                    self._call("TakeMany" if name == "TakeMany" else "Take", sub(k, counts[k]), context)
+                )
+                for k in order
+            ]
+            outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+            found = [
+                payload for reply in outcomes if isinstance(reply, bytes) for payload in _payloads(reply)
+            ]
+            failed = [err for err in outcomes if isinstance(err, BaseException)]
+            if failed and not found:
+                raise failed[0]
+            # What was taken is answered even if another partition failed: a take is not undone.
+            return _ordered(found, request.order_by)
         found = []
         for k in ks:
-            reply = await self._call(name, sub(k, wanted - len(found)), context)
+            try:
+                reply = await self._call(name, sub(k, wanted - len(found)), context)
+            except Exception:
+                if found:  # answer what was taken rather than lose it to the error
+                    return found
+                raise
             found.extend(_payloads(reply))
             if len(found) >= wanted:
                 break
