@@ -193,7 +193,12 @@ class Router:
         if name in _TEMPLATED:
             if name == "Notify" and message.HasField("resume"):
                 return (self._lease_partition(message.resume, "resume", space, partitioning),)
-            pinned = template_partitions(message.templates, partitioning, self._limits)
+            templates = message.templates
+            pinned = (
+                _pinned(templates[0], partitioning, "templates[0]", self._limits)
+                if len(templates) == 1
+                else template_partitions(templates, partitioning, self._limits)
+            )
             if message.transaction:
                 own = self._transaction_partition(message.transaction, space, partitioning)
                 if pinned is not None and pinned - {own}:
@@ -291,11 +296,13 @@ def template_partitions(
 
 def _pinned(template: pb.Template, partitioning: Partitioning, where: str, limits: Any) -> set[int] | None:
     field = partitioning.field
-    if field in template.fields:
-        value = template.fields[field]
-        kind = value.WhichOneof("kind")
-        if kind not in (None, "null_value"):  # a null template field is a wildcard
-            return _value_partitions((value,), partitioning)
+    value = template.fields.get(field)
+    if value is not None:
+        k = value_partition(value, partitioning.count)
+        if k is not None:
+            return {k}
+        if value.WhichOneof("kind") not in (None, "null_value"):  # a null field is a wildcard
+            return set()  # a list, a map: no entry's routing value, in any partition
     if field in template.matchers:
         return _matcher_partitions(template.matchers[field], partitioning)
     return None

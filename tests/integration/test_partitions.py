@@ -228,3 +228,10 @@ def test_a_fan_out_registration_is_not_resumed_a_partitions_own_is() -> None:
                 space.write(Job(region="eu", n=1))
             assert next(resumed).entry.fields["n"].int_value == 1
             channel.close()
+
+
+def test_a_seen_routing_value_keeps_its_partition() -> None:
+    # The SDK remembers values it hashed: 0.0 and -0.0 are equal keys but not equal routing values.
+    for value in (0.0, -0.0, 0.0, 1, True, 1, "a", b"a"):
+        message = encode_value(value)
+        assert value_partition(message, 7) == partition_of(codec.field_value(message, "v", Limits()), 7)
