@@ -362,6 +362,9 @@ class AsyncSpace(BaseSpace):
             while not home and connection.locate_due(key):
                 await self._relocate(key)  # a partitioned space's first: then its partition's
                 key = connection.route_key(self._name, attempts.request)
+            if key != self._name and not getattr(attempts.request, "transaction", 0):
+                # A call of one partition names it: the server serves it without routing it again.
+                attempts.request.space = key  # type: ignore[attr-defined]
             used = None if home else connection.route_of(key)
             try:
                 with rpc_errors:

@@ -41,7 +41,7 @@ def space_name(name: str, limits: Limits) -> str:
     if not name:
         raise InvalidArgumentError("space: must not be empty")
     if len(name) > limits.max_name_length or not (
-        _SPACE_NAME.fullmatch(name) or _PARTITION_NAME.fullmatch(name)
+        (_PARTITION_NAME if "~" in name else _SPACE_NAME).fullmatch(name)
     ):
         raise InvalidArgumentError(
             f"space: {excerpt(name)} is not a valid space name (letters, digits, '.', '_', '-', "
