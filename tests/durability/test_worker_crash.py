@@ -38,13 +38,7 @@ def test_worker_sigkilled_under_load_loses_duplicates_and_resurrects_nothing(tmp
     tally, loaded = load_through_kills(lambda: workers.public, CLIENTS, KILLS, kill, pause=1.2)
     assert workers.stop() == 0, "the supervisor did not stop cleanly on SIGTERM"
 
-    again = start_workers(2, "--data-dir", data_dir)
-    try:
-        with outrig.connect(again.public, space=CLIENTS.space) as space:
-            left = [item.uid for item in space.contents(Item()) if isinstance(item, Item)]
-            moved = [entry.uid for entry in space.contents(Moved()) if isinstance(entry, Moved)]
-    finally:
-        assert again.stop() == 0
+    left, moved = _after_a_restart(CLIENTS.space, "--data-dir", data_dir)
     check(
         tally, left, "remaining", f"worker crash harness: seed {SEED}, {KILLS} kills in {loaded:.1f} s", moved
     )
@@ -70,12 +64,18 @@ def test_single_workers_sigkilled_under_a_partitioned_space_lose_nothing(tmp_pat
 
     tally, loaded = load_through_kills(lambda: workers.public, clients, 4, kill, pause=1.2)
     assert workers.stop() == 0
-    again = start_workers(2, "--data-dir", data_dir, "--config", str(config))
+    left, moved = _after_a_restart(clients.space, "--data-dir", data_dir, "--config", str(config))
+    run = f"partitioned worker crash harness: seed {SEED + 1}, 4 kills of either worker in {loaded:.1f} s"
+    check(tally, left, "remaining", run, moved)
+
+
+def _after_a_restart(space_name: str, *flags: str) -> tuple[list[str | None], list[str | None]]:
+    """The uids of the items and of the Moved entries a fresh supervisor on the data dir serves."""
+    again = start_workers(2, *flags)
     try:
-        with outrig.connect(again.public, space=clients.space) as space:
+        with outrig.connect(again.public, space=space_name) as space:
             left = [item.uid for item in space.contents(Item()) if isinstance(item, Item)]
             moved = [entry.uid for entry in space.contents(Moved()) if isinstance(entry, Moved)]
     finally:
         assert again.stop() == 0
-    run = f"partitioned worker crash harness: seed {SEED + 1}, 4 kills of either worker in {loaded:.1f} s"
-    check(tally, left, "remaining", run, moved)
+    return left, moved
