@@ -829,8 +829,11 @@ def partitioning_of(reply: pb.LocateReply) -> tuple[str, int] | None:
 
 def owner_of(reply: pb.LocateReply) -> str | None:
     """Where to send a space's calls, from a Locate reply: its owner's address, or None when the
-    server asked serves it (or knows no owner)."""
-    return None if reply.here or not reply.address else reply.address
+    server asked serves it (or knows no owner). A server that shares the address it was asked at
+    (a worker) is sent them at its own address, which a later connection cannot miss."""
+    if not reply.address or (reply.here and not reply.shared_address):
+        return None
+    return reply.address
 
 
 def placements_of(reply: pb.ListSpacesReply) -> list[Placement]:

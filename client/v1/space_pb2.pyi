@@ -465,16 +465,18 @@ class LocateRequest(_message.Message):
     def __init__(self, space: _Optional[str] = ..., partition: _Optional[int] = ...) -> None: ...
 
 class LocateReply(_message.Message):
-    __slots__ = ("address", "here", "routing_field", "partitions")
+    __slots__ = ("address", "here", "routing_field", "partitions", "shared_address")
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     HERE_FIELD_NUMBER: _ClassVar[int]
     ROUTING_FIELD_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    SHARED_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     address: str
     here: bool
     routing_field: str
     partitions: int
-    def __init__(self, address: _Optional[str] = ..., here: _Optional[bool] = ..., routing_field: _Optional[str] = ..., partitions: _Optional[int] = ...) -> None: ...
+    shared_address: bool
+    def __init__(self, address: _Optional[str] = ..., here: _Optional[bool] = ..., routing_field: _Optional[str] = ..., partitions: _Optional[int] = ..., shared_address: _Optional[bool] = ...) -> None: ...
 
 class ListSpacesRequest(_message.Message):
     __slots__ = ()

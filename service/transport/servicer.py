@@ -284,6 +284,7 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
         self._metrics = metrics
         self._guard = guard or Guard(Authenticator(None, client_certificates=False), None, limits)
         config = config or ServerConfig(limits=limits)
+        self._shared_address = config.worker is not None  # a worker: the listen port is shared
         self._peers = peers or Peers(config)
         self._router = Router(config)
         self._fan = Fan(config, self.served, self.served_stream)
@@ -597,7 +598,7 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
         space = self._space(request)
         base, k = split_name(space)
         partitioning = self._router.partitioning(base)
-        reply = pb.LocateReply()
+        reply = pb.LocateReply(shared_address=self._shared_address)
         if partitioning is not None:  # where its partitions are: LocateRequest.partition
             reply.routing_field, reply.partitions = partitioning.field, partitioning.count
             if k is None:

@@ -74,6 +74,18 @@ def test_the_sdk_sends_a_space_s_calls_to_its_worker(workers: Workers) -> None:
         assert space.take_nowait(Job()) == Job(n=1)
 
 
+def test_through_the_shared_port_the_sdk_goes_to_the_worker_s_own_port(workers: Workers) -> None:
+    """Whichever worker a connection to the public port reaches, a space's calls go to its owner's
+    own port (LocateReply.shared_address), so that a reconnection landing on the other worker
+    costs no forwarding hop."""
+    for owner in (0, 1):
+        (space_name,) = workers.spaces_of(owner, prefix="shared")
+        with outrig.connect(workers.public, space=space_name) as space:
+            space.write(Job(n=owner))
+            assert space.target == workers.addresses[owner]
+            assert space.take_nowait(Job()) == Job(n=owner)
+
+
 def test_streams_blocking_calls_and_transactions_cross_the_workers() -> None:
     """Through the port of the worker that does not serve the space (`direct=False`: forwarded):
     a blocking take woken by a write through the other port, a notify stream, contents, and a
