@@ -53,7 +53,7 @@ class Received(Generic[M]):
         self.message = message
         self.raw = raw
         self._entries = entries
-        # Fields appended when the request is sent on (a partition's name: transport/partitions.py).
+        # Fields appended when the request is sent on (a partition's name: transport/routing.py).
         self.suffix = b""
 
     def encoded(self) -> bytes:

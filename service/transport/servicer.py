@@ -55,9 +55,10 @@ from outrig.service.protocol import admin, codec, wire
 from outrig.service.security.access import ACCESS
 from outrig.service.security.guard import Authenticator, Guard
 from outrig.service.transport import handlers
+from outrig.service.transport.fanout import Fan
 from outrig.service.transport.metrics import Metrics
-from outrig.service.transport.partitions import Fan, FanOut, Router
 from outrig.service.transport.peers import PEER_KEY, PeerError, Peers
+from outrig.service.transport.routing import FanOut, Router
 from outrig.v1 import space_pb2 as pb
 from outrig.v1 import space_pb2_grpc
 
@@ -294,7 +295,7 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
 
     async def admit(self, name: str, request: Any, context: handlers.Context) -> str | FanOut | None:
         """Let a decoded call in, and say where it is served: None here, else the address to
-        forward it to, or the partitions of a partitioned space it goes to (`partitions.Router`,
+        forward it to, or the partitions of a partitioned space it goes to (`routing.Router`,
         which first renames a call that concerns one partition to it). A call that presents
         `outrig-peer` (PEER_KEY) was forwarded by a server of the tier if the backend accepts its
         secret: it skips the guard (the forwarding server
@@ -376,7 +377,7 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
                 metrics.call(name, code, time.perf_counter() - started)
 
     async def _fan_out(self, name: str, request: Any, fan: FanOut, context: handlers.Context) -> Any:
-        """A call of a partitioned space that goes to several of its partitions (`partitions.Fan`)."""
+        """A call of a partitioned space that goes to several of its partitions (`fanout.Fan`)."""
         if name in ("Read", "Take", "ReadMany", "TakeMany"):
             return await self._fan.match(name, request, fan, context)
         if name in ("RenewLeases", "CancelLeases"):

@@ -400,7 +400,7 @@ class MemoryBackend:
         if take and not found and outcome is not None:
             # A take that took nothing leaves nothing to answer: its retry acts afresh (as on a
             # durable store, which records nothing for it), and a partitioned space's fan-out
-            # (transport/partitions.py) may take with the same id again in a later round.
+            # (transport/fanout.py) may take with the same id again in a later round.
             self._requests.abandon(outcome)
             return found
         self._acted(outcome, found, keep=txn is not None)
@@ -677,7 +677,7 @@ class MemoryBackend:
             and template_partitions(registration.templates, partitioning) != {k}
         )
         if spans:
-            # One of a fan-out's registrations (transport/partitions.py): the others ended with
+            # One of a fan-out's registrations (transport/fanout.py): the others ended with
             # their stream, so this one alone would hear of a part of the space.
             subscription.close()
             raise CrossPartitionError(
