@@ -210,7 +210,7 @@ def _clients(address: str, clients: int, seconds: float, tasks: int, one: bool =
 SHAPES_A = ((1, 1, False), (1, 2, False), (1, 4, False), (2, 2, False), (2, 4, False), (2, 2, True))
 
 
-def part_a(workdir: Path, rounds: int, seconds: float, clients: int) -> None:
+def part_a(workdir: Path, rounds: int, seconds: float, clients: int, one_worker: bool = False) -> None:
     print(
         f"\na. every core: {clients} client processes x 10 tasks a worker, write+take pairs with the "
         f"routing value set, {seconds:.0f} s a round, {rounds} rounds, in memory"
@@ -218,7 +218,7 @@ def part_a(workdir: Path, rounds: int, seconds: float, clients: int) -> None:
     rows: dict[tuple[int, int, bool], list[tuple[float, float, list[float], float]]] = {}
     woken: dict[tuple[int, int, bool], list[float]] = {}
     for _ in range(rounds):
-        for workers, partitions, one in SHAPES_A:
+        for workers, partitions, one in SHAPES_A if not one_worker else SHAPES_A[:3]:
             served = _Served(workdir, workers, partitions)
             try:
                 tasks = 10 if one else 10 * workers  # 10 in flight on each of a client's streams
@@ -255,8 +255,9 @@ def part_a(workdir: Path, rounds: int, seconds: float, clients: int) -> None:
             f"{cpu / base_cpu:>8.2f} {' '.join(f'{e * 1e6:.0f}' for e in each):>20} {client * 1e6:>15.0f}"
             f" {statistics.median(woken[(workers, partitions, one)]):>21.2f}"
         )
-    two = statistics.median(r for r, _, _, _ in rows[(2, 2, False)])
-    print(f"P = 2: 2 workers / 1 worker, pairs/s: {two / one_worker_p2:.2f}")
+    if (2, 2, False) in rows:
+        two = statistics.median(r for r, _, _, _ in rows[(2, 2, False)])
+        print(f"P = 2: 2 workers / 1 worker, pairs/s: {two / one_worker_p2:.2f}")
     print("*: every routing value in one partition, so one of the two workers takes the whole load")
 
 
@@ -397,6 +398,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--tasks", type=int, default=10, help=argparse.SUPPRESS)
     parser.add_argument("--one-partition", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--one-worker", action="store_true", help="part a: only the shapes on one worker")
     parser.add_argument("--rounds", type=int)
     parser.add_argument("--entries", type=int)
     args = parser.parse_args()
@@ -410,7 +412,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="outrig-bench-partitions-") as work:
         workdir = Path(work)
         if args.part in (None, "a"):
-            part_a(workdir, rounds, args.seconds or (3.0 if args.quick else 8.0), args.clients or 3)
+            part_a(
+                workdir,
+                rounds,
+                args.seconds or (3.0 if args.quick else 8.0),
+                args.clients or 3,
+                args.one_worker,
+            )
         if args.part in (None, "b"):
             part_b(
                 workdir, rounds, args.entries or (1000 if args.quick else 10_000), 100 if args.quick else 300
