@@ -11,7 +11,9 @@ a. Every core: one space in P partitions by "region", served in memory by `outri
    to its partition's worker over one Mux stream per worker, so each stream carries 10 in flight,
    as one worker's does), do write+take pairs with routing values spread, for --seconds a round:
    pairs/s, and the CPU seconds per pair of the server processes (each worker, and their sum)
-   and of the clients, from /proc; rounds interleaved, medians.
+   and of the clients, from /proc; rounds interleaved, medians. With --pin the servers run on the
+   first core and the clients on the others, so that the clients' load does not change what the
+   servers' CPU per pair measures (--one-worker: the one-worker rows only).
 
 b. Fan-out latency: one in-memory server holding a space in P = 1 (unpartitioned: the baseline),
    2 and 4 partitions by "region", each with --entries entries spread over 64 regions. One
@@ -179,6 +181,20 @@ async def _client_pairs(address: str, seconds: float, tasks: int, seed: int, reg
     return done
 
 
+def _pin(pid: int, cores: set[int]) -> None:
+    """Run every thread of process `pid` on `cores` (a thread started later inherits its
+    creator's)."""
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(task), cores)
+        except (ProcessLookupError, OSError):
+            continue
+
+
+#: --pin: the servers on the first core, the clients on the others (None: wherever the kernel puts them).
+_CLIENT_CORES: set[int] | None = None
+
+
 def _clients(address: str, clients: int, seconds: float, tasks: int, one: bool = False) -> tuple[int, float]:
     """Pairs done by `clients` client processes of `tasks` tasks each in `seconds`, and their CPU
     seconds."""
@@ -193,8 +209,14 @@ def _clients(address: str, clients: int, seconds: float, tasks: int, one: bool =
         str(tasks),
         *(["--one-partition"] if one else []),
     ]
+    cores = _CLIENT_CORES
     processes = [
-        subprocess.Popen([*command, "--seed", str(i)], stdout=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [*command, "--seed", str(i)],
+            stdout=subprocess.PIPE,
+            text=True,
+            preexec_fn=None if cores is None else (lambda: os.sched_setaffinity(0, cores)),
+        )
         for i in range(clients)
     ]
     total, cpu = 0, 0.0
@@ -214,12 +236,16 @@ def part_a(workdir: Path, rounds: int, seconds: float, clients: int, one_worker:
     print(
         f"\na. every core: {clients} client processes x 10 tasks a worker, write+take pairs with the "
         f"routing value set, {seconds:.0f} s a round, {rounds} rounds, in memory"
+        + ("; the servers pinned to core 0, the clients to the others" if _CLIENT_CORES is not None else "")
     )
     rows: dict[tuple[int, int, bool], list[tuple[float, float, list[float], float]]] = {}
     woken: dict[tuple[int, int, bool], list[float]] = {}
     for _ in range(rounds):
         for workers, partitions, one in SHAPES_A if not one_worker else SHAPES_A[:3]:
             served = _Served(workdir, workers, partitions)
+            if _CLIENT_CORES is not None:
+                for pid in served.pids:
+                    _pin(pid, {0})
             try:
                 tasks = 10 if one else 10 * workers  # 10 in flight on each of a client's streams
                 _clients(served.server.address, clients, 1.0, tasks, one)  # warm
@@ -399,9 +425,15 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=10, help=argparse.SUPPRESS)
     parser.add_argument("--one-partition", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--one-worker", action="store_true", help="part a: only the shapes on one worker")
+    parser.add_argument(
+        "--pin", action="store_true", help="part a: the servers on the first core, the clients on the others"
+    )
     parser.add_argument("--rounds", type=int)
     parser.add_argument("--entries", type=int)
     args = parser.parse_args()
+    if args.pin:
+        global _CLIENT_CORES
+        _CLIENT_CORES = set(range(1, os.cpu_count() or 2))
     if args.client:
         regions = _regions_of(0, 2) if args.one_partition else REGIONS
         pairs = asyncio.run(_client_pairs(args.client, args.seconds, args.tasks, args.seed, regions))
