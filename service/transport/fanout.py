@@ -26,11 +26,12 @@ import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, NamedTuple
 
-from outrig._protocol import varint
+from outrig._protocol import tag, varint
+from outrig._routing import value_partition
 from outrig.service.config import ServerConfig
 from outrig.service.engine.model import StoredEntry
 from outrig.service.engine.ordered import in_request_order
-from outrig.service.engine.partitions import ID_STRIDE, partition_name, partition_of, partition_of_id
+from outrig.service.engine.partitions import ID_STRIDE, partition_name, partition_of_id
 from outrig.service.protocol import codec, wire
 from outrig.service.transport import handlers
 from outrig.service.transport.routing import FanOut, copy_for
@@ -44,6 +45,8 @@ Stream = Callable[[str, Any, handlers.Context], AsyncIterator[Any]]
 #: Seconds a fan-out notify's follower registrations are leased for (renewed every third of it,
 #: or of what the space grants, while their stream lasts).
 FOLLOWER_LEASE = 60.0
+#: The tag of WriteManyRequest.entries, to frame an entry's encoding into a partition's request.
+_ENTRIES = tag(pb.WriteManyRequest.DESCRIPTOR.fields_by_name["entries"])
 
 
 def _own(request: Any, k: int) -> str:
@@ -118,10 +121,12 @@ class Fan:
     ) -> pb.WriteManyReply:
         request = received.message
         encodings = received.entries
+        field, count = fan.partitioning.field, fan.partitioning.count
         groups: dict[int, list[int]] = {}
-        for i, entry in enumerate(request.entries):
-            value = codec.field_value(entry.fields[fan.partitioning.field], "entries", self._limits)
-            groups.setdefault(partition_of(value, fan.partitioning.count), []).append(i)
+        for i, entry in enumerate(request.entries):  # each routable: the router checked them
+            k = value_partition(entry.fields[field], count)
+            assert k is not None
+            groups.setdefault(k, []).append(i)
         calls = []
         for k, positions in sorted(groups.items()):
             part = pb.WriteManyRequest(space=partition_name(fan.space, k), transaction=request.transaction)
@@ -130,7 +135,7 @@ class Fan:
             if request.request_id:
                 part.request_id = _own(request, k)
             raw = part.SerializeToString() + b"".join(
-                b"\x12" + varint(len(encodings[i])) + bytes(encodings[i]) for i in positions
+                _ENTRIES + varint(len(encodings[i])) + bytes(encodings[i]) for i in positions
             )
             calls.append((positions, handlers.Received(pb.WriteManyRequest.FromString(raw), raw)))
         replies = await self._each("WriteMany", [sub for _, sub in calls], context)

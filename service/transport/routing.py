@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from outrig._protocol import varint
+from outrig._protocol import METHODS, tag, varint
 from outrig._routing import value_partition
 from outrig.service.config import ServerConfig
 from outrig.service.engine.partitions import (
@@ -63,11 +63,20 @@ class FanOut:
     partitions: tuple[int, ...]
 
 
+#: The tag of every request's `space` (renamed requests get a second one appended: `rename`).
+_SPACE = tag(pb.WriteRequest.DESCRIPTOR.fields_by_name["space"])
+if any(
+    (field := method.request.DESCRIPTOR.fields_by_name.get("space")) is not None and tag(field) != _SPACE
+    for method in METHODS.values()
+):
+    raise AssertionError("a request's space is not the field every other request's is")
+
+
 def _space_field(name: str) -> bytes:
     """Field 1 (every request's `space`) holding `name`, encoded: appended to a request's bytes
     it wins over the first (protobuf keeps the last value of a singular field)."""
     data = name.encode()
-    return b"\x0a" + varint(len(data)) + data
+    return _SPACE + varint(len(data)) + data
 
 
 def rename(request: Any, space: str) -> None:
