@@ -10,6 +10,7 @@
     ├── TypeConflictError         a type redeclared otherwise -> FAILED_PRECONDITION
     ├── TransactionAbortedError   commit of an aborted transaction -> FAILED_PRECONDITION
     ├── CrossPartitionError       a transaction touching a second partition -> FAILED_PRECONDITION
+    ├── DeliveryExpiredError      an ack/nack/extend of a delivery no longer pending -> FAILED_PRECONDITION
     ├── ShuttingDownError         the server is stopping      -> UNAVAILABLE
     ├── RequestConflictError      a request id reused for another call -> FAILED_PRECONDITION
     ├── RegistrationBusyError     resuming a registration another stream holds -> FAILED_PRECONDITION
@@ -54,6 +55,12 @@ class InvalidArgumentError(SpaceError):
 
 class RoutingValueError(InvalidArgumentError):
     """An entry written to a partitioned space holds no value in the space's routing field."""
+
+
+class DeliveryExpiredError(SpaceError):
+    """An Ack, Nack or Extend names a delivery that is no longer pending: acknowledged or returned
+    already, past its deadline (the entry visible again, perhaps delivered to someone else since),
+    its entry cancelled or expired, or never given. Nothing was changed."""
 
 
 class CrossPartitionError(SpaceError):

@@ -28,6 +28,7 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     NO_OTHER_SERVER: _ClassVar[ErrorReason]
     ROUTING_VALUE_MISSING: _ClassVar[ErrorReason]
     CROSS_PARTITION: _ClassVar[ErrorReason]
+    DELIVERY_EXPIRED: _ClassVar[ErrorReason]
 
 class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -56,6 +57,7 @@ NOT_OWNER: ErrorReason
 NO_OTHER_SERVER: ErrorReason
 ROUTING_VALUE_MISSING: ErrorReason
 CROSS_PARTITION: ErrorReason
+DELIVERY_EXPIRED: ErrorReason
 DTYPE_UNSPECIFIED: DType
 DTYPE_INT8: DType
 DTYPE_INT16: DType
@@ -251,18 +253,22 @@ class Lease(_message.Message):
     def __init__(self, id: _Optional[int] = ..., expires_at: _Optional[float] = ..., granted_seconds: _Optional[float] = ...) -> None: ...
 
 class WriteRequest(_message.Message):
-    __slots__ = ("space", "entry", "lease", "request_id", "transaction")
+    __slots__ = ("space", "entry", "lease", "request_id", "transaction", "delay", "visible_at")
     SPACE_FIELD_NUMBER: _ClassVar[int]
     ENTRY_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TRANSACTION_FIELD_NUMBER: _ClassVar[int]
+    DELAY_FIELD_NUMBER: _ClassVar[int]
+    VISIBLE_AT_FIELD_NUMBER: _ClassVar[int]
     space: str
     entry: Entry
     lease: LeaseDuration
     request_id: str
     transaction: int
-    def __init__(self, space: _Optional[str] = ..., entry: _Optional[_Union[Entry, _Mapping]] = ..., lease: _Optional[_Union[LeaseDuration, _Mapping]] = ..., request_id: _Optional[str] = ..., transaction: _Optional[int] = ...) -> None: ...
+    delay: float
+    visible_at: float
+    def __init__(self, space: _Optional[str] = ..., entry: _Optional[_Union[Entry, _Mapping]] = ..., lease: _Optional[_Union[LeaseDuration, _Mapping]] = ..., request_id: _Optional[str] = ..., transaction: _Optional[int] = ..., delay: _Optional[float] = ..., visible_at: _Optional[float] = ...) -> None: ...
 
 class WriteReply(_message.Message):
     __slots__ = ("lease",)
@@ -271,18 +277,22 @@ class WriteReply(_message.Message):
     def __init__(self, lease: _Optional[_Union[Lease, _Mapping]] = ...) -> None: ...
 
 class WriteManyRequest(_message.Message):
-    __slots__ = ("space", "entries", "lease", "request_id", "transaction")
+    __slots__ = ("space", "entries", "lease", "request_id", "transaction", "delay", "visible_at")
     SPACE_FIELD_NUMBER: _ClassVar[int]
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TRANSACTION_FIELD_NUMBER: _ClassVar[int]
+    DELAY_FIELD_NUMBER: _ClassVar[int]
+    VISIBLE_AT_FIELD_NUMBER: _ClassVar[int]
     space: str
     entries: _containers.RepeatedCompositeFieldContainer[Entry]
     lease: LeaseDuration
     request_id: str
     transaction: int
-    def __init__(self, space: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ..., lease: _Optional[_Union[LeaseDuration, _Mapping]] = ..., request_id: _Optional[str] = ..., transaction: _Optional[int] = ...) -> None: ...
+    delay: float
+    visible_at: float
+    def __init__(self, space: _Optional[str] = ..., entries: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ..., lease: _Optional[_Union[LeaseDuration, _Mapping]] = ..., request_id: _Optional[str] = ..., transaction: _Optional[int] = ..., delay: _Optional[float] = ..., visible_at: _Optional[float] = ...) -> None: ...
 
 class WriteManyReply(_message.Message):
     __slots__ = ("leases",)
@@ -291,7 +301,7 @@ class WriteManyReply(_message.Message):
     def __init__(self, leases: _Optional[_Iterable[_Union[Lease, _Mapping]]] = ...) -> None: ...
 
 class MatchRequest(_message.Message):
-    __slots__ = ("space", "templates", "timeout", "if_exists", "max_entries", "request_id", "transaction", "order_by", "replay_only")
+    __slots__ = ("space", "templates", "timeout", "if_exists", "max_entries", "request_id", "transaction", "order_by", "replay_only", "ack", "max_deliveries")
     SPACE_FIELD_NUMBER: _ClassVar[int]
     TEMPLATES_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_FIELD_NUMBER: _ClassVar[int]
@@ -301,6 +311,8 @@ class MatchRequest(_message.Message):
     TRANSACTION_FIELD_NUMBER: _ClassVar[int]
     ORDER_BY_FIELD_NUMBER: _ClassVar[int]
     REPLAY_ONLY_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    MAX_DELIVERIES_FIELD_NUMBER: _ClassVar[int]
     space: str
     templates: _containers.RepeatedCompositeFieldContainer[Template]
     timeout: float
@@ -310,13 +322,81 @@ class MatchRequest(_message.Message):
     transaction: int
     order_by: _containers.RepeatedCompositeFieldContainer[OrderKey]
     replay_only: bool
-    def __init__(self, space: _Optional[str] = ..., templates: _Optional[_Iterable[_Union[Template, _Mapping]]] = ..., timeout: _Optional[float] = ..., if_exists: _Optional[bool] = ..., max_entries: _Optional[int] = ..., request_id: _Optional[str] = ..., transaction: _Optional[int] = ..., order_by: _Optional[_Iterable[_Union[OrderKey, _Mapping]]] = ..., replay_only: _Optional[bool] = ...) -> None: ...
+    ack: float
+    max_deliveries: int
+    def __init__(self, space: _Optional[str] = ..., templates: _Optional[_Iterable[_Union[Template, _Mapping]]] = ..., timeout: _Optional[float] = ..., if_exists: _Optional[bool] = ..., max_entries: _Optional[int] = ..., request_id: _Optional[str] = ..., transaction: _Optional[int] = ..., order_by: _Optional[_Iterable[_Union[OrderKey, _Mapping]]] = ..., replay_only: _Optional[bool] = ..., ack: _Optional[float] = ..., max_deliveries: _Optional[int] = ...) -> None: ...
 
 class MatchReply(_message.Message):
-    __slots__ = ("entries",)
+    __slots__ = ("entries", "deliveries")
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    DELIVERIES_FIELD_NUMBER: _ClassVar[int]
     entries: _containers.RepeatedCompositeFieldContainer[Entry]
-    def __init__(self, entries: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ...) -> None: ...
+    deliveries: _containers.RepeatedCompositeFieldContainer[Delivery]
+    def __init__(self, entries: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ..., deliveries: _Optional[_Iterable[_Union[Delivery, _Mapping]]] = ...) -> None: ...
+
+class Delivery(_message.Message):
+    __slots__ = ("receipt", "deliveries", "deadline", "dead_letter_reason")
+    RECEIPT_FIELD_NUMBER: _ClassVar[int]
+    DELIVERIES_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTER_REASON_FIELD_NUMBER: _ClassVar[int]
+    receipt: int
+    deliveries: int
+    deadline: float
+    dead_letter_reason: str
+    def __init__(self, receipt: _Optional[int] = ..., deliveries: _Optional[int] = ..., deadline: _Optional[float] = ..., dead_letter_reason: _Optional[str] = ...) -> None: ...
+
+class AckRequest(_message.Message):
+    __slots__ = ("space", "receipt", "request_id")
+    SPACE_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    space: str
+    receipt: int
+    request_id: str
+    def __init__(self, space: _Optional[str] = ..., receipt: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class AckReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class NackRequest(_message.Message):
+    __slots__ = ("space", "receipt", "delay", "request_id")
+    SPACE_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_FIELD_NUMBER: _ClassVar[int]
+    DELAY_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    space: str
+    receipt: int
+    delay: float
+    request_id: str
+    def __init__(self, space: _Optional[str] = ..., receipt: _Optional[int] = ..., delay: _Optional[float] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class NackReply(_message.Message):
+    __slots__ = ("visible_at", "dead_letter")
+    VISIBLE_AT_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTER_FIELD_NUMBER: _ClassVar[int]
+    visible_at: float
+    dead_letter: str
+    def __init__(self, visible_at: _Optional[float] = ..., dead_letter: _Optional[str] = ...) -> None: ...
+
+class ExtendRequest(_message.Message):
+    __slots__ = ("space", "receipt", "seconds", "request_id")
+    SPACE_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    space: str
+    receipt: int
+    seconds: float
+    request_id: str
+    def __init__(self, space: _Optional[str] = ..., receipt: _Optional[int] = ..., seconds: _Optional[float] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class ExtendReply(_message.Message):
+    __slots__ = ("deadline",)
+    DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    deadline: float
+    def __init__(self, deadline: _Optional[float] = ...) -> None: ...
 
 class ContentsRequest(_message.Message):
     __slots__ = ("space", "templates", "max_entries", "transaction", "order_by")
@@ -605,23 +685,27 @@ class TransactionInfo(_message.Message):
     def __init__(self, id: _Optional[int] = ..., expires_at: _Optional[float] = ..., written: _Optional[int] = ..., taken: _Optional[int] = ..., read_locked: _Optional[int] = ..., waiters: _Optional[int] = ...) -> None: ...
 
 class SpaceConfiguration(_message.Message):
-    __slots__ = ("fifo", "max_entries", "max_bytes", "default_lease", "max_lease", "max_registrations")
+    __slots__ = ("fifo", "max_entries", "max_bytes", "default_lease", "max_lease", "max_registrations", "max_deliveries", "dead_letter")
     FIFO_FIELD_NUMBER: _ClassVar[int]
     MAX_ENTRIES_FIELD_NUMBER: _ClassVar[int]
     MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_LEASE_FIELD_NUMBER: _ClassVar[int]
     MAX_LEASE_FIELD_NUMBER: _ClassVar[int]
     MAX_REGISTRATIONS_FIELD_NUMBER: _ClassVar[int]
+    MAX_DELIVERIES_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTER_FIELD_NUMBER: _ClassVar[int]
     fifo: bool
     max_entries: int
     max_bytes: int
     default_lease: float
     max_lease: float
     max_registrations: int
-    def __init__(self, fifo: _Optional[bool] = ..., max_entries: _Optional[int] = ..., max_bytes: _Optional[int] = ..., default_lease: _Optional[float] = ..., max_lease: _Optional[float] = ..., max_registrations: _Optional[int] = ...) -> None: ...
+    max_deliveries: int
+    dead_letter: str
+    def __init__(self, fifo: _Optional[bool] = ..., max_entries: _Optional[int] = ..., max_bytes: _Optional[int] = ..., default_lease: _Optional[float] = ..., max_lease: _Optional[float] = ..., max_registrations: _Optional[int] = ..., max_deliveries: _Optional[int] = ..., dead_letter: _Optional[str] = ...) -> None: ...
 
 class DescribeSpaceReply(_message.Message):
-    __slots__ = ("space", "entries", "bytes", "types", "waiting", "waiters", "registration_list", "registrations", "transaction_list", "transactions", "locked", "oldest_entry_age", "expired", "configuration")
+    __slots__ = ("space", "entries", "bytes", "types", "waiting", "waiters", "registration_list", "registrations", "transaction_list", "transactions", "locked", "oldest_entry_age", "expired", "configuration", "in_flight", "delayed", "redelivered", "dead_lettered")
     SPACE_FIELD_NUMBER: _ClassVar[int]
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -636,6 +720,10 @@ class DescribeSpaceReply(_message.Message):
     OLDEST_ENTRY_AGE_FIELD_NUMBER: _ClassVar[int]
     EXPIRED_FIELD_NUMBER: _ClassVar[int]
     CONFIGURATION_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    DELAYED_FIELD_NUMBER: _ClassVar[int]
+    REDELIVERED_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTERED_FIELD_NUMBER: _ClassVar[int]
     space: str
     entries: int
     bytes: int
@@ -650,7 +738,11 @@ class DescribeSpaceReply(_message.Message):
     oldest_entry_age: float
     expired: int
     configuration: SpaceConfiguration
-    def __init__(self, space: _Optional[str] = ..., entries: _Optional[int] = ..., bytes: _Optional[int] = ..., types: _Optional[_Iterable[_Union[TypeFigures, _Mapping]]] = ..., waiting: _Optional[_Iterable[_Union[WaiterGroup, _Mapping]]] = ..., waiters: _Optional[int] = ..., registration_list: _Optional[_Iterable[_Union[RegistrationInfo, _Mapping]]] = ..., registrations: _Optional[int] = ..., transaction_list: _Optional[_Iterable[_Union[TransactionInfo, _Mapping]]] = ..., transactions: _Optional[int] = ..., locked: _Optional[int] = ..., oldest_entry_age: _Optional[float] = ..., expired: _Optional[int] = ..., configuration: _Optional[_Union[SpaceConfiguration, _Mapping]] = ...) -> None: ...
+    in_flight: int
+    delayed: int
+    redelivered: int
+    dead_lettered: int
+    def __init__(self, space: _Optional[str] = ..., entries: _Optional[int] = ..., bytes: _Optional[int] = ..., types: _Optional[_Iterable[_Union[TypeFigures, _Mapping]]] = ..., waiting: _Optional[_Iterable[_Union[WaiterGroup, _Mapping]]] = ..., waiters: _Optional[int] = ..., registration_list: _Optional[_Iterable[_Union[RegistrationInfo, _Mapping]]] = ..., registrations: _Optional[int] = ..., transaction_list: _Optional[_Iterable[_Union[TransactionInfo, _Mapping]]] = ..., transactions: _Optional[int] = ..., locked: _Optional[int] = ..., oldest_entry_age: _Optional[float] = ..., expired: _Optional[int] = ..., configuration: _Optional[_Union[SpaceConfiguration, _Mapping]] = ..., in_flight: _Optional[int] = ..., delayed: _Optional[int] = ..., redelivered: _Optional[int] = ..., dead_lettered: _Optional[int] = ...) -> None: ...
 
 class BrowseRequest(_message.Message):
     __slots__ = ("space", "templates", "after", "max_entries")
@@ -665,16 +757,22 @@ class BrowseRequest(_message.Message):
     def __init__(self, space: _Optional[str] = ..., templates: _Optional[_Iterable[_Union[Template, _Mapping]]] = ..., after: _Optional[int] = ..., max_entries: _Optional[int] = ...) -> None: ...
 
 class BrowsedEntry(_message.Message):
-    __slots__ = ("id", "entry", "expires_at", "locked")
+    __slots__ = ("id", "entry", "expires_at", "locked", "delivery", "visible_at", "deliveries")
     ID_FIELD_NUMBER: _ClassVar[int]
     ENTRY_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
     LOCKED_FIELD_NUMBER: _ClassVar[int]
+    DELIVERY_FIELD_NUMBER: _ClassVar[int]
+    VISIBLE_AT_FIELD_NUMBER: _ClassVar[int]
+    DELIVERIES_FIELD_NUMBER: _ClassVar[int]
     id: int
     entry: Entry
     expires_at: float
     locked: bool
-    def __init__(self, id: _Optional[int] = ..., entry: _Optional[_Union[Entry, _Mapping]] = ..., expires_at: _Optional[float] = ..., locked: _Optional[bool] = ...) -> None: ...
+    delivery: Delivery
+    visible_at: float
+    deliveries: int
+    def __init__(self, id: _Optional[int] = ..., entry: _Optional[_Union[Entry, _Mapping]] = ..., expires_at: _Optional[float] = ..., locked: _Optional[bool] = ..., delivery: _Optional[_Union[Delivery, _Mapping]] = ..., visible_at: _Optional[float] = ..., deliveries: _Optional[int] = ...) -> None: ...
 
 class BrowseReply(_message.Message):
     __slots__ = ("entries", "next")
@@ -711,7 +809,7 @@ class LeaseIdRequest(_message.Message):
     def __init__(self, space: _Optional[str] = ..., id: _Optional[int] = ...) -> None: ...
 
 class MuxOp(_message.Message):
-    __slots__ = ("id", "write", "write_many", "read", "take", "read_many", "take_many", "renew_leases", "cancel_leases", "count", "begin", "commit", "abort", "locate", "list_spaces", "move_space", "drain", "describe_space", "browse", "purge", "cancel_registration", "abort_transaction", "cancel")
+    __slots__ = ("id", "write", "write_many", "read", "take", "read_many", "take_many", "renew_leases", "cancel_leases", "count", "begin", "commit", "abort", "locate", "list_spaces", "move_space", "drain", "describe_space", "browse", "purge", "cancel_registration", "abort_transaction", "ack", "nack", "extend", "cancel")
     ID_FIELD_NUMBER: _ClassVar[int]
     WRITE_FIELD_NUMBER: _ClassVar[int]
     WRITE_MANY_FIELD_NUMBER: _ClassVar[int]
@@ -734,6 +832,9 @@ class MuxOp(_message.Message):
     PURGE_FIELD_NUMBER: _ClassVar[int]
     CANCEL_REGISTRATION_FIELD_NUMBER: _ClassVar[int]
     ABORT_TRANSACTION_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    NACK_FIELD_NUMBER: _ClassVar[int]
+    EXTEND_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
     id: int
     write: WriteRequest
@@ -757,8 +858,11 @@ class MuxOp(_message.Message):
     purge: PurgeRequest
     cancel_registration: LeaseIdRequest
     abort_transaction: LeaseIdRequest
+    ack: AckRequest
+    nack: NackRequest
+    extend: ExtendRequest
     cancel: bool
-    def __init__(self, id: _Optional[int] = ..., write: _Optional[_Union[WriteRequest, _Mapping]] = ..., write_many: _Optional[_Union[WriteManyRequest, _Mapping]] = ..., read: _Optional[_Union[MatchRequest, _Mapping]] = ..., take: _Optional[_Union[MatchRequest, _Mapping]] = ..., read_many: _Optional[_Union[MatchRequest, _Mapping]] = ..., take_many: _Optional[_Union[MatchRequest, _Mapping]] = ..., renew_leases: _Optional[_Union[RenewLeasesRequest, _Mapping]] = ..., cancel_leases: _Optional[_Union[CancelLeasesRequest, _Mapping]] = ..., count: _Optional[_Union[CountRequest, _Mapping]] = ..., begin: _Optional[_Union[BeginRequest, _Mapping]] = ..., commit: _Optional[_Union[EndRequest, _Mapping]] = ..., abort: _Optional[_Union[EndRequest, _Mapping]] = ..., locate: _Optional[_Union[LocateRequest, _Mapping]] = ..., list_spaces: _Optional[_Union[ListSpacesRequest, _Mapping]] = ..., move_space: _Optional[_Union[MoveSpaceRequest, _Mapping]] = ..., drain: _Optional[_Union[DrainRequest, _Mapping]] = ..., describe_space: _Optional[_Union[DescribeSpaceRequest, _Mapping]] = ..., browse: _Optional[_Union[BrowseRequest, _Mapping]] = ..., purge: _Optional[_Union[PurgeRequest, _Mapping]] = ..., cancel_registration: _Optional[_Union[LeaseIdRequest, _Mapping]] = ..., abort_transaction: _Optional[_Union[LeaseIdRequest, _Mapping]] = ..., cancel: _Optional[bool] = ...) -> None: ...
+    def __init__(self, id: _Optional[int] = ..., write: _Optional[_Union[WriteRequest, _Mapping]] = ..., write_many: _Optional[_Union[WriteManyRequest, _Mapping]] = ..., read: _Optional[_Union[MatchRequest, _Mapping]] = ..., take: _Optional[_Union[MatchRequest, _Mapping]] = ..., read_many: _Optional[_Union[MatchRequest, _Mapping]] = ..., take_many: _Optional[_Union[MatchRequest, _Mapping]] = ..., renew_leases: _Optional[_Union[RenewLeasesRequest, _Mapping]] = ..., cancel_leases: _Optional[_Union[CancelLeasesRequest, _Mapping]] = ..., count: _Optional[_Union[CountRequest, _Mapping]] = ..., begin: _Optional[_Union[BeginRequest, _Mapping]] = ..., commit: _Optional[_Union[EndRequest, _Mapping]] = ..., abort: _Optional[_Union[EndRequest, _Mapping]] = ..., locate: _Optional[_Union[LocateRequest, _Mapping]] = ..., list_spaces: _Optional[_Union[ListSpacesRequest, _Mapping]] = ..., move_space: _Optional[_Union[MoveSpaceRequest, _Mapping]] = ..., drain: _Optional[_Union[DrainRequest, _Mapping]] = ..., describe_space: _Optional[_Union[DescribeSpaceRequest, _Mapping]] = ..., browse: _Optional[_Union[BrowseRequest, _Mapping]] = ..., purge: _Optional[_Union[PurgeRequest, _Mapping]] = ..., cancel_registration: _Optional[_Union[LeaseIdRequest, _Mapping]] = ..., abort_transaction: _Optional[_Union[LeaseIdRequest, _Mapping]] = ..., ack: _Optional[_Union[AckRequest, _Mapping]] = ..., nack: _Optional[_Union[NackRequest, _Mapping]] = ..., extend: _Optional[_Union[ExtendRequest, _Mapping]] = ..., cancel: _Optional[bool] = ...) -> None: ...
 
 class MuxRequest(_message.Message):
     __slots__ = ("ops",)
@@ -786,7 +890,7 @@ class MuxError(_message.Message):
     def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., reason: _Optional[_Union[ErrorReason, str]] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class MuxResult(_message.Message):
-    __slots__ = ("id", "write", "write_many", "match", "renew_leases", "cancel_leases", "count", "begin", "end", "locate", "list_spaces", "move_space", "drain", "describe_space", "browse", "purge", "error")
+    __slots__ = ("id", "write", "write_many", "match", "renew_leases", "cancel_leases", "count", "begin", "end", "locate", "list_spaces", "move_space", "drain", "describe_space", "browse", "purge", "ack", "nack", "extend", "error")
     ID_FIELD_NUMBER: _ClassVar[int]
     WRITE_FIELD_NUMBER: _ClassVar[int]
     WRITE_MANY_FIELD_NUMBER: _ClassVar[int]
@@ -803,6 +907,9 @@ class MuxResult(_message.Message):
     DESCRIBE_SPACE_FIELD_NUMBER: _ClassVar[int]
     BROWSE_FIELD_NUMBER: _ClassVar[int]
     PURGE_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    NACK_FIELD_NUMBER: _ClassVar[int]
+    EXTEND_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     id: int
     write: WriteReply
@@ -820,8 +927,11 @@ class MuxResult(_message.Message):
     describe_space: DescribeSpaceReply
     browse: BrowseReply
     purge: PurgeReply
+    ack: AckReply
+    nack: NackReply
+    extend: ExtendReply
     error: MuxError
-    def __init__(self, id: _Optional[int] = ..., write: _Optional[_Union[WriteReply, _Mapping]] = ..., write_many: _Optional[_Union[WriteManyReply, _Mapping]] = ..., match: _Optional[_Union[MatchReply, _Mapping]] = ..., renew_leases: _Optional[_Union[RenewLeasesReply, _Mapping]] = ..., cancel_leases: _Optional[_Union[CancelLeasesReply, _Mapping]] = ..., count: _Optional[_Union[CountReply, _Mapping]] = ..., begin: _Optional[_Union[BeginReply, _Mapping]] = ..., end: _Optional[_Union[EndReply, _Mapping]] = ..., locate: _Optional[_Union[LocateReply, _Mapping]] = ..., list_spaces: _Optional[_Union[ListSpacesReply, _Mapping]] = ..., move_space: _Optional[_Union[MoveSpaceReply, _Mapping]] = ..., drain: _Optional[_Union[DrainReply, _Mapping]] = ..., describe_space: _Optional[_Union[DescribeSpaceReply, _Mapping]] = ..., browse: _Optional[_Union[BrowseReply, _Mapping]] = ..., purge: _Optional[_Union[PurgeReply, _Mapping]] = ..., error: _Optional[_Union[MuxError, _Mapping]] = ...) -> None: ...
+    def __init__(self, id: _Optional[int] = ..., write: _Optional[_Union[WriteReply, _Mapping]] = ..., write_many: _Optional[_Union[WriteManyReply, _Mapping]] = ..., match: _Optional[_Union[MatchReply, _Mapping]] = ..., renew_leases: _Optional[_Union[RenewLeasesReply, _Mapping]] = ..., cancel_leases: _Optional[_Union[CancelLeasesReply, _Mapping]] = ..., count: _Optional[_Union[CountReply, _Mapping]] = ..., begin: _Optional[_Union[BeginReply, _Mapping]] = ..., end: _Optional[_Union[EndReply, _Mapping]] = ..., locate: _Optional[_Union[LocateReply, _Mapping]] = ..., list_spaces: _Optional[_Union[ListSpacesReply, _Mapping]] = ..., move_space: _Optional[_Union[MoveSpaceReply, _Mapping]] = ..., drain: _Optional[_Union[DrainReply, _Mapping]] = ..., describe_space: _Optional[_Union[DescribeSpaceReply, _Mapping]] = ..., browse: _Optional[_Union[BrowseReply, _Mapping]] = ..., purge: _Optional[_Union[PurgeReply, _Mapping]] = ..., ack: _Optional[_Union[AckReply, _Mapping]] = ..., nack: _Optional[_Union[NackReply, _Mapping]] = ..., extend: _Optional[_Union[ExtendReply, _Mapping]] = ..., error: _Optional[_Union[MuxError, _Mapping]] = ...) -> None: ...
 
 class MuxReply(_message.Message):
     __slots__ = ("results",)

@@ -107,6 +107,21 @@ class SpaceStub:
                 request_serializer=outrig_dot_v1_dot_space__pb2.EndRequest.SerializeToString,
                 response_deserializer=outrig_dot_v1_dot_space__pb2.EndReply.FromString,
                 _registered_method=True)
+        self.Ack = channel.unary_unary(
+                '/outrig.v1.Space/Ack',
+                request_serializer=outrig_dot_v1_dot_space__pb2.AckRequest.SerializeToString,
+                response_deserializer=outrig_dot_v1_dot_space__pb2.AckReply.FromString,
+                _registered_method=True)
+        self.Nack = channel.unary_unary(
+                '/outrig.v1.Space/Nack',
+                request_serializer=outrig_dot_v1_dot_space__pb2.NackRequest.SerializeToString,
+                response_deserializer=outrig_dot_v1_dot_space__pb2.NackReply.FromString,
+                _registered_method=True)
+        self.Extend = channel.unary_unary(
+                '/outrig.v1.Space/Extend',
+                request_serializer=outrig_dot_v1_dot_space__pb2.ExtendRequest.SerializeToString,
+                response_deserializer=outrig_dot_v1_dot_space__pb2.ExtendReply.FromString,
+                _registered_method=True)
         self.Locate = channel.unary_unary(
                 '/outrig.v1.Space/Locate',
                 request_serializer=outrig_dot_v1_dot_space__pb2.LocateRequest.SerializeToString,
@@ -245,6 +260,26 @@ class SpaceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Abort(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Ack(self, request, context):
+        """A delivery (a take with `ack`) is settled by its receipt: acknowledged (its entry removed),
+        returned (visible again, now or after a delay) or extended. Each needs `take` on the space.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Nack(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Extend(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -399,6 +434,21 @@ def add_SpaceServicer_to_server(servicer, server):
                     servicer.Abort,
                     request_deserializer=outrig_dot_v1_dot_space__pb2.EndRequest.FromString,
                     response_serializer=outrig_dot_v1_dot_space__pb2.EndReply.SerializeToString,
+            ),
+            'Ack': grpc.unary_unary_rpc_method_handler(
+                    servicer.Ack,
+                    request_deserializer=outrig_dot_v1_dot_space__pb2.AckRequest.FromString,
+                    response_serializer=outrig_dot_v1_dot_space__pb2.AckReply.SerializeToString,
+            ),
+            'Nack': grpc.unary_unary_rpc_method_handler(
+                    servicer.Nack,
+                    request_deserializer=outrig_dot_v1_dot_space__pb2.NackRequest.FromString,
+                    response_serializer=outrig_dot_v1_dot_space__pb2.NackReply.SerializeToString,
+            ),
+            'Extend': grpc.unary_unary_rpc_method_handler(
+                    servicer.Extend,
+                    request_deserializer=outrig_dot_v1_dot_space__pb2.ExtendRequest.FromString,
+                    response_serializer=outrig_dot_v1_dot_space__pb2.ExtendReply.SerializeToString,
             ),
             'Locate': grpc.unary_unary_rpc_method_handler(
                     servicer.Locate,
@@ -831,6 +881,87 @@ class Space:
             '/outrig.v1.Space/Abort',
             outrig_dot_v1_dot_space__pb2.EndRequest.SerializeToString,
             outrig_dot_v1_dot_space__pb2.EndReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Ack(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/outrig.v1.Space/Ack',
+            outrig_dot_v1_dot_space__pb2.AckRequest.SerializeToString,
+            outrig_dot_v1_dot_space__pb2.AckReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Nack(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/outrig.v1.Space/Nack',
+            outrig_dot_v1_dot_space__pb2.NackRequest.SerializeToString,
+            outrig_dot_v1_dot_space__pb2.NackReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Extend(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/outrig.v1.Space/Extend',
+            outrig_dot_v1_dot_space__pb2.ExtendRequest.SerializeToString,
+            outrig_dot_v1_dot_space__pb2.ExtendReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -62,6 +62,12 @@ class SpaceStub:
     """
     Commit: _grpc.UnaryUnaryMultiCallable[_space_pb2.EndRequest, _space_pb2.EndReply]
     Abort: _grpc.UnaryUnaryMultiCallable[_space_pb2.EndRequest, _space_pb2.EndReply]
+    Ack: _grpc.UnaryUnaryMultiCallable[_space_pb2.AckRequest, _space_pb2.AckReply]
+    """A delivery (a take with `ack`) is settled by its receipt: acknowledged (its entry removed),
+    returned (visible again, now or after a delay) or extended. Each needs `take` on the space.
+    """
+    Nack: _grpc.UnaryUnaryMultiCallable[_space_pb2.NackRequest, _space_pb2.NackReply]
+    Extend: _grpc.UnaryUnaryMultiCallable[_space_pb2.ExtendRequest, _space_pb2.ExtendReply]
     Locate: _grpc.UnaryUnaryMultiCallable[_space_pb2.LocateRequest, _space_pb2.LocateReply]
     """Where the space is served. Like a read of the space itself (`outrig://S`)."""
     ListSpaces: _grpc.UnaryUnaryMultiCallable[_space_pb2.ListSpacesRequest, _space_pb2.ListSpacesReply]
@@ -114,6 +120,12 @@ class SpaceAsyncStub(SpaceStub):
     """
     Commit: _aio.UnaryUnaryMultiCallable[_space_pb2.EndRequest, _space_pb2.EndReply]  # type: ignore[assignment]
     Abort: _aio.UnaryUnaryMultiCallable[_space_pb2.EndRequest, _space_pb2.EndReply]  # type: ignore[assignment]
+    Ack: _aio.UnaryUnaryMultiCallable[_space_pb2.AckRequest, _space_pb2.AckReply]  # type: ignore[assignment]
+    """A delivery (a take with `ack`) is settled by its receipt: acknowledged (its entry removed),
+    returned (visible again, now or after a delay) or extended. Each needs `take` on the space.
+    """
+    Nack: _aio.UnaryUnaryMultiCallable[_space_pb2.NackRequest, _space_pb2.NackReply]  # type: ignore[assignment]
+    Extend: _aio.UnaryUnaryMultiCallable[_space_pb2.ExtendRequest, _space_pb2.ExtendReply]  # type: ignore[assignment]
     Locate: _aio.UnaryUnaryMultiCallable[_space_pb2.LocateRequest, _space_pb2.LocateReply]  # type: ignore[assignment]
     """Where the space is served. Like a read of the space itself (`outrig://S`)."""
     ListSpaces: _aio.UnaryUnaryMultiCallable[_space_pb2.ListSpacesRequest, _space_pb2.ListSpacesReply]  # type: ignore[assignment]
@@ -233,6 +245,27 @@ class SpaceServicer:
         request: _space_pb2.EndRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_space_pb2.EndReply, _abc.Awaitable[_space_pb2.EndReply]]: ...
+
+    def Ack(
+        self,
+        request: _space_pb2.AckRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_space_pb2.AckReply, _abc.Awaitable[_space_pb2.AckReply]]:
+        """A delivery (a take with `ack`) is settled by its receipt: acknowledged (its entry removed),
+        returned (visible again, now or after a delay) or extended. Each needs `take` on the space.
+        """
+
+    def Nack(
+        self,
+        request: _space_pb2.NackRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_space_pb2.NackReply, _abc.Awaitable[_space_pb2.NackReply]]: ...
+
+    def Extend(
+        self,
+        request: _space_pb2.ExtendRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_space_pb2.ExtendReply, _abc.Awaitable[_space_pb2.ExtendReply]]: ...
 
     def Locate(
         self,

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from outrig.service.engine.inspection import SpaceDescription
-from outrig.service.engine.model import LeaseGrant, NewEntry, StoredEntry, Template
+from outrig.service.engine.model import Delivery, LeaseGrant, NewEntry, Returned, StoredEntry, Template
 from outrig.service.exceptions import SpaceError
 
 
@@ -102,10 +102,14 @@ class SpaceBackend(Protocol):
         *,
         request_id: str = "",
         transaction: int = 0,
+        visible_at: float | None = None,
     ) -> list[LeaseGrant]:
         """Store all entries or none; lease in seconds, math.inf = FOREVER, None = the default.
         A request id seen before (in the window) returns the first call's grants. Under a
-        `transaction` (its id; 0: none) the entries are seen by it alone until it commits."""
+        `transaction` (its id; 0: none) the entries are seen by it alone until it commits.
+        `visible_at` (epoch seconds; never with a transaction): the entries stay invisible to
+        every read, take, count, contents and notify until then, and are then offered to waiters
+        and published, in their place in arrival order."""
 
     async def match(
         self,
@@ -123,6 +127,34 @@ class SpaceBackend(Protocol):
         A take's request id seen before (in the window) returns the first call's entries.
         `if_exists` waits only while the matches it could use are locked by other transactions.
         Under a `transaction`, what it reads is read-locked and what it takes take-locked."""
+
+    async def deliver(
+        self,
+        space: str,
+        templates: Sequence[Template],
+        *,
+        max_entries: int,
+        timeout: float | None,
+        ack: float,
+        max_deliveries: int = 0,
+        request_id: str = "",
+    ) -> list[Delivery]:
+        """Take up to max_entries matches (waiting as `match` does) with an acknowledgement
+        deadline of `ack` seconds: each is delivered, not removed, invisible to every other read
+        and take until `ack`, `nack` or the deadline (then visible again in its place in arrival
+        order; an entry whose count has reached `max_deliveries`, 0: the space's setting, goes to
+        the dead-letter space instead). A request id seen before answers the first call's
+        deliveries that are still pending, and takes nothing."""
+
+    async def ack(self, space: str, receipt: int, *, request_id: str = "") -> None:
+        """Remove a delivered entry for good. DeliveryExpiredError unless `receipt` is pending."""
+
+    async def nack(self, space: str, receipt: int, delay: float | None, *, request_id: str = "") -> Returned:
+        """End a delivery unacknowledged: the entry is visible again after `delay` seconds (0: now;
+        None: the space's backoff for its delivery count), or goes to the dead-letter space."""
+
+    async def extend(self, space: str, receipt: int, seconds: float, *, request_id: str = "") -> float:
+        """Move a pending delivery's deadline to `seconds` from now; the new deadline."""
 
     async def replay(self, space: str, request_id: str) -> list[StoredEntry]:
         """The entries a take with `request_id` took (in the window), or []; takes nothing. A

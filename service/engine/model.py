@@ -1,5 +1,6 @@
 """The engine's records: entries to write, stored entries, templates, granted leases, parked
-waiters, notify registrations, transactions, and what a transaction's end changed."""
+waiters, notify registrations, transactions, what a transaction's end changed, and deliveries
+(takes with an acknowledgement deadline)."""
 
 from __future__ import annotations
 
@@ -232,6 +233,29 @@ class Transaction:
             f"Transaction({self.id}, {self.state.value}, written={len(self.written)}, "
             f"taken={len(self.taken)}, read={len(self.read_locked)})"
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One delivery of an entry taken with an acknowledgement deadline (docs/work-queues.md): the
+    entry, the receipt that settles this delivery and only this one (a fresh id of the space), how
+    many times the entry has been delivered (this one included), the deadline (epoch seconds), and,
+    for an entry of a dead-letter space, why it is there."""
+
+    entry: StoredEntry
+    receipt: int
+    deliveries: int
+    deadline: float
+    dead_letter_reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Returned:
+    """What a Nack did: when the entry is visible again (None: now), or the dead-letter space it
+    went to instead (its max_deliveries reached)."""
+
+    visible_at: float | None
+    dead_letter: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -75,6 +75,14 @@ class SpaceSettings:
     # The engine of a partition ignores them: the transport routes calls to partitions.
     partition_by: str = ""
     partitions: int = 1
+    # Takes with an acknowledgement deadline (docs/work-queues.md): deliveries of an entry before
+    # it goes to the dead-letter space (0: no limit), that space's name ("": "<space>.dead"; a
+    # partition's is "<dead>~k"), and the backoff of a Nack without a delay: nack_backoff seconds
+    # after the first delivery, doubling with each further one, at most nack_backoff_max.
+    max_deliveries: int = 0
+    dead_letter: str = ""
+    nack_backoff: float = 1.0
+    nack_backoff_max: float = 600.0
 
 
 @dataclass(frozen=True, slots=True)
