@@ -109,6 +109,11 @@ class ServerConfig:
     space_defaults: SpaceSettings = field(default_factory=SpaceSettings)
     spaces: Mapping[str, SpaceSettings] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # A partitioned space's dead-letter space is partitioned alike (`_with_dead_letters`).
+        if any(settings.partitions > 1 for settings in self.spaces.values()):
+            object.__setattr__(self, "spaces", _with_dead_letters(self.spaces))
+
     def space_settings(self, name: str) -> SpaceSettings:
         """The settings of a space, or of the space a partition ("jobs~3") is of."""
         found = self.spaces.get(name)
@@ -324,7 +329,7 @@ def _check_dead_letter(section: str, settings: SpaceSettings, *, default: bool) 
             raise ConfigError(f"{section}.{which}: {seconds!r} is not a finite number of seconds")
 
 
-def _with_dead_letters(spaces: dict[str, SpaceSettings]) -> dict[str, SpaceSettings]:
+def _with_dead_letters(spaces: Mapping[str, SpaceSettings]) -> dict[str, SpaceSettings]:
     """A partitioned space's dead-letter space is partitioned as it is (partition k dead-letters
     into partition k): declared so here unless the file declares it the same way already."""
     result = dict(spaces)
@@ -380,7 +385,6 @@ def load_config(
     for name, settings in spaces.items():
         _check_partitions(f"spaces.{name}", settings, default=False)
         _check_dead_letter(f"spaces.{name}", settings, default=False)
-    spaces = _with_dead_letters(spaces)
     result: ServerConfig = dataclasses.replace(config, limits=limits, space_defaults=defaults, spaces=spaces)
     if result.backend == "postgres" and not result.dsn:
         raise ConfigError("server.dsn: the postgres backend needs a database (--dsn postgresql://...)")
