@@ -44,7 +44,7 @@ def test_receipts_delays_and_extensions() -> None:
         with pytest.raises(InvalidArgumentError, match="delay"):
             deliveries.nack_delay(pb.NackRequest(delay=bad))
     assert deliveries.deadline_seconds(10.0, "seconds", LIMITS) == 10.0
-    with pytest.raises(InvalidArgumentError, match="seconds: .* max_ack"):
+    with pytest.raises(InvalidArgumentError, match=r"seconds: .* max_ack"):
         deliveries.deadline_seconds(1000.0, "seconds", LIMITS)
 
 
@@ -58,7 +58,7 @@ def test_a_delayed_write() -> None:
     for bad, named in [
         (pb.WriteRequest(delay=-1.0), "delay: must be finite and >= 0"),
         (pb.WriteRequest(visible_at=math.nan), "visible_at: must be finite"),
-        (pb.WriteRequest(visible_at=now + 1e10), "visible_at: .* maximum"),
+        (pb.WriteRequest(visible_at=now + 1e10), r"visible_at: .* maximum"),
         (pb.WriteRequest(delay=5.0, transaction=3), "delay: a delayed write cannot run under a transaction"),
     ]:
         with pytest.raises(InvalidArgumentError, match=named):
