@@ -36,7 +36,9 @@ from psycopg_pool import AsyncConnectionPool
 
 from outrig.service.backends.base import Placement, TierFigures
 from outrig.service.backends.memory.backend import MemoryBackend
+from outrig.service.backends.memory.journal import Record
 from outrig.service.backends.memory.subscription import MemorySubscription
+from outrig.service.backends.postgres import dead_letters
 from outrig.service.backends.postgres.deadlines import within
 from outrig.service.backends.postgres.journal import PgJournal
 from outrig.service.backends.postgres.loading import load_space
@@ -45,7 +47,15 @@ from outrig.service.backends.postgres.schema import migrate
 from outrig.service.config import ServerConfig
 from outrig.service.engine.clock import Clock
 from outrig.service.engine.inspection import SpaceDescription
-from outrig.service.engine.model import LeaseGrant, NewEntry, StoredEntry, Template, TransactionState
+from outrig.service.engine.model import (
+    Delivery,
+    LeaseGrant,
+    NewEntry,
+    Returned,
+    StoredEntry,
+    Template,
+    TransactionState,
+)
 from outrig.service.engine.space import SpaceEngine
 from outrig.service.exceptions import (
     InvalidArgumentError,
@@ -125,6 +135,7 @@ class PostgresBackend(MemoryBackend):
         self._claims = 0
         self._load_seconds = 0.0
         self._dropped: collections.Counter[str] = collections.Counter()
+        self._arrivals = dead_letters.Arrivals()
 
     # ------------------------------------------------------------------ life cycle
 
@@ -328,8 +339,18 @@ class PostgresBackend(MemoryBackend):
         self.reserve_ids(space, rows.next_id)
         for name, supertypes in rows.types:
             engine.declare(name, tuple(supertypes))
-        for (entry_id, arrival, expires_at, _, _), new in zip(rows.entries, decoded, strict=True):
-            engine.load(entry_id, arrival, new, expires_at)
+        for row, new in zip(rows.entries, decoded, strict=True):
+            entry_id, arrival, expires_at, _, _, hidden_until, receipt, deliveries, reason = row
+            engine.load(
+                entry_id,
+                arrival,
+                new,
+                expires_at,
+                hidden_until=hidden_until,
+                receipt=receipt,
+                deliveries=deliveries,
+                dead_letter_reason=reason or "",
+            )
         # Open transactions, as their last owner left them: their writes, takes and read locks.
         transactions = {
             transaction: engine.restore_transaction(transaction, expires_at)
@@ -354,17 +375,19 @@ class PostgresBackend(MemoryBackend):
             self.restore_request(request_id, space, kind, expires_at)
         for transaction in rows.aborted:
             self._ended(space, transaction, TransactionState.ABORTED)
+        self._take_in(space, rows.dead_letters, loading=True)
         self._located.pop(space, None)
         self._claimed_at[space] = time.monotonic()
         log.info(
             "space %r claimed (epoch %d): %d entries, %d registrations, %d open transactions, "
-            "%d request ids loaded in %.2f s (%d expired)",
+            "%d request ids, %d dead letters loaded in %.2f s (%d expired)",
             space,
             epoch,
             len(rows.entries),
             len(rows.registrations),
             len(rows.transactions),
             len(rows.requests),
+            len(rows.dead_letters),
             rows.seconds,
             rows.expired,
         )
@@ -391,6 +414,7 @@ class PostgresBackend(MemoryBackend):
             self._lost(lost, "renewal")
         if self.closing or not self.healthy:
             return
+        await self._take_in_waiting()
         orphans = await within(self.lease / 2, self.owners.orphans())
         servers = await within(self.lease / 2, self.owners.live_servers())
         others = [server for server in servers if server.server != self.server_id]
@@ -406,6 +430,54 @@ class PostgresBackend(MemoryBackend):
                 self._start_claim(space)
         if not self._claiming and not draining and others:
             await self._rebalance(others)
+
+    async def _take_in_waiting(self) -> None:
+        """Take in the dead letters waiting for spaces served here (their source's owner is
+        another server, or was when it sent them)."""
+        served = sorted(space for space in self._spaces if self.owners.trusted(space))
+        if not served:
+            return
+        sent = time.monotonic()
+        rows = await within(self.lease / 2, self._query(dead_letters.WAITING, (served,)))
+        waiting: dict[str, list[dead_letters.Letter]] = {}
+        for dead, *letter in rows:
+            source, source_id, expires_at, payload, deliveries, reason = letter
+            waiting.setdefault(dead, []).append(
+                (source, source_id, expires_at, bytes(payload), deliveries, reason)
+            )
+        for dead, letters in waiting.items():
+            self._take_in(dead, letters)
+        self._arrivals.forget_before(sent)
+
+    def _take_in(self, dead: str, letters: Sequence[dead_letters.Letter], *, loading: bool = False) -> None:
+        """Put `letters` into `dead`, a space served here, each under a new id with its delivery
+        count and reason, in a change that deletes its row of outrig_dead_letters (fenced by
+        `dead`'s ownership). `loading`: read by this claim's load, which knows better than what
+        was taken in under an earlier one."""
+        engine = self._spaces.get(dead)
+        journal = self._pg_journal
+        if engine is None or journal is None or not letters:
+            return
+        journal.check()
+        now = self.clock.time()
+        for source, source_id, expires_at, payload, deliveries, reason in letters:
+            key = (source, source_id)
+            if not loading and not self._arrivals.fresh(key):
+                continue
+            records: list[Record] = []
+            if expires_at is None or expires_at > now:  # else its lease ran out on the way
+                records += self._received(
+                    dead, engine, codec.stored_entry(payload), expires_at, deliveries, reason
+                )
+            records.append(("dead_letter_taken", dead, source, source_id))
+            token = self._arrivals.taking(key)
+            _, waiter = journal.submit(records)  # its own future: told of a refusal too
+            assert waiter is not None
+            waiter.add_done_callback(
+                lambda done, key=key, token=token: self._arrivals.settled(
+                    key, token, not done.cancelled() and done.exception() is None
+                )
+            )
 
     async def _rebalance(self, others: list[LiveServer]) -> None:
         """Move one space to the least loaded server when this one serves two more than it: a
@@ -549,9 +621,12 @@ class PostgresBackend(MemoryBackend):
         *,
         request_id: str = "",
         transaction: int = 0,
+        visible_at: float | None = None,
     ) -> list[LeaseGrant]:
         await self._ensure(space)
-        return await super().write(space, entries, lease, request_id=request_id, transaction=transaction)
+        return await super().write(
+            space, entries, lease, request_id=request_id, transaction=transaction, visible_at=visible_at
+        )
 
     async def match(
         self,
@@ -576,6 +651,40 @@ class PostgresBackend(MemoryBackend):
             request_id=request_id,
             transaction=transaction,
         )
+
+    async def deliver(
+        self,
+        space: str,
+        templates: Sequence[Template],
+        *,
+        max_entries: int,
+        timeout: float | None,
+        ack: float,
+        max_deliveries: int = 0,
+        request_id: str = "",
+    ) -> list[Delivery]:
+        await self._ensure(space)
+        return await super().deliver(
+            space,
+            templates,
+            max_entries=max_entries,
+            timeout=timeout,
+            ack=ack,
+            max_deliveries=max_deliveries,
+            request_id=request_id,
+        )
+
+    async def ack(self, space: str, receipt: int, *, request_id: str = "") -> None:
+        await self._ensure(space)
+        await super().ack(space, receipt, request_id=request_id)
+
+    async def nack(self, space: str, receipt: int, delay: float | None, *, request_id: str = "") -> Returned:
+        await self._ensure(space)
+        return await super().nack(space, receipt, delay, request_id=request_id)
+
+    async def extend(self, space: str, receipt: int, seconds: float, *, request_id: str = "") -> float:
+        await self._ensure(space)
+        return await super().extend(space, receipt, seconds, request_id=request_id)
 
     async def replay(self, space: str, request_id: str) -> list[StoredEntry]:
         await self._ensure(space)
