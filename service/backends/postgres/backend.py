@@ -23,7 +23,9 @@ import contextlib
 import functools
 import gc
 import hmac
+import json
 import logging
+import math
 import socket
 import time
 import uuid
@@ -335,6 +337,7 @@ class PostgresBackend(MemoryBackend):
         if self.owners.epochs.get(space) != epoch:
             raise NotOwnerError(f"space {space!r} was claimed by another server while this one loaded it")
         engine = MemoryBackend.engine(self, space)  # creates it (max_spaces applies)
+        engine.on_dead_letter = functools.partial(self._dead_letter, space)
         engine.resume_ids(rows.next_id)
         self.reserve_ids(space, rows.next_id)
         for name, supertypes in rows.types:
@@ -466,18 +469,63 @@ class PostgresBackend(MemoryBackend):
                 continue
             records: list[Record] = []
             if expires_at is None or expires_at > now:  # else its lease ran out on the way
-                records += self._received(
-                    dead, engine, codec.stored_entry(payload), expires_at, deliveries, reason
-                )
+                try:
+                    records += self._received(
+                        dead, engine, codec.stored_entry(payload), expires_at, deliveries, reason
+                    )
+                except SpaceError as err:  # its quota: the letter waits for the next look
+                    log.warning("space %r: dead letter %s/%d not taken in: %s", dead, source, source_id, err)
+                    continue
             records.append(("dead_letter_taken", dead, source, source_id))
-            token = self._arrivals.taking(key)
             _, waiter = journal.submit(records)  # its own future: told of a refusal too
             assert waiter is not None
-            waiter.add_done_callback(
-                lambda done, key=key, token=token: self._arrivals.settled(
-                    key, token, not done.cancelled() and done.exception() is None
-                )
-            )
+            self._arrivals.watch(key, waiter)
+
+    def _dead_letter(self, space: str, entry: StoredEntry, reason: str) -> None:
+        """`entry` (removed from `space`'s engine) goes to the dead-letter space, in one change:
+        straight into it when this server serves it (a change of both spaces, fenced by both),
+        else through a row of outrig_dead_letters that its owner takes in (dead_letters.py);
+        nobody owns it yet, this server claims it (its load takes the entry in). Raises, changing
+        nothing, if the dead-letter space refuses the entry (its quota): it stays where it was."""
+        journal = self._pg_journal
+        assert journal is not None
+        journal.check()
+        dead = self._spaces[space].dead_letter_space
+        engine = self._spaces.get(dead)
+        if engine is not None and self.owners.trusted(dead):
+            records = [("delete", space, entry.id)]
+            new = NewEntry(entry.lineage[0], entry.lineage[1:], entry.fields, entry.payload, entry.size)
+            records += self._received(dead, engine, new, entry.expires_at, entry.deliveries, reason)
+        else:
+            records = dead_letters.leaving(space, entry, dead, reason, self.clock.time())
+            if dead not in self._spaces and dead not in self._moving and not self._draining:
+                self._start_claim(dead)  # refused (and logged) if another server owns it
+        journal.submit(records, own=False)
+
+    def _received(
+        self,
+        dead: str,
+        engine: SpaceEngine,
+        entry: NewEntry,
+        expires_at: float | None,
+        deliveries: int,
+        reason: str,
+    ) -> list[Record]:
+        """Write a dead letter into `dead` (served here): a new id, what remains of its lease,
+        its delivery count and reason; the records of it."""
+        now = self.clock.time()
+        lease = math.inf if expires_at is None else max(expires_at - now, 0.0)
+        (stored,), _ = engine.write_entries([entry], lease, carried=(deliveries, reason))
+        records: list[Record] = [
+            ("put", dead, stored.id, stored.arrival, stored.expires_at, stored.payload),
+            ("visibility", dead, stored.id, None, None, deliveries, reason),
+        ]
+        records += [
+            ("type", dead, name, json.dumps(list(parents))) for name, parents in engine.declared.items()
+        ]
+        if self._recorder is not None:
+            records += self._recorder.id_records(dead, engine)
+        return records
 
     async def _rebalance(self, others: list[LiveServer]) -> None:
         """Move one space to the least loaded server when this one serves two more than it: a

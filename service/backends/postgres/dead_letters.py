@@ -14,6 +14,7 @@ whose deletion has committed but which a look that started before then still saw
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from typing import Final
@@ -62,9 +63,12 @@ class Arrivals:
         """Whether the letter still has to be taken in (by this server)."""
         return key not in self._taken
 
-    def taking(self, key: tuple[str, int]) -> list[float]:
+    def watch(self, key: tuple[str, int], committed: asyncio.Future[None]) -> None:
+        """The letter is being taken in by the change whose future is `committed`."""
         token = self._taken[key] = [math.inf]
-        return token
+        committed.add_done_callback(
+            lambda done: self.settled(key, token, not done.cancelled() and done.exception() is None)
+        )
 
     def settled(self, key: tuple[str, int], token: list[float], committed: bool) -> None:
         """The change that took the letter in committed, or failed (then the space was dropped,
