@@ -747,6 +747,25 @@ async def contents(connection: psycopg.AsyncConnection[Any]) -> dict[str, list[t
     ],
     owned=[SPACES[1]],
 )
+@example(  # a dead letter on a row already there, taken in, then (as no backend does) here again
+    initial=Initial(
+        {space: 1 for space in SPACES},
+        {},
+        {},
+        {},
+        {},
+        {},
+        {},
+        {(SPACES[0], 1): (SPACES[1], None, b"old", 1, "r", 0.0)},
+    ),
+    records=[
+        ("dead_letter", SPACES[0], 1, SPACES[1], 5.0, b"first", 2, "it's", 1.0),
+        ("dead_letter_taken", SPACES[1], SPACES[0], 1),
+        ("dead_letter", SPACES[0], 1, SPACES[1], 6.0, b"again", 3, "", 2.0),
+        ("dead_letter", SPACES[0], 1, SPACES[1], 7.0, b"ignored", 4, "", 3.0),
+    ],
+    owned=list(SPACES),
+)
 async def test_the_folded_script_equals_applying_each_record_in_order(
     databases: tuple[Any, Any], initial: Initial, records: list[Record], owned: list[str]
 ) -> None:

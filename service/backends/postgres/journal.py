@@ -46,7 +46,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import psycopg
@@ -92,8 +92,9 @@ class Changes:
         self.transactions: dict[tuple[str, int], list[Any]] = {}
         # (space, transaction, entry) -> (mode, request id, position, its window's end), or None
         self.locks: dict[tuple[str, int, int], tuple[str, str | None, int | None, float | None] | None] = {}
-        # (source, id) -> the outrig_dead_letters row, or None: taken in
+        # (source, id) -> the rest of its outrig_dead_letters row, or None: taken in
         self.dead_letters: dict[tuple[str, int], tuple[Any, ...] | None] = {}
+        self._dead_replaced: set[tuple[str, int]] = set()
         self.prune_before: float | None = None
 
     def add(self, records: Iterable[Record]) -> None:
@@ -173,8 +174,12 @@ class Changes:
         reason: str,
         moved_at: float,
     ) -> None:
-        row = (space, entry_id, dead_space, expires_at, self._dump(payload), deliveries, reason, moved_at)
-        self.dead_letters[(space, entry_id)] = row
+        key = (space, entry_id)
+        if key in self.dead_letters and self.dead_letters[key] is not None:
+            return  # the first stays, as a row would (ON CONFLICT DO NOTHING)
+        if key in self.dead_letters:
+            self._dead_replaced.add(key)  # taken in, then here again: its old row goes first
+        self.dead_letters[key] = (dead_space, expires_at, self._dump(payload), deliveries, reason, moved_at)
 
     def _dead_letter_taken(self, dead_space: str, source: str, entry_id: int) -> None:
         self.dead_letters[(source, entry_id)] = None
@@ -396,19 +401,19 @@ class Changes:
     def _dead_letter_script(self) -> list[str]:
         """Dead letters on their way (a row), and those taken in (its deletion)."""
         out: list[str] = []
-        moving = [_row(*row) for row in self.dead_letters.values() if row is not None]
-        taken = [_row(*key) for key, row in self.dead_letters.items() if row is None]
+        moving, taken = _kept_and_gone(self.dead_letters)
+        taken += [_row(*key) for key in self._dead_replaced if self.dead_letters[key] is not None]
+        if taken:
+            out.append(
+                "DELETE FROM outrig_dead_letters AS l USING (VALUES "
+                f"{', '.join(taken)}) AS v (source, id) WHERE l.source = v.source AND l.id = v.id"
+            )
         if moving:
             out.append(
                 "INSERT INTO outrig_dead_letters "
                 "(source, id, dead_space, expires_at, payload, deliveries, reason, moved_at) "
                 "SELECT v.s, v.i, v.d, v.x::float8, v.p, v.n, v.r, v.m::float8 FROM (VALUES "
                 f"{', '.join(moving)}) AS v (s, i, d, x, p, n, r, m) ON CONFLICT (source, id) DO NOTHING"
-            )
-        if taken:
-            out.append(
-                "DELETE FROM outrig_dead_letters AS l USING (VALUES "
-                f"{', '.join(taken)}) AS v (source, id) WHERE l.source = v.source AND l.id = v.id"
             )
         return out
 
@@ -436,12 +441,7 @@ class Changes:
                 "UPDATE outrig_open_transactions AS t SET expires_at = v.x::float8 FROM (VALUES "
                 f"{', '.join(expiries)}) AS v (space, id, x) WHERE t.space = v.space AND t.id = v.id"
             )
-        locked = [
-            _row(space, transaction, entry_id, *lock)
-            for (space, transaction, entry_id), lock in self.locks.items()
-            if lock is not None
-        ]
-        unlocked = [_row(*key) for key, lock in self.locks.items() if lock is None]
+        locked, unlocked = _kept_and_gone(self.locks)
         if locked:
             out.append(
                 "INSERT INTO outrig_transaction_locks "
@@ -506,6 +506,13 @@ def literal(value: Any) -> str:
 
 def _row(*values: Any) -> str:
     return "(" + ", ".join(literal(value) for value in values) + ")"
+
+
+def _kept_and_gone(table: Mapping[tuple[Any, ...], tuple[Any, ...] | None]) -> tuple[list[str], list[str]]:
+    """The rows of a table of key -> the rest of its row (None: deleted): (rows, deleted keys)."""
+    kept = [_row(*key, *rest) for key, rest in table.items() if rest is not None]
+    gone = [_row(*key) for key, rest in table.items() if rest is None]
+    return kept, gone
 
 
 # A put's delivery state: visible, no delivery pending, never delivered, not a dead letter.
