@@ -328,6 +328,19 @@ class DeliveriesMixin:
         if stored.id not in self._entries and stored.receipt is not None:
             self._put_back(stored)
 
+    def restore_delivery(self, delivery: Delivery) -> None:
+        """Undo a nack or an extension (the store could not record it): the delivery is pending
+        again as `delivery` says, unless its entry has been delivered anew or left the space."""
+        stored = delivery.entry
+        if stored.receipt not in (None, delivery.receipt):
+            return  # delivered again since: that delivery stands
+        if stored.id in self._entries:
+            self._hide(stored, delivery.deadline, delivery.receipt)
+        else:  # it went to the dead-letter space: back (the backend revokes the copy there)
+            stored.hidden_until, stored.receipt = delivery.deadline, delivery.receipt
+            self._put_back(stored)
+        stored.deliveries = delivery.deliveries
+
     def nack(self, receipt: int, delay: float | None) -> Returned:
         """End a pending delivery unacknowledged: the entry is visible again after `delay` seconds
         (0: now; None: the space's backoff for its count), or, its count at max_deliveries, goes
