@@ -29,6 +29,7 @@ import math
 import socket
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -80,6 +81,11 @@ _LOAD_SLICE = 5000
 REBALANCE_AFTER = 4
 # Seconds a remote owner found in the database is remembered before it is looked up again.
 _LOCATION_TTL = 0.5
+
+
+def _retrieve(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def database_named(dsn: str) -> str:
@@ -138,6 +144,11 @@ class PostgresBackend(MemoryBackend):
         self._load_seconds = 0.0
         self._dropped: collections.Counter[str] = collections.Counter()
         self._arrivals = dead_letters.Arrivals()
+        # Dead-letter moves: being made (see `note`), and the last one each task made.
+        self._in_move = False
+        self._moves: weakref.WeakKeyDictionary[asyncio.Task[Any], asyncio.Future[None]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     # ------------------------------------------------------------------ life cycle
 
@@ -337,7 +348,6 @@ class PostgresBackend(MemoryBackend):
         if self.owners.epochs.get(space) != epoch:
             raise NotOwnerError(f"space {space!r} was claimed by another server while this one loaded it")
         engine = MemoryBackend.engine(self, space)  # creates it (max_spaces applies)
-        engine.on_dead_letter = functools.partial(self._dead_letter, space)
         engine.resume_ids(rows.next_id)
         self.reserve_ids(space, rows.next_id)
         for name, supertypes in rows.types:
@@ -481,26 +491,41 @@ class PostgresBackend(MemoryBackend):
             assert waiter is not None
             self._arrivals.watch(key, waiter)
 
-    def _dead_letter(self, space: str, entry: StoredEntry, reason: str) -> None:
-        """`entry` (removed from `space`'s engine) goes to the dead-letter space, in one change:
-        straight into it when this server serves it (a change of both spaces, fenced by both),
-        else through a row of outrig_dead_letters that its owner takes in (dead_letters.py);
-        nobody owns it yet, this server claims it (its load takes the entry in). Raises, changing
-        nothing, if the dead-letter space refuses the entry (its quota): it stays where it was."""
+    def _move_dead_letter(self, space: str, engine: SpaceEngine, stored: StoredEntry, reason: str) -> None:
+        """`stored` (removed from `space`'s engine) goes to the dead-letter space, in one change:
+        straight into it when this server serves it (the memory backend's move: a change of both
+        spaces, fenced by both), else through a row of outrig_dead_letters that its owner takes
+        in (dead_letters.py); nobody owns it yet: this server claims it, and its load takes the
+        entry in."""
         journal = self._pg_journal
         assert journal is not None
         journal.check()
-        dead = self._spaces[space].dead_letter_space
-        engine = self._spaces.get(dead)
-        if engine is not None and self.owners.trusted(dead):
-            records = [("delete", space, entry.id)]
-            new = NewEntry(entry.lineage[0], entry.lineage[1:], entry.fields, entry.payload, entry.size)
-            records += self._received(dead, engine, new, entry.expires_at, entry.deliveries, reason)
-        else:
-            records = dead_letters.leaving(space, entry, dead, reason, self.clock.time())
-            if dead not in self._spaces and dead not in self._moving and not self._draining:
-                self._start_claim(dead)  # refused (and logged) if another server owns it
-        journal.submit(records, own=False)
+        dead = engine.dead_letter_space
+        self._in_move = True  # its records go through `note`: see there
+        try:
+            if dead in self._spaces and self.owners.trusted(dead):
+                super()._move_dead_letter(space, engine, stored, reason)
+                return
+            self._moved = None  # nothing here for a failed nack to take back
+            self.note(dead_letters.leaving(space, stored, dead, reason, self.clock.time()))
+        finally:
+            self._in_move = False
+        if dead not in self._spaces and dead not in self._moving and not (self._draining or self.closing):
+            self._start_claim(dead)  # refused (and logged) if another server owns it
+
+    def note(self, records: Sequence[Record]) -> None:
+        """Bookkeeping nobody waits for; but a dead letter's move is a change a nack answers for:
+        its own future is kept for the task that made it (`nack` looks at it), as the move may be
+        refused on its own (a change of other spaces than the nack's) when a space was lost."""
+        if not self._in_move or self._pg_journal is None:
+            super().note(records)
+            return
+        _, moved = self._pg_journal.submit(records)
+        assert moved is not None
+        moved.add_done_callback(_retrieve)
+        task = asyncio.current_task()
+        if task is not None:
+            self._moves[task] = moved
 
     def _received(
         self,
@@ -728,7 +753,11 @@ class PostgresBackend(MemoryBackend):
 
     async def nack(self, space: str, receipt: int, delay: float | None, *, request_id: str = "") -> Returned:
         await self._ensure(space)
-        return await super().nack(space, receipt, delay, request_id=request_id)
+        returned = await super().nack(space, receipt, delay, request_id=request_id)
+        moved = self._moves.pop(asyncio.current_task(), None)  # type: ignore[arg-type]
+        if moved is not None and returned.dead_letter:
+            await moved  # as a rule settled with the nack's batch: NotOwnerError if refused
+        return returned
 
     async def extend(self, space: str, receipt: int, seconds: float, *, request_id: str = "") -> float:
         await self._ensure(space)
