@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -36,6 +37,9 @@ from outrig.service.engine.partitions import MAX_PARTITIONS, Partitioning, split
 from outrig.service.engine.space import SpaceSettings
 from outrig.service.exceptions import ConfigError
 from outrig.service.workers import WorkerRole
+
+#: A space's name (protocol/codec.py checks a request's the same way).
+_SPACE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 DEFAULT_LISTEN = "127.0.0.1:7480"
 
@@ -56,6 +60,7 @@ class Limits:
     max_registrations: int = 10_000  # notify registrations per space
     contents_chunk: int = 256  # entries per contents message
     max_stream_ops: int = 1024  # operations in flight on one Mux stream
+    max_ack: float = 43_200.0  # longest acknowledgement deadline of a take (seconds), and extension
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +108,11 @@ class ServerConfig:
     limits: Limits = field(default_factory=Limits)
     space_defaults: SpaceSettings = field(default_factory=SpaceSettings)
     spaces: Mapping[str, SpaceSettings] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # A partitioned space's dead-letter space is partitioned alike (`_with_dead_letters`).
+        if any(settings.partitions > 1 for settings in self.spaces.values()):
+            object.__setattr__(self, "spaces", _with_dead_letters(self.spaces))
 
     def space_settings(self, name: str) -> SpaceSettings:
         """The settings of a space, or of the space a partition ("jobs~3") is of."""
@@ -177,6 +187,7 @@ _POSITIVE = frozenset(
         "max_registrations",
         "contents_chunk",
         "max_stream_ops",
+        "max_ack",
         "default_lease",
         "max_lease",
         "partitions",
@@ -300,6 +311,43 @@ def _check_partitions(section: str, settings: SpaceSettings, *, default: bool) -
         )
 
 
+def _check_dead_letter(section: str, settings: SpaceSettings, *, default: bool) -> None:
+    """A dead-letter space is a space's own name; the backoff is a time."""
+    name = settings.dead_letter
+    if name and (default or not _SPACE_NAME.fullmatch(name) or len(name) > 256):
+        raise ConfigError(
+            f"{section}.dead_letter: {name!r} "
+            + (
+                "is named per space ([spaces.NAME])"
+                if default
+                else "is no space name (letters, digits, . _ -)"
+            )
+        )
+    for which in ("nack_backoff", "nack_backoff_max"):
+        seconds = getattr(settings, which)
+        if not math.isfinite(seconds) or seconds > MAX_LEASE_SECONDS:
+            raise ConfigError(f"{section}.{which}: {seconds!r} is not a finite number of seconds")
+
+
+def _with_dead_letters(spaces: Mapping[str, SpaceSettings]) -> dict[str, SpaceSettings]:
+    """A partitioned space's dead-letter space is partitioned as it is (partition k dead-letters
+    into partition k): declared so here unless the file declares it the same way already."""
+    result = dict(spaces)
+    for name, settings in spaces.items():
+        if settings.partitions == 1:
+            continue
+        dead = settings.dead_letter or f"{name}.dead"
+        declared = result.get(dead)
+        if declared is None:
+            result[dead] = dataclasses.replace(settings, dead_letter="", max_deliveries=0)
+        elif (declared.partition_by, declared.partitions) != (settings.partition_by, settings.partitions):
+            raise ConfigError(
+                f"spaces.{dead}: the dead-letter space of {name!r} is partitioned as {name!r} is "
+                f"(partition_by = {settings.partition_by!r}, partitions = {settings.partitions})"
+            )
+    return result
+
+
 def load_config(
     file: Path | None = None,
     environ: Mapping[str, str] | None = None,
@@ -333,8 +381,10 @@ def load_config(
         raise ConfigError(f"spaces: expected a table of spaces, got {per_space!r}")
     spaces = {name: _apply(defaults, values, f"spaces.{name}") for name, values in per_space.items()}
     _check_partitions("space_defaults", defaults, default=True)
+    _check_dead_letter("space_defaults", defaults, default=True)
     for name, settings in spaces.items():
         _check_partitions(f"spaces.{name}", settings, default=False)
+        _check_dead_letter(f"spaces.{name}", settings, default=False)
     result: ServerConfig = dataclasses.replace(config, limits=limits, space_defaults=defaults, spaces=spaces)
     if result.backend == "postgres" and not result.dsn:
         raise ConfigError("server.dsn: the postgres backend needs a database (--dsn postgresql://...)")

@@ -47,6 +47,14 @@ def partition_name(space: str, k: int) -> str:
     return f"{space}{SEPARATOR}{k}"
 
 
+def dead_letter_name(space: str, dead_letter: str = "") -> str:
+    """The dead-letter space of `space` (docs/work-queues.md): `dead_letter`, or "<space>.dead";
+    a partition's is that space's partition of the same number ("jobs~3" -> "jobs.dead~3")."""
+    base, k = split_name(space)
+    dead = dead_letter or f"{base}.dead"
+    return dead if k is None else partition_name(dead, k)
+
+
 def split_name(name: str) -> tuple[str, int | None]:
     """(space, k) for a partition's name; (name, None) for any other name."""
     space, sep, number = name.rpartition(SEPARATOR)

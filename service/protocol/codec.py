@@ -305,7 +305,14 @@ def max_entries(request: pb.MatchRequest, limits: Limits) -> int:
 MAX_REQUEST_ID = 128
 
 
-def request_id(request: pb.WriteRequest | pb.WriteManyRequest | pb.MatchRequest) -> str:
+def request_id(
+    request: pb.WriteRequest
+    | pb.WriteManyRequest
+    | pb.MatchRequest
+    | pb.AckRequest
+    | pb.NackRequest
+    | pb.ExtendRequest,
+) -> str:
     """The request's idempotency key ("" when it has none)."""
     key = request.request_id
     if len(key) > MAX_REQUEST_ID:

@@ -58,11 +58,31 @@ def _own(request: Any, k: int) -> str:
     return f"{request_id}~{k}"
 
 
-def _payloads(reply: bytes) -> list[bytes]:
-    """The entries (their payloads, framed) of an encoded MatchReply or ContentsReply."""
-    return [
-        wire.frame(value) for number, value in wire.fields(memoryview(reply)) if isinstance(value, memoryview)
-    ]
+#: MatchReply.deliveries (a take with ack), after its entries.
+_DELIVERIES = pb.MatchReply.DESCRIPTOR.fields_by_name["deliveries"].number
+_DELIVERIES_TAG = tag(pb.MatchReply.DESCRIPTOR.fields_by_name["deliveries"])
+
+
+def _payloads(reply: bytes, delivered: dict[int, bytes] | None = None) -> list[bytes]:
+    """The entries (their payloads, framed) of an encoded MatchReply or ContentsReply. A take
+    with ack's reply has a Delivery per entry too: given `delivered`, each is filed there under
+    its entry's payload (by identity), framed as a MatchReply's `deliveries` field."""
+    parts = wire.fields(memoryview(reply))
+    payloads = [wire.frame(value) for number, value in parts if number == 1 and isinstance(value, memoryview)]
+    if delivered is not None:
+        extras = [
+            bytes(value) for number, value in parts if number == _DELIVERIES and isinstance(value, memoryview)
+        ]
+        for payload, delivery in zip(payloads, extras, strict=True):
+            delivered[id(payload)] = _DELIVERIES_TAG + varint(len(delivery)) + delivery
+    return payloads
+
+
+def _reply(payloads: Sequence[bytes], delivered: dict[int, bytes] | None) -> bytes:
+    """A MatchReply of these payloads (and, for a take with ack, their deliveries, in order)."""
+    if delivered is None:
+        return wire.entries_reply(payloads)
+    return b"".join((*payloads, *(delivered[id(payload)] for payload in payloads)))
 
 
 def _ordered(payloads: Sequence[bytes], order: Sequence[pb.OrderKey]) -> list[bytes]:
@@ -85,6 +105,7 @@ class _Ask(NamedTuple):
     request: pb.MatchRequest
     fan: FanOut
     wanted: int
+    delivered: dict[int, bytes] | None  # a take with ack: its deliveries, by payload (`_payloads`)
 
 
 class Fan:
@@ -153,10 +174,15 @@ class Fan:
         take = name in ("Take", "TakeMany")
         many = name in ("ReadMany", "TakeMany")
         wanted = codec.max_entries(request, self._limits) if many else 1
-        ask = _Ask(name, request, fan, wanted)
+        # A take with ack: the partitions' replies carry deliveries, and the reads this runs
+        # (to rank or to wait) are plain reads. Its retry needs no replay pass: a partition
+        # answers its own request id with its deliveries still pending, and an entry delivered
+        # beyond what the caller wants is not lost: it is visible again at its deadline.
+        delivered: dict[int, bytes] | None = {} if request.HasField("ack") else None
+        ask = _Ask(name, request, fan, wanted, delivered)
         timeout = codec.timeout(request, self._limits)
         immediate = request.if_exists or timeout == 0
-        if take and request.request_id:
+        if take and request.request_id and delivered is None:
             earlier = await self._each(
                 name,
                 [
@@ -184,16 +210,16 @@ class Fan:
             else:
                 found = await self._read_pass(ask, ks, context)
             if found or immediate or remaining == 0.0:
-                return wire.entries_reply(found)
+                return _reply(found, delivered)
             woken = await self._wait(request, fan, ks, wanted if not take else 1, remaining, context)
             if woken is None:
-                return wire.entries_reply([])
+                return _reply([], delivered)
             first, payloads = woken
             if not take:
                 return wire.entries_reply(payloads[:wanted])
 
     async def _read_pass(self, ask: _Ask, ks: list[int], context: handlers.Context) -> list[bytes]:
-        name, request, fan, wanted = ask
+        name, request, fan, wanted, _ = ask
         replies = await self._each(
             name,
             [copy_for(request, partition_name(fan.space, k), timeout=0.0, if_exists=True) for k in ks],
@@ -208,7 +234,7 @@ class Fan:
         """Take up to `wanted` now: partition by partition, or by the order, from where the best
         matches are. The partition `woken` found a match: a take there may wait (up to
         `remaining`) while that match is locked by a transaction, as a take_nowait does."""
-        name, request, fan, wanted = ask
+        name, request, fan, wanted, delivered = ask
 
         def sub(k: int, count: int) -> pb.MatchRequest:
             waits = k == woken and remaining is not None
@@ -231,6 +257,8 @@ class Fan:
                         if_exists=True,
                         max_entries=wanted,
                         request_id="",
+                        ack=None,
+                        max_deliveries=0,
                     )
                     for k in ks
                 ],
@@ -255,7 +283,10 @@ class Fan:
             ]
             outcomes = await asyncio.gather(*tasks, return_exceptions=True)
             found = [
-                payload for reply in outcomes if isinstance(reply, bytes) for payload in _payloads(reply)
+                payload
+                for reply in outcomes
+                if isinstance(reply, bytes)
+                for payload in _payloads(reply, delivered)
             ]
             failed = [err for err in outcomes if isinstance(err, BaseException)]
             if failed and not found:
@@ -270,7 +301,7 @@ class Fan:
                 if found:  # answer what was taken rather than lose it to the error
                     return found
                 raise
-            found.extend(_payloads(reply))
+            found.extend(_payloads(reply, delivered))
             if len(found) >= wanted:
                 break
         return found
@@ -291,6 +322,8 @@ class Fan:
             "request_id": "",
             "timeout": remaining,
             "max_entries": wanted,
+            "ack": None,
+            "max_deliveries": 0,
         }
         tasks = {
             asyncio.ensure_future(

@@ -8,8 +8,9 @@ naming a partition is served (or forwarded to its owner) exactly as an unpartiti
 - a call that concerns one partition is renamed to it, in place (`rename`): a write by its entry's
   routing value, a template with the routing field set (or a set of values all in one partition),
   anything under a transaction (which works in the partition of its id), a renewal, cancel, commit
-  or abort by the partition in its ids; a call that names a partition itself (the SDK names the
-  one it routed to, a peer its share of a fan-out) is checked and served as named;
+  or abort by the partition in its ids, an Ack, Nack or Extend by its receipt's; a call that
+  names a partition itself (the SDK names the one it routed to, a peer its share of a fan-out) is
+  checked and served as named;
 - a call that concerns several is a `FanOut`, which transport/fanout.py runs.
 """
 
@@ -32,13 +33,14 @@ from outrig.service.engine.partitions import (
 )
 from outrig.service.exceptions import (
     CrossPartitionError,
+    DeliveryExpiredError,
     InvalidArgumentError,
     LeaseNotFoundError,
     RoutingValueError,
     TransactionNotFoundError,
     excerpt,
 )
-from outrig.service.protocol import codec
+from outrig.service.protocol import codec, deliveries
 from outrig.service.transport import handlers
 from outrig.v1 import space_pb2 as pb
 
@@ -47,6 +49,8 @@ _TEMPLATED = _MATCH | {"Count", "Contents", "Notify"}
 _BY_IDS = frozenset({"RenewLeases", "CancelLeases"})
 _BY_TRANSACTION = frozenset({"Commit", "Abort"})
 _BY_LEASE_ID = frozenset({"CancelRegistration", "AbortTransaction"})
+#: Settled by a delivery's receipt, an id of the partition that delivered it.
+_BY_RECEIPT = frozenset({"Ack", "Nack", "Extend"})
 _EVERY_PARTITION = frozenset({"DescribeSpace", "Browse", "Purge"})
 #: The kinds of value a routing field may hold in an entry (the SDK can hash these itself).
 _ROUTABLE = frozenset({"bool_value", "int_value", "double_value", "string_value", "bytes_value"})
@@ -193,6 +197,11 @@ class Router:
             return (self._transaction_partition(message.transaction, space, partitioning),)
         if name in _BY_LEASE_ID:
             return (self._lease_partition(message.id, "id", space, partitioning),)
+        if name in _BY_RECEIPT:
+            k = partition_of_id(deliveries.receipt(message))
+            if k >= partitioning.count:
+                raise DeliveryExpiredError(f"receipt: {message.receipt} is no delivery of {space!r}")
+            return (k,)
         if name == "Begin":
             if not message.HasField("route"):
                 raise CrossPartitionError(

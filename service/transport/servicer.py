@@ -32,6 +32,7 @@ from outrig.service.engine.partitions import split_name
 from outrig.service.exceptions import (
     ConfigError,
     CrossPartitionError,
+    DeliveryExpiredError,
     InvalidArgumentError,
     LeaseNotFoundError,
     NoOtherServerError,
@@ -51,7 +52,7 @@ from outrig.service.exceptions import (
     UnsupportedError,
 )
 from outrig.service.logs import Throttle
-from outrig.service.protocol import admin, codec, wire
+from outrig.service.protocol import admin, codec, deliveries, wire
 from outrig.service.security.access import ACCESS
 from outrig.service.security.guard import Authenticator, Guard
 from outrig.service.transport import handlers
@@ -72,6 +73,7 @@ STATUS_BY_ERROR: dict[type[SpaceError], tuple[grpc.StatusCode, pb.ErrorReason]] 
     InvalidArgumentError: (grpc.StatusCode.INVALID_ARGUMENT, pb.INVALID_REQUEST),
     RoutingValueError: (grpc.StatusCode.INVALID_ARGUMENT, pb.ROUTING_VALUE_MISSING),
     CrossPartitionError: (grpc.StatusCode.FAILED_PRECONDITION, pb.CROSS_PARTITION),
+    DeliveryExpiredError: (grpc.StatusCode.FAILED_PRECONDITION, pb.DELIVERY_EXPIRED),
     LeaseNotFoundError: (grpc.StatusCode.NOT_FOUND, pb.LEASE_NOT_FOUND),
     TransactionNotFoundError: (grpc.StatusCode.NOT_FOUND, pb.TRANSACTION_NOT_FOUND),
     QuotaExceededError: (grpc.StatusCode.RESOURCE_EXHAUSTED, pb.QUOTA_EXCEEDED),
@@ -448,6 +450,7 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
             codec.lease_duration(request),
             request_id=codec.request_id(request),
             transaction=request.transaction,
+            visible_at=deliveries.visible_at(request, time.time()),
         )
         return pb.WriteReply(lease=codec.lease_message(grant))
 
@@ -464,16 +467,33 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
             codec.lease_duration(request),
             request_id=codec.request_id(request),
             transaction=request.transaction,
+            visible_at=deliveries.visible_at(request, time.time()),
         )
         return pb.WriteManyReply(leases=[codec.lease_message(grant) for grant in grants])
 
     async def _match(self, request: pb.MatchRequest, *, take: bool, many: bool) -> bytes:
         space = self._space(request)
         if request.replay_only:
+            if request.HasField("ack"):
+                raise InvalidArgumentError(
+                    "replay_only: a take with ack answers a retry with its request_id itself"
+                )
             if not take or not request.request_id:
                 raise InvalidArgumentError("replay_only: only a take with a request_id asks for a replay")
             return _entries_reply(await self._backend.replay(space, codec.request_id(request)))
+        ack = deliveries.ack_seconds(request, self._limits, take=take)
         templates = codec.templates(request.templates, self._limits, request.order_by)
+        if ack is not None:
+            delivered = await self._backend.deliver(
+                space,
+                templates,
+                max_entries=codec.max_entries(request, self._limits) if many else 1,
+                timeout=codec.timeout(request, self._limits),
+                ack=ack,
+                max_deliveries=request.max_deliveries,
+                request_id=codec.request_id(request),
+            )
+            return deliveries.deliveries_reply(delivered)  # an encoded MatchReply
         found = await self._backend.match(
             space,
             templates,
@@ -593,6 +613,32 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
     async def Abort(self, request: pb.EndRequest, context: handlers.Context) -> pb.EndReply:
         await self._backend.abort(self._space(request), _transaction_id(request))
         return pb.EndReply()
+
+    @unary
+    async def Ack(self, request: pb.AckRequest, context: handlers.Context) -> pb.AckReply:
+        space = self._space(request)
+        await self._backend.ack(space, deliveries.receipt(request), request_id=codec.request_id(request))
+        return pb.AckReply()
+
+    @unary
+    async def Nack(self, request: pb.NackRequest, context: handlers.Context) -> pb.NackReply:
+        space = self._space(request)
+        returned = await self._backend.nack(
+            space,
+            deliveries.receipt(request),
+            deliveries.nack_delay(request),
+            request_id=codec.request_id(request),
+        )
+        return pb.NackReply(visible_at=returned.visible_at or 0.0, dead_letter=returned.dead_letter)
+
+    @unary
+    async def Extend(self, request: pb.ExtendRequest, context: handlers.Context) -> pb.ExtendReply:
+        space = self._space(request)
+        seconds = deliveries.deadline_seconds(request.seconds, "seconds", self._limits)
+        deadline = await self._backend.extend(
+            space, deliveries.receipt(request), seconds, request_id=codec.request_id(request)
+        )
+        return pb.ExtendReply(deadline=deadline)
 
     @unary
     async def Locate(self, request: pb.LocateRequest, context: handlers.Context) -> pb.LocateReply:

@@ -461,3 +461,60 @@ def test_blocking_ordered_takers_lose_nothing(shape: Shape, space: outrig.Space)
         thread.join(timeout=60)
     left = [job.n for job in space.contents(Job())]  # type: ignore[union-attr]
     assert sorted(taken + left) == list(range(200))
+
+
+# ------------------------------------------------------------------------------ takes with ack
+
+
+def test_takes_with_ack_fan_out_and_are_settled_by_their_receipts(space: outrig.Space) -> None:
+    _write_spread(space, 16)
+    held = []
+    while (delivery := space.take_nowait(Job(), ack=30.0)) is not None:
+        held.append(delivery)
+    assert sorted(d.entry.n for d in held) == list(range(16))  # type: ignore[union-attr]
+    assert len({d.receipt for d in held}) == 16
+    assert space.count(Job()) == 0  # in flight: invisible
+    for delivery in held[:8]:
+        delivery.ack()  # each goes to the partition its receipt names
+    for delivery in held[8:]:
+        delivery.nack(delay=0.0)
+    assert sorted(j.n for j in space.contents(Job())) == sorted(d.entry.n for d in held[8:])  # type: ignore[union-attr]
+    batch = space.take_many(Job(), max_entries=5, timeout=0, ack=30.0)
+    assert len(batch) == 5 and all(d.deliveries == 2 for d in batch)
+    for delivery in batch:
+        delivery.extend(60.0)
+        delivery.ack()
+    routed = space.take(Job(region="r1"), timeout=0, ack=30.0)
+    if routed is not None:  # r1's entry may have been in the batch
+        assert routed.entry.region == "r1"  # type: ignore[union-attr]
+        routed.ack()
+    space.take_many(Job(), max_entries=100, timeout=0)
+
+
+def test_a_blocking_take_with_ack_is_woken_by_any_partition(shape: Shape, space: outrig.Space) -> None:
+    got: list[Any] = []
+    taker = threading.Thread(target=lambda: got.append(space.take(Job(n=3), timeout=30, ack=30.0)))
+    taker.start()
+    wait_until(lambda: space.describe().waiters >= shape.partitions, what="the taker waiting")
+    space.write(Job(region="r6", n=3))
+    taker.join(timeout=30)
+    (delivery,) = got
+    assert delivery is not None and delivery.entry == Job(region="r6", n=3)
+    delivery.ack()
+    assert space.take_nowait(Job(n=3)) is None
+
+
+def test_a_partitions_dead_letters_go_to_its_dead_letter_spaces_partition(
+    shape: Shape, space: outrig.Space
+) -> None:
+    space.write(Job(region="r2", n=99))
+    delivery = space.take_nowait(Job(n=99), ack=30.0, max_deliveries=1)
+    assert delivery is not None and delivery.deliveries == 1
+    delivery.nack(delay=0.0)
+    assert space.take_nowait(Job(n=99)) is None
+    with shape.connect() as handle, outrig.connect(shape.address, space="jobs.dead") as dead:
+        moved = dead.take_nowait(Job(region="r2"), ack=30.0)
+        assert moved is not None and moved.entry == Job(region="r2", n=99)
+        assert moved.deliveries == 2 and "max_deliveries=1" in moved.dead_letter_reason
+        moved.ack()
+        assert handle.count(Job(n=99)) == 0

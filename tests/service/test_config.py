@@ -256,3 +256,41 @@ def test_bad_index_declarations_are_named(toml: Path, value: str) -> None:
     toml.write_text(f"[spaces.jobs]\nindexes = {value}\n")
     with pytest.raises(ConfigError, match=r"spaces.jobs.indexes: invalid value .* \[type, field\] pairs"):
         load_config(toml, environ={})
+
+
+def test_deliveries_settings_per_space_and_a_partitioned_dead_letter_space(toml: Path) -> None:
+    toml.write_text(
+        "[limits]\nmax_ack = 60\n"
+        '[spaces.jobs]\nmax_deliveries = 5\ndead_letter = "failed-jobs"\nnack_backoff = 0.5\n'
+        'partition_by = "region"\npartitions = 4\n'
+        "[spaces.mail]\nmax_deliveries = 3\n"
+    )
+    config = load_config(toml, environ={})
+    assert config.limits.max_ack == 60.0
+    jobs = config.space_settings("jobs~2")
+    assert (jobs.max_deliveries, jobs.dead_letter, jobs.nack_backoff) == (5, "failed-jobs", 0.5)
+    # Partition k of jobs dead-letters into partition k of its dead-letter space: partitioned alike.
+    dead = config.spaces["failed-jobs"]
+    assert (dead.partition_by, dead.partitions, dead.max_deliveries) == ("region", 4, 0)
+    assert "mail.dead" not in config.spaces  # an unpartitioned space's is made on first use
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ('[space_defaults]\ndead_letter = "dead"\n', "space_defaults.dead_letter"),
+        ('[spaces.jobs]\ndead_letter = "no/such name"\n', "spaces.jobs.dead_letter"),
+        ("[spaces.jobs]\nnack_backoff = inf\n", "spaces.jobs.nack_backoff"),
+        ("[spaces.jobs]\nmax_deliveries = -1\n", "spaces.jobs.max_deliveries"),
+        ("[limits]\nmax_ack = 0\n", "limits.max_ack"),
+        (
+            '[spaces.jobs]\npartition_by = "r"\npartitions = 2\n[spaces."jobs.dead"]\npartitions = 3\n'
+            'partition_by = "r"\n',
+            "spaces.jobs.dead",
+        ),
+    ],
+)
+def test_bad_deliveries_settings_are_named(toml: Path, text: str, named: str) -> None:
+    toml.write_text(text)
+    with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
+        load_config(toml, environ={})

@@ -59,6 +59,10 @@ OLD_METHODS: dict[str, tuple[str, Any, bool]] = {
     "Purge": ("unary", pb.PurgeRequest, False),
     "CancelRegistration": ("unary", pb.LeaseIdRequest, False),
     "AbortTransaction": ("unary", pb.LeaseIdRequest, False),
+    # Added with acknowledged takes (docs/work-queues.md): settled by receipt, on the Mux too.
+    "Ack": ("unary", pb.AckRequest, False),
+    "Nack": ("unary", pb.NackRequest, False),
+    "Extend": ("unary", pb.ExtendRequest, False),
 }
 OLD_RECEIVED = {"Write", "WriteMany"}
 OLD_OPERATIONS: dict[int, tuple[str, type[Any], int]] = {
@@ -83,6 +87,9 @@ OLD_OPERATIONS: dict[int, tuple[str, type[Any], int]] = {
     21: ("Purge", pb.PurgeRequest, 17),
     22: ("CancelRegistration", pb.LeaseIdRequest, 9),
     23: ("AbortTransaction", pb.LeaseIdRequest, 9),
+    24: ("Ack", pb.AckRequest, 18),
+    25: ("Nack", pb.NackRequest, 19),
+    26: ("Extend", pb.ExtendRequest, 20),
 }
 OLD_ACCESS = {
     "Write": ("write", ENTRIES),
@@ -108,6 +115,9 @@ OLD_ACCESS = {
     "Purge": ("admin", TEMPLATES),
     "CancelRegistration": ("admin", SPACE),
     "AbortTransaction": ("admin", SPACE),
+    "Ack": ("take", SPACE),
+    "Nack": ("take", SPACE),
+    "Extend": ("take", SPACE),
 }
 
 SPACE_SERVICE = pb.DESCRIPTOR.services_by_name["Space"]
