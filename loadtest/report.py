@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CheckFailedError", "Tally", "Verdict", "measured"]
+__all__ = ["AckTally", "AckVerdict", "CheckFailedError", "Tally", "Verdict", "measured"]
 
 REQUEST_TYPE = "outrig"
 
@@ -131,3 +131,80 @@ class Verdict:
         if self.failed:
             reasons.append(f"{self.failed} calls failed for good")
         return reasons
+
+
+@dataclass
+class AckTally:
+    """One process's counts in the at-least-once campaign (loadtest/acks.py); summed by the master."""
+
+    written: int = 0
+    poison_written: int = 0
+    delayed: int = 0
+    delivered: int = 0
+    redelivered: int = 0  # deliveries of a job delivered before (count > 1)
+    acked: int = 0
+    nacked: int = 0
+    abandoned: int = 0
+    extended: int = 0
+    expired: int = 0  # acks, nacks or extends refused: the delivery had ended (a kill, a slow worker)
+    dead_seen: int = 0  # nacks answered with the dead-letter space
+    failed: int = 0
+    retries: int = 0
+
+    def add(self, other: AckTally) -> None:
+        for name in self.__dataclass_fields__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AckTally:
+        return cls(**{name: int(data.get(name, 0)) for name in cls.__dataclass_fields__})
+
+
+@dataclass
+class AckVerdict:
+    """The at-least-once campaign's outcome. ``acked``: jobs acknowledged (each once); ``dead``:
+    poison jobs in the dead-letter space with ``max_deliveries`` deliveries; ``lost``: jobs
+    acknowledged to their writer that are neither acked, nor in the dead-letter space, nor left;
+    ``duplicated_acks``: acks that succeeded for a job already acked."""
+
+    jobs: int
+    expected: int
+    poison: int
+    acked: int
+    dead: int
+    redelivered: int
+    lost: int
+    duplicated_acks: int
+    failed: int
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.reasons()
+
+    def line(self) -> str:
+        return (
+            f"verdict: jobs={self.jobs} acked={self.acked} dead={self.dead} redelivered={self.redelivered} "
+            f"lost={self.lost} duplicated_acks={self.duplicated_acks}"
+        )
+
+    def reasons(self) -> list[str]:
+        """Why the campaign failed, one phrase per reason (empty if it passed)."""
+        reasons = []
+        if self.jobs != self.expected:
+            reasons.append(f"{self.jobs} of {self.expected} jobs written")
+        if self.acked != self.jobs - self.poison:
+            reasons.append(f"{self.acked} of {self.jobs - self.poison} good jobs acked")
+        if self.dead != self.poison:
+            reasons.append(f"{self.dead} of {self.poison} poison jobs dead-lettered with their count")
+        if self.lost:
+            reasons.append(f"{self.lost} jobs lost")
+        if self.duplicated_acks:
+            reasons.append(f"{self.duplicated_acks} jobs acked twice")
+        if self.failed:
+            reasons.append(f"{self.failed} calls failed for good")
+        return [*reasons, *self.problems]

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import pytest
@@ -37,6 +37,10 @@ PARTITIONS = 3
 class Job(outrig.Entry, type_name="deliveries.Job"):
     region: str | None = None
     n: int | None = None
+
+
+def numbers(entries: Iterable[object]) -> list[int | None]:
+    return [cast(Job, entry).n for entry in entries]
 
 
 def settings(shape: str, **overrides: Any) -> SpaceSettings:
@@ -138,7 +142,7 @@ def test_nack_returns_the_entry_to_its_place_in_arrival_order(served: Served) ->
     assert again.deliveries == 2
     assert again.receipt != first.receipt
     again.ack()
-    assert [job.n for job in space.take_many(Job(region="eu"), max_entries=5)] == [1, 2]
+    assert numbers(space.take_many(Job(region="eu"), max_entries=5)) == [1, 2]
 
 
 def test_a_nack_without_delay_backs_off_exponentially(served: Served) -> None:
@@ -214,7 +218,7 @@ def test_take_many_and_take_nowait_deliver(served: Served) -> None:
     space = served.space
     space.write_many([Job(region="eu", n=n) for n in range(4)])
     deliveries = space.take_many(Job(region="eu"), max_entries=3, timeout=1.0, ack=30.0)
-    assert [d.entry.n for d in deliveries] == [0, 1, 2]  # type: ignore[attr-defined]
+    assert numbers(d.entry for d in deliveries) == [0, 1, 2]
     assert len({d.receipt for d in deliveries}) == 3
     assert all(isinstance(d, outrig.Delivery) and d.deliveries == 1 for d in deliveries)
     single = space.take_nowait(Job(region="eu"), ack=30.0)
@@ -317,7 +321,7 @@ def test_visible_at_and_write_many_delays(served: Served) -> None:
     assert space.read_nowait(Job()) == Job(region="eu", n=3)
     served.advance(31.0)
     wait_until(lambda: space.count(Job()) == 3, what="the delayed entries visible")
-    assert [job.n for job in space.take_many(Job(region="eu"), max_entries=5)] == [1, 2, 3]
+    assert numbers(space.take_many(Job(region="eu"), max_entries=5)) == [1, 2, 3]
 
 
 def test_notify_hears_of_a_delayed_write_when_it_becomes_visible(served: Served) -> None:
@@ -418,7 +422,7 @@ def test_a_receipt_names_the_partition_of_its_entry(shape: str) -> None:
         deliveries = space.take_many(Job(), max_entries=10, timeout=1.0, ack=30.0)  # fanned out
         assert len(deliveries) == len(regions)
         for delivery in deliveries:
-            region = delivery.entry.region  # type: ignore[attr-defined]
+            region = cast(Job, delivery.entry).region
             assert delivery.receipt % ID_STRIDE == value_partition(encode_value(region, "region"), PARTITIONS)
             delivery.extend(60.0)  # routed to that partition by the receipt
             delivery.ack()

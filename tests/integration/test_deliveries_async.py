@@ -16,7 +16,7 @@ from outrig.service.config import ServerConfig
 from outrig.testing import LocalServer
 
 from ..polling import wait_for_waiters_async, wait_until_async
-from .test_deliveries import BACKOFF, Job, Served, settings
+from .test_deliveries import BACKOFF, Job, Served, numbers, settings
 
 
 @dataclass
@@ -46,7 +46,7 @@ async def test_every_call(served: AsyncServed) -> None:
     assert again is not None and again.entry == Job(region="eu", n=0) and again.deliveries == 2
     await again.ack()
     many = await space.take_many(Job(region="eu"), max_entries=5, timeout=1.0, ack=10.0)
-    assert [d.entry.n for d in many] == [1, 2, 3]  # type: ignore[attr-defined]
+    assert numbers(d.entry for d in many) == [1, 2, 3]
     for delivery in many:
         await delivery.ack()
     with pytest.raises(outrig.DeliveryExpiredError):
