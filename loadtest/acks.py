@@ -27,20 +27,20 @@ import random
 import socket
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import gevent
 from locust import User, constant, task
 from locust.env import Environment
-from locust.exception import StopUser
 
 import outrig
 from outrig import DeliveryExpiredError, OutrigError
 from outrig.loadtest.link import Link
 from outrig.loadtest.options import AckParams
 from outrig.loadtest.report import AckTally, measured
+from outrig.loadtest.stress import Writer
 
-__all__ = ["AckWorker", "Job", "JobWorker", "JobWriter", "ack_worker", "set_ack_worker"]
+__all__ = ["AckWorker", "Job", "JobWorker", "JobWriter"]
 
 _FLUSH_SECONDS = 0.1
 _RESTART_GRACE = 120.0
@@ -62,7 +62,20 @@ class Job(outrig.Entry, type_name="outrig.stress.Job"):
 
 
 class AckWorker:
-    """One process's jobs, its workers' calls and the account it sends the master."""
+    """One process's jobs, its workers' calls and the account it sends the master. The process's
+    one instance, made at test start (loadtest/campaign.py), is `AckWorker.running()`."""
+
+    _running: ClassVar[AckWorker | None] = None
+
+    @classmethod
+    def run(cls, worker: AckWorker | None) -> None:
+        cls._running = worker
+
+    @classmethod
+    def running(cls) -> AckWorker:
+        if cls._running is None:
+            raise RuntimeError("the at-least-once campaign has not started in this process")
+        return cls._running
 
     def __init__(self, environment: Environment, params: AckParams, link: Link) -> None:
         self.params = params
@@ -201,46 +214,15 @@ class AckWorker:
         self._acked.append((str(job.origin), int(job.serial)))
 
 
-_worker: AckWorker | None = None
+class JobWriter(Writer):
+    """Writes num_entries/num_writers jobs, then stops (the stress campaign's writer, writing
+    jobs)."""
 
+    def _campaign(self) -> AckWorker:
+        return AckWorker.running()
 
-def set_ack_worker(worker: AckWorker | None) -> None:
-    global _worker
-    _worker = worker
-
-
-def ack_worker() -> AckWorker:
-    if _worker is None:
-        raise RuntimeError("the at-least-once campaign has not started in this process")
-    return _worker
-
-
-class JobWriter(User):
-    """Writes num_entries/num_writers jobs, then stops."""
-
-    wait_time = constant(0)
-    fixed_count = 1
-
-    def on_start(self) -> None:
-        side = ack_worker()
-        self._side = side
-        self._left = side.params.share(side.writers_started)
-        side.writers_started += 1
-        self._finished = False
-
-    @task
-    def write_one(self) -> None:
-        if self._left <= 0:
-            if not self._finished:
-                self._finished = True
-                self._side.writers_finished += 1
-                self._side.flush()
-            raise StopUser()
-        self._left -= 1
-        try:
-            self._side.write_one()
-        except OutrigError:
-            self._side.tally.failed += 1
+    def _write_next(self) -> None:
+        self._side.write_one()
 
 
 class JobWorker(User):
@@ -250,7 +232,7 @@ class JobWorker(User):
     fixed_count = 1
 
     def on_start(self) -> None:
-        self._side = ack_worker()
+        self._side = AckWorker.running()
 
     @task
     def work_once(self) -> None:

@@ -27,7 +27,7 @@ import gevent
 import outrig
 from outrig.loadtest.acks import Job
 from outrig.loadtest.control import ControlError, Controller
-from outrig.loadtest.link import Link
+from outrig.loadtest.link import Link, ReportCollector
 from outrig.loadtest.options import AckParams
 from outrig.loadtest.report import AckTally, AckVerdict
 
@@ -35,7 +35,6 @@ __all__ = ["AckCoordinator"]
 
 log = logging.getLogger("outrig.loadtest")
 
-_REPORT_WAIT = 10.0
 # The campaign ends without its last jobs if no job was acked for this long (the verdict then
 # counts what was left, and fails).
 _STALL = 120.0
@@ -52,7 +51,7 @@ def _browse_all(space: outrig.Space) -> list[outrig.BrowsedEntry]:
         after = page.next
 
 
-class AckCoordinator:
+class AckCoordinator(ReportCollector):
     """Decides the kills and the end from the workers' progress, and reaches the verdict."""
 
     def __init__(self, params: AckParams, link: Link, host: str, controller: Controller | None) -> None:
@@ -76,15 +75,9 @@ class AckCoordinator:
     def on_progress(self, data: dict[str, Any], sender: str) -> None:
         self._progress[sender] = data
 
-    def on_report(self, data: dict[str, Any], sender: str) -> None:
-        self._reports[sender] = data
-
-    def totals(self) -> dict[str, int]:
-        sums = {"written": 0, "acked": 0, "writers_finished": 0}
-        for progress in self._progress.values():
-            for name in sums:
-                sums[name] += progress.get(name, 0)
-        return sums
+    def totals(self) -> Counter[str]:
+        """The workers' progress summed: jobs written and acked, writers finished."""
+        return sum((Counter(progress) for progress in self._progress.values()), Counter())
 
     # -- phases (the shape calls `advance` every second) --------------------------------------
 
@@ -125,7 +118,7 @@ class AckCoordinator:
             return False
         return not page.entries and not page.next
 
-    def _kill_and_restart(self, number: int, totals: dict[str, int]) -> None:
+    def _kill_and_restart(self, number: int, totals: Counter[str]) -> None:
         where = f"after {totals['written']} writes and {totals['acked']} acks"
         began = time.monotonic()
         try:
@@ -140,17 +133,6 @@ class AckCoordinator:
             return
         back = time.monotonic() - began
         self.kills.append(f"kill {number}: SIGKILL {where}; serving again {back:.1f} s later")
-
-    def ask_for_reports(self) -> None:
-        if self._asked_at is None:
-            self._asked_at = time.monotonic()
-            self._link.to_workers("outrig-report-request", {})
-
-    def ready(self, workers: int) -> bool:
-        """Whether every worker's account is in (or waiting longer is pointless)."""
-        if self._asked_at is None:
-            return False
-        return len(self._reports) >= workers or time.monotonic() - self._asked_at > _REPORT_WAIT
 
     # -- the verdict -------------------------------------------------------------------------
 

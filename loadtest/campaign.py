@@ -15,7 +15,7 @@ from locust import LoadTestShape, User, events
 from locust.env import Environment
 
 from outrig.loadtest import control
-from outrig.loadtest.acks import AckWorker, JobWorker, JobWriter, ack_worker, set_ack_worker
+from outrig.loadtest.acks import AckWorker, JobWorker, JobWriter
 from outrig.loadtest.acks_coordinator import AckCoordinator
 from outrig.loadtest.control import CommandController, Controller
 from outrig.loadtest.coordinator import StressCoordinator
@@ -92,14 +92,6 @@ def _on_init(environment: Environment, **_kwargs: Any) -> None:
             )
         _state.mix = MixCoordinator(params, link, host, controller)
         return
-    if isinstance(params, AckParams):
-        if params.try_shutdown and controller is None:
-            _refuse(
-                f"--try-shutdown {params.try_shutdown} needs a way to kill and restart the server: "
-                "run the campaign with `outrig stress`, or give --kill-command and --restart-command"
-            )
-        _state.acks = AckCoordinator(params, link, host, controller)
-        return
     if params.try_shutdown and controller is None:
         _refuse(
             f"--try-shutdown {params.try_shutdown} needs a way to kill and restart the server: "
@@ -110,6 +102,9 @@ def _on_init(environment: Environment, **_kwargs: Any) -> None:
             f"--num-entries {params.num_entries} must be a multiple of --num-writers {params.num_writers} "
             "when the writers are spread over workers"
         )
+    if isinstance(params, AckParams):
+        _state.acks = AckCoordinator(params, link, host, controller)
+        return
     _state.stress = StressCoordinator(params, link, host, controller)
 
 
@@ -135,7 +130,7 @@ def _send_report(_data: Any) -> None:
     if campaign == "random":
         _state.link.to_master("outrig-report", mix_worker().report())
     elif campaign == "at-least-once":
-        _state.link.to_master("outrig-report", ack_worker().report())
+        _state.link.to_master("outrig-report", AckWorker.running().report())
     else:
         _state.link.to_master("outrig-report", worker().report())
 
@@ -158,7 +153,7 @@ def _on_test_start(environment: Environment, **_kwargs: Any) -> None:
     if isinstance(params, MixParams):
         set_mix_worker(MixWorker(environment, params, _state.link))
     elif isinstance(params, AckParams):
-        set_ack_worker(AckWorker(environment, params, _state.link))
+        AckWorker.run(AckWorker(environment, params, _state.link))
     else:
         set_worker(StressWorker(environment, params, _state.link))
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypeVar
 
 __all__ = [
     "CAMPAIGNS",
@@ -156,14 +156,7 @@ class AckParams:
 
     def check(self) -> None:
         """Raise ValueError naming the first parameter out of range."""
-        StressParams(
-            num_entries=self.num_entries,
-            num_writers=self.num_writers,
-            num_readers=self.num_readers,
-            try_shutdown=self.try_shutdown,
-            restart_wait=self.restart_wait,
-            query_timeout=self.query_timeout,
-        ).check()
+        StressParams(**{name: getattr(self, name) for name in _STRESS_NUMBERS}).check()  # the shared ones
         if self.ack_deadline <= 0:
             raise ValueError(f"--ack-deadline must be > 0 seconds, got {self.ack_deadline}")
         if self.max_deliveries < 2:
@@ -276,28 +269,29 @@ def campaign_of(options: Any, default: Campaign = "stress") -> Campaign:
     return value if value in CAMPAIGNS else default
 
 
+P = TypeVar("P", MixParams, AckParams)
+
+
+def _given_or_default(cls: type[P], options: Any, names: tuple[str, ...]) -> P:
+    """`cls` with the options given, its defaults for the others."""
+    defaults = cls()
+    return cls(
+        **{
+            name: _given(options, name) if _given(options, name) is not None else getattr(defaults, name)
+            for name in names
+        }
+    )
+
+
 def params_from(options: Any) -> StressParams | MixParams | AckParams:
     """The checked parameters for the options' campaign (ValueError naming a bad option)."""
     campaign = campaign_of(options)
     if campaign == "at-least-once":
-        ack_base = AckParams()
-        names = (*_STRESS_NUMBERS, *_ACK_NUMBERS, "space")
-        acks = AckParams(
-            **{
-                name: _given(options, name) if _given(options, name) is not None else getattr(ack_base, name)
-                for name in names
-            }
-        )
+        acks = _given_or_default(AckParams, options, (*_STRESS_NUMBERS, *_ACK_NUMBERS, "space"))
         acks.check()
         return acks
     if campaign == "random":
-        mix_base = MixParams()
-        mix = MixParams(
-            **{
-                name: _given(options, name) if _given(options, name) is not None else getattr(mix_base, name)
-                for name in (*_MIX_NUMBERS, "space")
-            }
-        )
+        mix = _given_or_default(MixParams, options, (*_MIX_NUMBERS, "space"))
         mix.check()
         return mix
     base = _profile_defaults(campaign)

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Self
 
 __all__ = ["AckTally", "AckVerdict", "CheckFailedError", "Tally", "Verdict", "measured"]
 
@@ -52,8 +52,25 @@ def measured(fire: Callable[..., Any], name: str) -> Iterator[Measure]:
         )
 
 
+class _Counts:
+    """Counts that add up field by field, and travel as a plain dict (a Locust message)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+    def add(self, other: Self) -> None:
+        for name in self.__dataclass_fields__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Self:
+        return cls(**{name: int(data.get(name, 0)) for name in cls.__dataclass_fields__})
+
+
 @dataclass
-class Tally:
+class Tally(_Counts):
     """One process's counts; summed over the workers by the master. Plain data, so that a
     worker can send it as a Locust message."""
 
@@ -73,20 +90,20 @@ class Tally:
     # transactions live in memory until they commit), a notify registration it ended.
     interrupted: int = 0
 
-    def add(self, other: Tally) -> None:
-        for name in self.__dataclass_fields__:
-            setattr(self, name, getattr(self, name) + getattr(other, name))
 
-    def as_dict(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+class _Outcome:
+    """A campaign's outcome: it passed when nothing in `reasons` says otherwise."""
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Tally:
-        return cls(**{name: int(data.get(name, 0)) for name in cls.__dataclass_fields__})
+    def reasons(self) -> list[str]:
+        raise NotImplementedError
+
+    @property
+    def passed(self) -> bool:
+        return not self.reasons()
 
 
 @dataclass
-class Verdict:
+class Verdict(_Outcome):
     """The campaign's outcome. ``lost``: acknowledged writes never taken and not in the space at
     the end; ``duplicated``: entries obtained twice (by a second take, by the verify_takes read,
     or left in the space after a take had already returned their identity)."""
@@ -101,10 +118,6 @@ class Verdict:
     expected: int | None  # None: a free-running campaign, with no count to reach
     failed: int
     notes: list[str] = field(default_factory=list)
-
-    @property
-    def passed(self) -> bool:
-        return not self.reasons()
 
     def line(self) -> str:
         return (
@@ -134,7 +147,7 @@ class Verdict:
 
 
 @dataclass
-class AckTally:
+class AckTally(_Counts):
     """One process's counts in the at-least-once campaign (loadtest/acks.py); summed by the master."""
 
     written: int = 0
@@ -151,20 +164,9 @@ class AckTally:
     failed: int = 0
     retries: int = 0
 
-    def add(self, other: AckTally) -> None:
-        for name in self.__dataclass_fields__:
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-
-    def as_dict(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in self.__dataclass_fields__}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> AckTally:
-        return cls(**{name: int(data.get(name, 0)) for name in cls.__dataclass_fields__})
-
 
 @dataclass
-class AckVerdict:
+class AckVerdict(_Outcome):
     """The at-least-once campaign's outcome. ``acked``: jobs acknowledged (each once); ``dead``:
     poison jobs in the dead-letter space with ``max_deliveries`` deliveries; ``lost``: jobs
     acknowledged to their writer that are neither acked, nor in the dead-letter space, nor left;
@@ -181,10 +183,6 @@ class AckVerdict:
     failed: int
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-
-    @property
-    def passed(self) -> bool:
-        return not self.reasons()
 
     def line(self) -> str:
         return (
