@@ -124,7 +124,7 @@ def open_unchanging(path: Path) -> sqlite3.Connection:
 def verified_format(connection: sqlite3.Connection, path: Path) -> int:
     """The store's format version, once `check_format` has accepted it."""
     try:
-        check_format(connection, path)
+        check_format(connection, path, older=True)  # a server migrates it when it opens it
         version: int = connection.execute("PRAGMA user_version").fetchone()[0]
     except sqlite3.OperationalError as err:
         raise StoreError(f"cannot read {path}: {err}") from err
