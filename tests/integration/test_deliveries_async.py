@@ -98,7 +98,7 @@ async def test_dead_letters_and_delays(served: AsyncServed) -> None:
     await space.write(Job(region="eu", n=8), lease=3600.0)
     delivery = await space.take(Job(region="eu"), timeout=1.0, ack=30.0, max_deliveries=1)
     assert delivery is not None
-    assert (await delivery.nack()).dead_letter == "jobs.dead"
+    assert (await delivery.nack()).dead_letter == clock.dead_letter()
     dead = space.with_space("jobs.dead")
     found = await dead.take(Job(region="eu"), timeout=1.0, ack=30.0)
     assert found is not None and found.deliveries == 2 and found.dead_letter_reason

@@ -54,7 +54,7 @@ space.write_many([Job(kind="resize", n=1), Job(kind="resize", n=2)])
     check = """
 assert resized == [Job(kind="resize", n=1)], resized
 assert space.take_nowait(Job()) is None  # both acked, the report delayed
-assert space.describe().delayed == 1
+assert space.describe().delayed == 1  # a space of the session's server: not partitioned
 space.close()
 """
     run_example(setup + example + check, README)
