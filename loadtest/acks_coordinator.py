@@ -74,6 +74,8 @@ class AckCoordinator(ReportCollector):
 
     def on_progress(self, data: dict[str, Any], sender: str) -> None:
         self._progress[sender] = data
+        if self._asked_at is None and not self._kill_busy():
+            self._maybe_kill(self.totals())  # at once, not at the shape's next tick
 
     def totals(self) -> Counter[str]:
         """The workers' progress summed: jobs written and acked, writers finished."""
@@ -92,10 +94,7 @@ class AckCoordinator(ReportCollector):
         now = time.monotonic()
         if totals["acked"] != self._last_change[1]:
             self._last_change = (now, totals["acked"])
-        if self._killing is not None and not self._killing.ready():
-            return
-        if len(self.kills) < len(self._kill_acks) and totals["acked"] >= self._kill_acks[len(self.kills)]:
-            self._killing = gevent.spawn(self._kill_and_restart, len(self.kills) + 1, totals)
+        if self._kill_busy() or self._maybe_kill(totals):
             return
         if totals["writers_finished"] < self.params.num_writers:
             return
@@ -106,6 +105,16 @@ class AckCoordinator(ReportCollector):
             self.ask_for_reports()
         elif self._empty():
             self.ask_for_reports()
+
+    def _kill_busy(self) -> bool:
+        return self._killing is not None and not self._killing.ready()
+
+    def _maybe_kill(self, totals: Counter[str]) -> bool:
+        """Start the next kill if its share of acks is done; whether one started."""
+        due = len(self.kills) < len(self._kill_acks) and totals["acked"] >= self._kill_acks[len(self.kills)]
+        if due:
+            self._killing = gevent.spawn(self._kill_and_restart, len(self.kills) + 1, totals)
+        return due
 
     def _empty(self) -> bool:
         """Whether the space holds no job: neither visible, pending, delayed nor returned."""
