@@ -461,3 +461,16 @@ def test_the_sdk_routes_a_settlement_by_its_receipt() -> None:
         pb.ExtendRequest(receipt=ID_STRIDE + 2),
     ):
         assert request_partition(request, "region", PARTITIONS) == 2
+
+
+def test_the_settlements_go_as_unary_calls_too(served: Served) -> None:
+    """Without the Mux stream (`connect(..., mux=False)`), every call is its own unary call."""
+    with outrig.connect(served.server.address, space="jobs", mux=False) as space:
+        space.write_many([Job(region="eu", n=1), Job(region="eu", n=2)])
+        first, second = space.take_many(Job(region="eu"), max_entries=2, timeout=1.0, ack=30.0)
+        assert first.extend(60.0) == pytest.approx(served.now() + 60.0)
+        first.ack()
+        assert second.nack(delay=0) == outrig.Returned(None)
+        with space.taking(Job(region="eu"), ack=30.0, timeout=1.0) as again:
+            assert again is not None and again.deliveries == 2
+        assert space.browse().entries == []
