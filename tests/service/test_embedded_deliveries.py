@@ -298,3 +298,15 @@ async def test_a_format_1_data_dir_is_migrated(tmp_path: Path, clock: FakeClock)
         await backend.ack(SPACE, delivery.receipt)
     with sqlite3.connect(path) as db:
         assert db.execute("PRAGMA user_version").fetchone()[0] == FORMAT_VERSION
+
+
+async def test_check_counts_a_receipt_as_an_id_of_its_space(tmp_path: Path, clock: FakeClock) -> None:
+    config = make_config(tmp_path / "data")
+    async with running(config, clock) as backend:
+        await backend.write(SPACE, [job(0)], None)
+        (delivery,) = await deliver(backend)
+    assert check_store(tmp_path / "data").ok
+    with sqlite3.connect(database_path(tmp_path / "data")) as db:
+        db.execute("UPDATE spaces SET next_id = ?", (delivery.receipt,))  # as if it were never handed out
+    report = check_store(tmp_path / "data")
+    assert any(f"next_id is {delivery.receipt} but entry {delivery.receipt}" in p for p in report.problems)
