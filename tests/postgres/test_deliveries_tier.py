@@ -280,15 +280,17 @@ def test_deliveries_pending_on_a_killed_owner_are_settled_at_the_next(postgres: 
         start_server("--backend", "postgres", "--dsn", database, "--owner-lease", "1.0") for _ in range(3)
     ]
     try:
-        with outrig.connect(servers[0].address, space="acks", retry_deadline=60) as space:
-            space.write_many([Job(n=1), Job(n=2)])
-            owner_address = space.locate().address
+        with outrig.connect(servers[0].address, space="acks", retry_deadline=0) as claim:
+            claim.write_many([Job(n=1), Job(n=2)])
+            owner_address = claim.locate().address
+        owner = next(server for server in servers if server.address == owner_address)
+        via = next(server for server in servers if server is not owner)
+        with outrig.connect(via.address, space="acks", retry_deadline=60) as space:
             first = space.take(Job(), timeout=0, ack=120.0)
             second = space.take(Job(), timeout=0, ack=120.0)
             assert first is not None and second is not None
             assert (first.entry, second.entry, first.deliveries) == (Job(n=1), Job(n=2), 1)
             space.write(Job(n=3), delay=4.0)
-            owner = next(server for server in servers if server.address == owner_address)
             owner.stop(signal.SIGKILL)
             first.ack()  # at the new owner, once it has loaded the space
             assert space.take_nowait(Job()) is None  # n=2 is still pending, n=3 delayed
