@@ -12,7 +12,7 @@ import threading
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, assert_type, cast
 
 import grpc
 import pytest
@@ -461,3 +461,32 @@ def test_the_sdk_routes_a_settlement_by_its_receipt() -> None:
         pb.ExtendRequest(receipt=ID_STRIDE + 2),
     ):
         assert request_partition(request, "region", PARTITIONS) == 2
+
+
+def test_the_settlements_go_as_unary_calls_too(served: Served) -> None:
+    """Without the Mux stream (`connect(..., mux=False)`), every call is its own unary call."""
+    with outrig.connect(served.server.address, space="jobs", mux=False) as space:
+        space.write_many([Job(region="eu", n=1), Job(region="eu", n=2)])
+        first, second = space.take_many(Job(region="eu"), max_entries=2, timeout=1.0, ack=30.0)
+        assert first.extend(60.0) == pytest.approx(served.now() + 60.0)
+        first.ack()
+        assert second.nack(delay=0) == outrig.Returned(None)
+        with space.taking(Job(region="eu"), ack=30.0, timeout=1.0) as again:
+            assert again is not None and again.deliveries == 2
+        assert space.browse().entries == []
+
+
+def test_the_overloads_tell_mypy_which_a_take_returns(served: Served) -> None:
+    """mypy (tests are type-checked) pins what each call returns; the run checks it is so."""
+    space = served.space
+    space.write_many([Job(region="eu", n=n) for n in range(4)])
+    delivered = assert_type(space.take(Job(region="eu"), timeout=1.0, ack=30.0), outrig.Delivery | None)
+    many = assert_type(space.take_many(Job(region="eu"), max_entries=2, ack=30.0), list[outrig.Delivery])
+    now = assert_type(space.take_nowait(Job(region="eu"), ack=30.0), outrig.Delivery | None)
+    assert delivered is not None and now is not None and len(many) == 2
+    for delivery in (delivered, *many, now):
+        assert_type(delivery.ack(), None)
+    assert space.take_nowait(Job(region="eu")) is None
+    space.write(Job(region="eu", n=9))
+    entry = space.take(Job(region="eu"), timeout=1.0)
+    assert not isinstance(entry, outrig.Delivery) and entry == Job(region="eu", n=9)
