@@ -88,6 +88,18 @@ async def _peeked(backend: PostgresBackend, space: str, expected: list[int]) -> 
     return await peek(backend, space) == expected
 
 
+async def test_a_pending_delivery_moves_with_its_space(database: str) -> None:
+    async with tier(database, 2) as (a, b):
+        (grant,) = await a.write("s", [entry(n=1)], 600.0)
+        (delivery,) = await deliver(a, "s")
+        assert await a.move("s", "server-1:7480") == "server-1:7480"
+        with pytest.raises(NotOwnerError):
+            await a.ack("s", delivery.receipt)  # moved: refused here, naming b
+        assert await b.extend("s", delivery.receipt, 60.0) == clock_of(b).time() + 60.0
+        await b.ack("s", delivery.receipt)
+        assert await rows(database, "SELECT id FROM outrig_entries WHERE id = %s", grant.id) == []
+
+
 async def test_a_nack_with_a_delay_and_a_delayed_write_survive_a_takeover(database: str) -> None:
     async with tier(database, 2) as (a, b):
         now = clock_of(a).time()
