@@ -257,6 +257,20 @@ async def test_dead_letters_reach_a_dead_space_another_server_owns_exactly_once(
         assert await _count(database, "SELECT count(*) FROM outrig_entries WHERE space = 'jobs.dead'") == 4
 
 
+async def test_a_dead_letter_whose_lease_runs_out_on_the_way_is_gone(database: str) -> None:
+    async with tier(database, 2) as (a, b):
+        await b.write("jobs.dead", [entry(n=0)], 600.0)  # b owns the dead space, then goes silent
+        silence(b)
+        await a.write("jobs", [entry(n=1)], 60.0)
+        (delivery,) = await deliver(a, "jobs", max_deliveries=1)
+        await a.nack("jobs", delivery.receipt, 0.0)
+        assert await _count(database, "SELECT count(*) FROM outrig_dead_letters") == 1
+        clock_of(a).advance(120)  # past the letter's lease when a claims the dead space
+        await wait_until_async(lambda: owner_is(a, "jobs.dead", "server-0:7480"), what="a's claim")
+        assert await _count(database, "SELECT count(*) FROM outrig_dead_letters") == 0
+        assert len(await peek(a, "jobs.dead")) == 1  # b's entry alone
+
+
 async def _dead_count(backend: PostgresBackend, count: int) -> bool:
     try:
         return len(await peek(backend, "jobs.dead")) == count
