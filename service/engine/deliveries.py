@@ -86,13 +86,9 @@ class DeliveriesMixin:
         def _offer(self, stored: StoredEntry) -> bool: ...
         def _publish(self, stored: StoredEntry, writer: Transaction | None = None) -> None: ...
         def _expire(self, stored: StoredEntry) -> None: ...
-        def _select(
-            self,
-            templates: Sequence[Template],
-            limit: int,
-            txn: Transaction | None = None,
-            take: bool = False,
-        ) -> tuple[list[StoredEntry], bool]: ...
+
+        _select: Callable[..., tuple[list[StoredEntry], bool]]  # (templates, limit, txn, take)
+
         @staticmethod
         def _expired(stored: StoredEntry, now: float) -> bool: ...
 

@@ -88,6 +88,18 @@ async def _peeked(backend: PostgresBackend, space: str, expected: list[int]) -> 
     return await peek(backend, space) == expected
 
 
+async def test_a_pending_delivery_moves_with_its_space(database: str) -> None:
+    async with tier(database, 2) as (a, b):
+        (grant,) = await a.write("s", [entry(n=1)], 600.0)
+        (delivery,) = await deliver(a, "s")
+        assert await a.move("s", "server-1:7480") == "server-1:7480"
+        with pytest.raises(NotOwnerError):
+            await a.ack("s", delivery.receipt)  # moved: refused here, naming b
+        assert await b.extend("s", delivery.receipt, 60.0) == clock_of(b).time() + 60.0
+        await b.ack("s", delivery.receipt)
+        assert await rows(database, "SELECT id FROM outrig_entries WHERE id = %s", grant.id) == []
+
+
 async def test_a_nack_with_a_delay_and_a_delayed_write_survive_a_takeover(database: str) -> None:
     async with tier(database, 2) as (a, b):
         now = clock_of(a).time()
@@ -128,6 +140,30 @@ async def test_an_old_owner_acknowledges_nothing(database: str) -> None:
         assert await b.extend("s", delivery.receipt, 5.0) == clock_of(b).time() + 5.0
         await b.ack("s", delivery.receipt)
         assert await peek(b, "s") == []
+
+
+async def test_retries_with_request_ids_get_the_first_answers_at_the_new_owner(database: str) -> None:
+    """A client whose ack, nack or deliver was answered by an owner that then died retries it,
+    with the same request id, at the next owner: it gets the first answer, never
+    DeliveryExpiredError for its own ack, and nothing is delivered twice."""
+    async with tier(database, 2) as (a, b):
+        written = [g.id for g in await a.write("s", [entry(n=i) for i in range(3)], 600.0)]
+        taken = await a.deliver("s", [template()], max_entries=3, timeout=0, ack=ACK, request_id="d-1")
+        acked, nacked, extended = taken
+        await a.ack("s", acked.receipt, request_id="a-1")
+        returned = await a.nack("s", nacked.receipt, 300.0, request_id="n-1")
+        deadline = await a.extend("s", extended.receipt, 100.0, request_id="e-1")
+        silence(a)
+        await wait_until_async(lambda: owner_is(b, "s", "server-1:7480"), what="b's takeover")
+        await b.ack("s", acked.receipt, request_id="a-1")  # answered, not DeliveryExpiredError
+        assert await b.nack("s", nacked.receipt, 300.0, request_id="n-1") == returned
+        assert await b.extend("s", extended.receipt, 100.0, request_id="e-1") == deadline
+        # The deliver's retry answers its deliveries still pending (the extended one), taking nothing.
+        again = await b.deliver("s", [template()], max_entries=3, timeout=0, ack=ACK, request_id="d-1")
+        assert [(d.entry.id, d.receipt) for d in again] == [(written[2], extended.receipt)]
+        assert await peek(b, "s") == []
+        with pytest.raises(DeliveryExpiredError):
+            await b.ack("s", acked.receipt)  # without its request id: a second ack, refused
 
 
 async def dead_entries(backend: PostgresBackend, space: str) -> list[Delivery]:
@@ -280,15 +316,17 @@ def test_deliveries_pending_on_a_killed_owner_are_settled_at_the_next(postgres: 
         start_server("--backend", "postgres", "--dsn", database, "--owner-lease", "1.0") for _ in range(3)
     ]
     try:
-        with outrig.connect(servers[0].address, space="acks", retry_deadline=60) as space:
-            space.write_many([Job(n=1), Job(n=2)])
-            owner_address = space.locate().address
+        with outrig.connect(servers[0].address, space="acks", retry_deadline=0) as claim:
+            claim.write_many([Job(n=1), Job(n=2)])
+            owner_address = claim.locate().address
+        owner = next(server for server in servers if server.address == owner_address)
+        via = next(server for server in servers if server is not owner)
+        with outrig.connect(via.address, space="acks", retry_deadline=60) as space:
             first = space.take(Job(), timeout=0, ack=120.0)
             second = space.take(Job(), timeout=0, ack=120.0)
             assert first is not None and second is not None
             assert (first.entry, second.entry, first.deliveries) == (Job(n=1), Job(n=2), 1)
             space.write(Job(n=3), delay=4.0)
-            owner = next(server for server in servers if server.address == owner_address)
             owner.stop(signal.SIGKILL)
             first.ack()  # at the new owner, once it has loaded the space
             assert space.take_nowait(Job()) is None  # n=2 is still pending, n=3 delayed

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -25,6 +23,7 @@ from outrig.service.exceptions import DeliveryExpiredError, InvalidArgumentError
 from outrig.service.protocol import admin, codec
 from outrig.v1 import space_pb2 as pb
 
+from ..durability.test_restart import running
 from ..field_values import value
 
 SPACE = "jobs"
@@ -52,17 +51,6 @@ def make_config(data_dir: Path | None, **settings: object) -> ServerConfig:
     )
 
 
-@asynccontextmanager
-async def running(config: ServerConfig, clock: FakeClock) -> AsyncIterator[EmbeddedBackend]:
-    backend = EmbeddedBackend(config, clock)
-    await backend.start()
-    try:
-        yield backend
-    finally:
-        await backend.close()
-        await backend.shutdown()
-
-
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock(1_000_000.0)
@@ -82,6 +70,13 @@ async def deliver(backend: EmbeddedBackend, **options: object) -> list[Delivery]
 async def visible(backend: EmbeddedBackend) -> list[object]:
     chunks = [chunk async for chunk in backend.contents(SPACE, [JOBS], 0)]
     return numbers([stored for chunk in chunks for stored in chunk])
+
+
+async def later(backend: EmbeddedBackend, clock: FakeClock, seconds: float) -> list[object]:
+    """What is visible once the clock has moved `seconds` and the reaper has caught up."""
+    clock.advance(seconds)
+    await reaped(backend)
+    return await visible(backend)
 
 
 async def reaped(backend: EmbeddedBackend) -> None:
@@ -113,12 +108,8 @@ async def test_deliver_ack_nack_extend(data_dir: Path | None, clock: FakeClock) 
         assert third.deliveries == 2 and third.receipt != second.receipt
         clock.advance(4.0)
         assert await backend.extend(SPACE, third.receipt, 10.0) == clock.time() + 10.0
-        clock.advance(9.0)
-        await reaped(backend)
-        assert await visible(backend) == [2]
-        clock.advance(1.0)
-        await reaped(backend)
-        assert await visible(backend) == [1, 2]
+        assert await later(backend, clock, 9.0) == [2]
+        assert await later(backend, clock, 1.0) == [1, 2]
         with pytest.raises(DeliveryExpiredError):
             await backend.ack(SPACE, third.receipt)  # fenced: its deadline passed
         figures = (await backend.space_figures())[SPACE]
@@ -273,12 +264,8 @@ async def test_delayed_and_dead_entries_survive_a_restart(durable: ServerConfig,
         (dead,) = await backend.deliver("jobs.dead", [JOBS], max_entries=1, timeout=0, ack=30.0)
         assert numbers([dead]) == [1] and dead.deliveries == 2
         assert dead.dead_letter_reason == "max_deliveries=1 reached in space 'jobs'"
-        clock.advance(20.0)
-        await reaped(backend)
-        assert await visible(backend) == [2]
-        clock.advance(10.0)
-        await reaped(backend)
-        assert await visible(backend) == [0, 2]
+        assert await later(backend, clock, 20.0) == [2]
+        assert await later(backend, clock, 10.0) == [0, 2]
 
 
 async def test_a_format_1_data_dir_is_migrated(tmp_path: Path, clock: FakeClock) -> None:

@@ -444,6 +444,7 @@ class MemoryBackend(DeliveringMixin):
                 engine.restore(found)
                 self.note(
                     [("put", space, s.id, s.arrival, s.expires_at, s.payload) for s in found]
+                    + [visibility_record(space, s) for s in found if s.deliveries]  # its count
                     + (self._recorder.id_records(space, engine) if self._recorder else [])
                 )
             raise

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from outrig.service.backends.memory.idempotency import Outcome, RequestLog
@@ -27,7 +27,7 @@ from outrig.service.backends.memory.journal import Record, WriteAnswer
 from outrig.service.backends.memory.recorder import Recorder
 from outrig.service.engine.clock import Clock
 from outrig.service.engine.deliveries import check_ack_seconds, check_delay
-from outrig.service.engine.model import Delivery, NewEntry, Returned, StoredEntry, Template, Transaction
+from outrig.service.engine.model import Delivery, NewEntry, Returned, StoredEntry, Template
 from outrig.service.engine.space import SpaceEngine
 from outrig.service.exceptions import SpaceError
 
@@ -62,28 +62,10 @@ class DeliveringMixin:
         async def _replay(self, request_id: str, space: str, kind: str) -> Any: ...
         def _acting_for(self, outcome: Outcome | None) -> contextlib.AbstractContextManager[None]: ...
         def _acted(self, outcome: Outcome | None, result: Any, *, keep: bool = False) -> None: ...
-        async def _commit(
-            self,
-            records: Sequence[Record],
-            undo: Callable[[], None] | None,
-            written: Sequence[StoredEntry] = (),
-            outcome: Outcome | None = None,
-            *,
-            hands_out: bool = False,
-        ) -> None: ...
-        async def _find(
-            self,
-            engine: SpaceEngine,
-            templates: Sequence[Template],
-            take: bool,
-            max_entries: int,
-            timeout: float | None,
-            if_exists: bool,
-            txn: Transaction | None = None,
-            *,
-            ack: float | None = None,
-            max_deliveries: int = 0,
-        ) -> list[StoredEntry]: ...
+
+        # Their signatures are backend.py's (`_find` with `ack` and `max_deliveries`).
+        _commit: Callable[..., Awaitable[None]]
+        _find: Callable[..., Awaitable[list[StoredEntry]]]
 
     # ------------------------------------------------------------------ dead letters
 

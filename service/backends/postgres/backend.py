@@ -753,8 +753,11 @@ class PostgresBackend(MemoryBackend):
 
     async def nack(self, space: str, receipt: int, delay: float | None, *, request_id: str = "") -> Returned:
         await self._ensure(space)
+        task = asyncio.current_task()
+        assert task is not None
+        self._moves.pop(task, None)  # an earlier call's (a deadline found past): not this one's
         returned = await super().nack(space, receipt, delay, request_id=request_id)
-        moved = self._moves.pop(asyncio.current_task(), None)  # type: ignore[arg-type]
+        moved = self._moves.pop(task, None)
         if moved is not None and returned.dead_letter:
             await moved  # as a rule settled with the nack's batch: NotOwnerError if refused
         return returned
