@@ -39,6 +39,7 @@ __all__ = [
     "fill_ack",
     "fill_visibility",
     "returned_of",
+    "settlement",
 ]
 
 
@@ -268,11 +269,18 @@ class Taking:
         self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None
     ) -> None:
         delivery = self._delivery
-        if delivery is None or delivery.settled:
-            return
-        if kind is None:
+        settle = settlement(delivery, kind)
+        if delivery is not None and settle == "ack":
             delivery.ack()
-            return
-        # The block's own error matters more; if the nack fails, the deadline returns the entry.
-        with contextlib.suppress(OutrigError):
-            delivery.nack()
+        elif delivery is not None and settle == "nack":
+            # The block's own error matters more; if the nack fails, the deadline returns the entry.
+            with contextlib.suppress(OutrigError):
+                delivery.nack()
+
+
+def settlement(delivery: BaseDelivery | None, kind: type[BaseException] | None) -> str | None:
+    """What `taking`'s block leaves to do at its end: "ack" after a normal exit, "nack" after an
+    exception (with the space's backoff), None when there was no delivery or the block settled it."""
+    if delivery is None or delivery.settled:
+        return None
+    return "ack" if kind is None else "nack"

@@ -9,7 +9,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from outrig._codec import AnyEntry
-from outrig._delivery import BaseDelivery, Returned
+from outrig._delivery import BaseDelivery, Returned, settlement
 from outrig._exceptions import OutrigError
 from outrig.v1 import space_pb2 as pb
 
@@ -70,12 +70,11 @@ class AsyncTaking:
     async def __aexit__(
         self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None
     ) -> None:
-        delivery = self._delivery
-        if delivery is None or delivery.settled:
+        delivery, settle = self._delivery, settlement(self._delivery, kind)
+        if delivery is None or settle is None:
             return
-        if kind is None:
+        if settle == "ack":
             await delivery.ack()
-            return
-        # The block's own error matters more; if the nack fails, the deadline returns the entry.
-        with contextlib.suppress(OutrigError):
-            await delivery.nack()
+        else:  # the block raised: its error goes on whether or not the nack gets through
+            with contextlib.suppress(OutrigError):
+                await delivery.nack()

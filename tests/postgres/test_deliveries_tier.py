@@ -11,6 +11,7 @@ new owner when the test moves its clock.
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +26,7 @@ from outrig.service.exceptions import DeliveryExpiredError, NotOwnerError
 
 from ..conformance.test_backend_conformance import entry, ids, template
 from ..conftest import start_server
-from ..polling import wait_until_async
+from ..polling import wait_until, wait_until_async
 from ..postgres_server import PostgresServer
 from .test_owners import owner_is, peek, silence, tier
 
@@ -256,6 +257,20 @@ async def test_dead_letters_reach_a_dead_space_another_server_owns_exactly_once(
         assert await _count(database, "SELECT count(*) FROM outrig_entries WHERE space = 'jobs.dead'") == 4
 
 
+async def test_a_dead_letter_whose_lease_runs_out_on_the_way_is_gone(database: str) -> None:
+    async with tier(database, 2) as (a, b):
+        await b.write("jobs.dead", [entry(n=0)], 600.0)  # b owns the dead space, then goes silent
+        silence(b)
+        await a.write("jobs", [entry(n=1)], 60.0)
+        (delivery,) = await deliver(a, "jobs", max_deliveries=1)
+        await a.nack("jobs", delivery.receipt, 0.0)
+        assert await _count(database, "SELECT count(*) FROM outrig_dead_letters") == 1
+        clock_of(a).advance(120)  # past the letter's lease when a claims the dead space
+        await wait_until_async(lambda: owner_is(a, "jobs.dead", "server-0:7480"), what="a's claim")
+        assert await _count(database, "SELECT count(*) FROM outrig_dead_letters") == 0
+        assert len(await peek(a, "jobs.dead")) == 1  # b's entry alone
+
+
 async def _dead_count(backend: PostgresBackend, count: int) -> bool:
     try:
         return len(await peek(backend, "jobs.dead")) == count
@@ -338,6 +353,56 @@ def test_deliveries_pending_on_a_killed_owner_are_settled_at_the_next(postgres: 
                 second.ack()
             late = space.take(Job(), timeout=30.0)
             assert late == Job(n=3)
+            assert space.take_nowait(Job()) is None
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def test_workers_ack_every_job_once_through_a_killed_owner(postgres: PostgresServer) -> None:
+    """Worker threads take jobs with an ack deadline and ack them, through two servers that are
+    not the owner, while the owner is SIGKILLed: every job is acked, and acked once (a second
+    successful ack of one job would mean an entry delivered twice at once, or an ack undone);
+    no worker saw DeliveryExpiredError for its own ack (retried with its request id)."""
+    database = postgres.dsn(postgres.new_database("w"))
+    servers = [
+        start_server("--backend", "postgres", "--dsn", database, "--owner-lease", "1.0") for _ in range(3)
+    ]
+    jobs = 120
+    try:
+        with outrig.connect(servers[0].address, space="work", retry_deadline=0) as claim:
+            claim.write_many([Job(n=i) for i in range(jobs)])
+            owner_address = claim.locate().address
+        owner = next(server for server in servers if server.address == owner_address)
+        others = [server for server in servers if server is not owner]
+        acked: list[int] = []
+        expired: list[int] = []
+        lock = threading.Lock()
+
+        def worker(address: str) -> None:
+            with outrig.connect(address, space="work", retry_deadline=60) as space:
+                while (delivery := space.take(Job(), timeout=3.0, ack=60.0)) is not None:
+                    assert isinstance(delivery.entry, Job) and delivery.entry.n is not None
+                    try:
+                        delivery.ack()
+                    except outrig.DeliveryExpiredError:
+                        with lock:
+                            expired.append(delivery.entry.n)
+                        continue
+                    with lock:
+                        acked.append(delivery.entry.n)
+
+        threads = [threading.Thread(target=worker, args=(others[i % 2].address,)) for i in range(4)]
+        for thread in threads:
+            thread.start()
+        wait_until(lambda: len(acked) >= jobs // 4, what="a quarter of the jobs acked")
+        owner.stop(signal.SIGKILL)
+        for thread in threads:
+            thread.join(120)
+        assert not any(thread.is_alive() for thread in threads)
+        assert expired == []
+        assert sorted(acked) == list(range(jobs))  # each once
+        with outrig.connect(others[0].address, space="work", retry_deadline=30) as space:
             assert space.take_nowait(Job()) is None
     finally:
         for server in servers:
