@@ -168,13 +168,16 @@ class SpaceEngine(TransactionsMixin, DeliveriesMixin):
     ) -> None:
         """Put back a recovered entry as it was: its id, its place in arrival order, its lease,
         its delivery state (hidden until a time still to come, with its pending delivery's
-        receipt if any; one whose time has passed is visible, a stale receipt dropped).
-        Call in arrival order; nobody is waiting yet, so nothing is offered or published."""
+        receipt if any; a delay whose time has passed is over). A pending delivery stays pending
+        even past its deadline: the reaper's first pass ends it as it ends any, counting it and
+        dead-lettering an entry that reached max_deliveries, which a restart or takeover must
+        not skip. Call in arrival order; nobody is waiting yet, so nothing is offered or
+        published."""
         stored = StoredEntry(entry_id, new, expires_at)
         stored.arrival = arrival
         stored.deliveries = deliveries
         stored.dead_letter_reason = dead_letter_reason or ""
-        if hidden_until is not None and hidden_until > self._clock.time():
+        if hidden_until is not None and (receipt is not None or hidden_until > self._clock.time()):
             stored.hidden_until, stored.receipt = hidden_until, receipt
             if receipt is not None:
                 self._next_id = self._ids.at_least(max(self._next_id, receipt + 1))

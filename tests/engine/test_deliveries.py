@@ -411,11 +411,13 @@ def test_load_restores_pending_delayed_and_counted_entries() -> None:
     space.load(2, 2, new("Job", n=1), None, hidden_until=now - 1.0, receipt=40, deliveries=3)
     space.load(3, 3, new("Job", n=2), None, hidden_until=now + 20.0)
     space.load(4, 4, new("Job", n=3), None, deliveries=2, dead_letter_reason="why")
-    assert visible(space) == [1, 3]  # the one past its deadline is visible, its receipt dropped
+    # The one past its deadline is still pending: the reaper (or an ack) ends it, as any.
+    assert visible(space) == [3]
     assert space.next_id > 50
     with pytest.raises(DeliveryExpiredError):
         space.ack(40)
-    assert space.in_flight == 1 and space.delayed == 1
+    assert visible(space) == [1, 3]
+    assert space.in_flight == 1 and space.delayed == 1 and space.redelivered == 1
     clock.advance(10.0)
     space.reap()
     assert visible(space) == [0, 1, 3]
@@ -425,6 +427,21 @@ def test_load_restores_pending_delayed_and_counted_entries() -> None:
     later = space.deliver([tpl("Job")], 4, 30.0)
     assert [d.deliveries for d in later] == [2, 4, 1, 3]
     assert later[3].dead_letter_reason == "why"
+
+
+def test_a_delivery_whose_deadline_passed_while_down_still_counts_towards_max_deliveries() -> None:
+    """A restart (or a takeover) must not skip the dead letter: loaded past its deadline, a
+    delivery that reached max_deliveries goes to the dead-letter space at the first pass."""
+    clock = FakeClock()
+    space = make(clock, max_deliveries=2)
+    dead = SpaceEngine(space.dead_letter_space, SpaceSettings(), clock)
+    moved = dead_letters(space, dead)
+    space.load(1, 1, new("Job", n=0), None, hidden_until=clock.time() - 5.0, receipt=60, deliveries=2)
+    space.load(2, 2, new("Job", n=1), None, hidden_until=clock.time() - 5.0, receipt=61, deliveries=1)
+    space.reap()
+    assert [stored.deliveries for stored in moved] == [2]
+    assert visible(space) == [1]
+    assert space.dead_lettered == 1 and space.redelivered == 2
 
 
 def test_load_keeps_a_pending_delivery_ackable() -> None:
