@@ -13,6 +13,8 @@
     with outrig.connect("127.0.0.1:7766", space="default") as space:
         lease = space.write(Task(job="resize", n=1), lease=60.0)
         task = space.take(Task(job="resize"), timeout=5.0)  # None if nothing came in 5 s
+        with space.taking(Task(job="resize"), ack=30.0, timeout=5.0) as delivery:
+            ...  # acknowledged at the end of the block; returned to the space if it raises
 
 The asyncio twin is `outrig.aio`. Every error a call raises is an `OutrigError`. A call that
 fails because the server is unreachable or restarting is retried for up to ``retry_deadline``
@@ -39,6 +41,7 @@ from outrig._admin import (
 )
 from outrig._base import ANY, FOREVER, Event, LeaseResult, Location, Placement, channel_options
 from outrig._codec import entry_from_bytes, entry_to_bytes
+from outrig._delivery import Delivery, Returned, Taking
 from outrig._entry import Entry, GenericEntry
 from outrig._exceptions import (
     AbortedError,
@@ -47,6 +50,7 @@ from outrig._exceptions import (
     CrossPartitionError,
     DataLossError,
     DeadlineExceededError,
+    DeliveryExpiredError,
     FailedPreconditionError,
     InternalError,
     InvalidArgumentError,
@@ -114,6 +118,8 @@ __all__ = [
     "CrossPartitionError",
     "DataLossError",
     "DeadlineExceededError",
+    "Delivery",
+    "DeliveryExpiredError",
     "Entry",
     "Event",
     "FailedPreconditionError",
@@ -145,12 +151,14 @@ __all__ = [
     "RegistrationInfo",
     "RequestConflictError",
     "ResourceExhaustedError",
+    "Returned",
     "RoutingValueError",
     "ShuttingDownError",
     "Space",
     "SpaceConfiguration",
     "SpaceDescription",
     "StoreUnavailableError",
+    "Taking",
     "Transaction",
     "TransactionAbortedError",
     "TransactionInfo",

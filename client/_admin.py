@@ -92,6 +92,9 @@ class SpaceConfiguration:
     default_lease: float | None
     max_lease: float | None
     max_registrations: int
+    #: Deliveries of an entry (takes with ``ack=``) before it goes to ``dead_letter``; 0: no limit.
+    max_deliveries: int = 0
+    dead_letter: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +107,11 @@ class SpaceDescription:
             entry recovered at the server's start counts from then); None when empty.
         locked: entries some transaction holds a lock on.
         expired: leases expired since the server started.
+        in_flight: entries delivered (taken with ``ack=``) and not yet acknowledged.
+        delayed: entries written with a delay, or returned with one, not yet visible.
+        redelivered: deliveries that ended unacknowledged (returned, or past their deadline)
+            since the server started.
+        dead_lettered: entries moved to the dead-letter space since the server started.
     """
 
     space: str
@@ -120,17 +128,30 @@ class SpaceDescription:
     oldest_entry_age: float | None
     expired: int
     configuration: SpaceConfiguration
+    in_flight: int = 0
+    delayed: int = 0
+    redelivered: int = 0
+    dead_lettered: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class BrowsedEntry:
     """An entry seen by `Space.browse`, not taken: its lease id, the entry, its lease end
-    (seconds since the epoch; None: never), and whether a transaction holds a read lock on it."""
+    (seconds since the epoch; None: never), and whether a transaction holds a read lock on it.
+
+    Browse shows hidden entries too: ``receipt`` and ``deadline`` are its pending delivery's (a
+    take with ``ack=`` not yet acknowledged; None: none), ``visible_at`` when a delayed or
+    returned entry becomes visible (None: visible), ``deliveries`` how often it was delivered.
+    """
 
     id: int
     entry: AnyEntry
     expires_at: float | None
     locked: bool
+    receipt: int | None = None
+    deadline: float | None = None
+    visible_at: float | None = None
+    deliveries: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,12 +215,29 @@ def description_of(reply: pb.DescribeSpaceReply) -> SpaceDescription:
             c.default_lease if c.HasField("default_lease") else None,
             c.max_lease if c.HasField("max_lease") else None,
             c.max_registrations,
+            c.max_deliveries,
+            c.dead_letter,
         ),
+        in_flight=reply.in_flight,
+        delayed=reply.delayed,
+        redelivered=reply.redelivered,
+        dead_lettered=reply.dead_lettered,
     )
 
 
 def browse_page_of(reply: pb.BrowseReply) -> BrowsePage:
-    return BrowsePage(
-        [BrowsedEntry(e.id, decode_entry(e.entry), _expiry(e.expires_at), e.locked) for e in reply.entries],
-        reply.next,
+    return BrowsePage([_browsed(e) for e in reply.entries], reply.next)
+
+
+def _browsed(e: pb.BrowsedEntry) -> BrowsedEntry:
+    pending = e.delivery if e.HasField("delivery") else None
+    return BrowsedEntry(
+        e.id,
+        decode_entry(e.entry),
+        _expiry(e.expires_at),
+        e.locked,
+        None if pending is None else pending.receipt,
+        None if pending is None else pending.deadline,
+        e.visible_at or None,
+        e.deliveries,
     )

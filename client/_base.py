@@ -29,6 +29,7 @@ from outrig._codec import (
     encode_value,
     iter_templates,
 )
+from outrig._delivery import check_ack, fill_ack, fill_visibility
 from outrig._exceptions import (
     InternalError,
     NotOwnerError,
@@ -660,21 +661,31 @@ class BaseSpace:
         retries off nobody could repeat it, and the server would keep its result for nothing)."""
         return new_request_id() if self._retry_policy.deadline > 0 else ""
 
-    def _write_request(self, entry: AnyEntry, lease: LeaseArg) -> pb.WriteRequest:
+    def _write_request(
+        self, entry: AnyEntry, lease: LeaseArg, delay: float | None = None, visible_at: float | None = None
+    ) -> pb.WriteRequest:
         request = pb.WriteRequest(
             space=self._name, request_id=self._request_id(), transaction=self._transaction
         )
         encode_entry_into(request.entry, entry)
         _fill_lease(request.lease, lease)
+        fill_visibility(request, delay, visible_at)
         return request
 
-    def _write_many_request(self, entries: Iterable[AnyEntry], lease: LeaseArg) -> pb.WriteManyRequest:
+    def _write_many_request(
+        self,
+        entries: Iterable[AnyEntry],
+        lease: LeaseArg,
+        delay: float | None = None,
+        visible_at: float | None = None,
+    ) -> pb.WriteManyRequest:
         request = pb.WriteManyRequest(
             space=self._name, request_id=self._request_id(), transaction=self._transaction
         )
         for entry in entries:
             encode_entry_into(request.entries.add(), entry)
         _fill_lease(request.lease, lease)
+        fill_visibility(request, delay, visible_at)
         return request
 
     def _match_request(
@@ -705,13 +716,18 @@ class BaseSpace:
         if_exists: bool = False,
         max_entries: int = 0,
         order_by: OrderBy = None,
+        ack: float | None = None,
+        max_deliveries: int = 0,
     ) -> pb.MatchRequest:
         # A take changes the space, so a retry must not take a second entry: the id lets the
         # server answer it with the entry the first attempt took.
+        checked = check_ack(ack, max_deliveries)
         request = self._match_request(
             templates, timeout, if_exists=if_exists, max_entries=max_entries, order_by=order_by
         )
         request.request_id = self._request_id()
+        if checked is not None:  # a take with an acknowledgement deadline (outrig._delivery)
+            fill_ack(request, checked, max_deliveries)
         return request
 
     def _contents_request(

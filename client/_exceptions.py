@@ -21,6 +21,7 @@
      │   ├── RequestConflictError    a request id used again for another call
      │   ├── RegistrationBusyError   resuming a notify registration another stream holds
      │   ├── CrossPartitionError     a transaction touching a second partition
+ │   ├── DeliveryExpiredError    an ack, nack or extend of a delivery no longer pending
      │   └── NoOtherServerError      moving a space or draining a server with no other server
      ├── AbortedError                ABORTED
      ├── OutOfRangeError             OUT_OF_RANGE
@@ -63,6 +64,7 @@ __all__ = [
     "CrossPartitionError",
     "DataLossError",
     "DeadlineExceededError",
+    "DeliveryExpiredError",
     "FailedPreconditionError",
     "InternalError",
     "InvalidArgumentError",
@@ -230,6 +232,14 @@ class CrossPartitionError(FailedPreconditionError):
     _reason = pb.CROSS_PARTITION
 
 
+class DeliveryExpiredError(FailedPreconditionError):
+    """An ack, nack or extend named a delivery that is no longer pending: acknowledged or returned
+    already, past its deadline (the entry visible again, perhaps delivered to someone else since),
+    its entry cancelled or expired, or never given. Nothing was changed."""
+
+    _reason = pb.DELIVERY_EXPIRED
+
+
 class LeaseNotFoundError(NotFoundError):
     """A renew or cancel named a lease that is unknown, cancelled or expired."""
 
@@ -338,6 +348,7 @@ _BY_REASON: dict[int, type[OutrigError]] = {
         QuotaExceededError,
         RoutingValueError,
         CrossPartitionError,
+        DeliveryExpiredError,
         TypeConflictError,
         TransactionAbortedError,
         RequestConflictError,

@@ -105,6 +105,8 @@ def request_partition(request: Any, field: str, count: int) -> int | None:
     elif isinstance(request, pb.RenewLeasesRequest):
         ids = [renewal.id % ID_STRIDE for renewal in request.renewals]
         return _one(ids) if ids else None
+    elif isinstance(request, pb.AckRequest | pb.NackRequest | pb.ExtendRequest):
+        return int(request.receipt) % ID_STRIDE  # a receipt is an id of its partition
     elif isinstance(request, pb.BeginRequest):
         return value_partition(request.route, count) if request.HasField("route") else None
     else:

@@ -10,7 +10,7 @@ import contextlib
 import time
 from collections.abc import Callable, Generator, Iterable, Sequence
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import grpc
 from google.protobuf.message import Message
@@ -42,6 +42,7 @@ from outrig._base import (
     rpc_errors,
 )
 from outrig._codec import AnyEntry, decode_entries
+from outrig._delivery import Delivery, Taking, deliveries_of
 from outrig._exceptions import CallCancelledError, DeadlineExceededError, OutrigError, UnavailableError
 from outrig._matchers import OrderBy
 from outrig._mux import Mux
@@ -178,21 +179,41 @@ class Space(BaseSpace):
         """
         return self._on_same_connection(name)
 
-    def write(self, entry: AnyEntry, lease: LeaseArg = ANY) -> Lease:
+    def write(
+        self,
+        entry: AnyEntry,
+        lease: LeaseArg = ANY,
+        *,
+        delay: float | None = None,
+        visible_at: float | None = None,
+    ) -> Lease:
         """Store a copy of ``entry`` and return its lease.
 
         ``lease`` is seconds, `outrig.FOREVER` or `outrig.ANY` (the space's default); the space
         may grant less. If the call fails in transit and its retries run out, the write may or
         may not have happened.
+
+        ``delay`` (seconds from now) or ``visible_at`` (seconds since the Unix epoch, server
+        clock) keep the entry invisible to every read, take, count and contents until then, with
+        no limit but its lease; then parked takes get it, and notify hears of it. Not under a
+        transaction.
         """
-        reply: pb.WriteReply = self._call(self._ops["Write"], self._write_request(entry, lease))
+        request = self._write_request(entry, lease, delay, visible_at)
+        reply: pb.WriteReply = self._call(self._ops["Write"], request)
         return Lease(self, reply.lease)
 
-    def write_many(self, entries: Iterable[AnyEntry], lease: LeaseArg = ANY) -> list[Lease]:
-        """Store all of ``entries``, or none of them; return their leases, in order."""
-        reply: pb.WriteManyReply = self._call(
-            self._ops["WriteMany"], self._write_many_request(entries, lease)
-        )
+    def write_many(
+        self,
+        entries: Iterable[AnyEntry],
+        lease: LeaseArg = ANY,
+        *,
+        delay: float | None = None,
+        visible_at: float | None = None,
+    ) -> list[Lease]:
+        """Store all of ``entries``, or none of them; return their leases, in order. ``delay``
+        and ``visible_at`` as for `write`, for every entry."""
+        request = self._write_many_request(entries, lease, delay, visible_at)
+        reply: pb.WriteManyReply = self._call(self._ops["WriteMany"], request)
         return [Lease(self, message) for message in reply.leases]
 
     def read(
@@ -227,22 +248,74 @@ class Space(BaseSpace):
         reply: pb.MatchReply = self._call(self._ops["Read"], request)
         return first_entry(reply)
 
+    @overload
     def take(
-        self, templates: Templates, timeout: float | None = None, *, order_by: OrderBy = None
-    ) -> AnyEntry | None:
+        self,
+        templates: Templates,
+        timeout: float | None = None,
+        *,
+        order_by: OrderBy = None,
+        ack: None = None,
+    ) -> AnyEntry | None: ...
+    @overload
+    def take(
+        self,
+        templates: Templates,
+        timeout: float | None = None,
+        *,
+        order_by: OrderBy = None,
+        ack: float,
+        max_deliveries: int = 0,
+    ) -> Delivery | None: ...
+    def take(
+        self,
+        templates: Templates,
+        timeout: float | None = None,
+        *,
+        order_by: OrderBy = None,
+        ack: float | None = None,
+        max_deliveries: int = 0,
+    ) -> AnyEntry | Delivery | None:
         """Remove and return a matching entry, waiting up to ``timeout`` seconds for one.
 
         ``timeout=None`` waits without limit. Returns None if nothing matched in time. Two takes
         never return the same entry.
-        """
-        reply: pb.MatchReply = self._call(
-            self._ops["Take"], self._take_request(templates, timeout, order_by=order_by)
-        )
-        return first_entry(reply)
 
-    def take_nowait(self, templates: Templates, *, order_by: OrderBy = None) -> AnyEntry | None:
-        """Remove and return an entry that matches now, or None; never waits (see `read_nowait`)."""
-        return self.take_if_exists(templates, lock_timeout=0.0, order_by=order_by)
+        With ``ack`` (seconds, > 0) the entry is delivered, not removed: a `Delivery` is
+        returned, and the entry stays in the space, invisible to every other read and take, until
+        the delivery is acknowledged (`Delivery.ack`), returned (`Delivery.nack`) or ``ack``
+        seconds pass (then it is visible again, in its place in arrival order: a worker that
+        died loses nothing). An entry whose delivery ends unacknowledged after ``max_deliveries``
+        deliveries (0: the space's setting) goes to the space's dead-letter space. Not under a
+        transaction. See docs/work-queues.md.
+        """
+        request = self._take_request(
+            templates, timeout, order_by=order_by, ack=ack, max_deliveries=max_deliveries
+        )
+        return self._taken_one(request, self._call(self._ops["Take"], request))
+
+    @overload
+    def take_nowait(
+        self, templates: Templates, *, order_by: OrderBy = None, ack: None = None
+    ) -> AnyEntry | None: ...
+    @overload
+    def take_nowait(
+        self, templates: Templates, *, order_by: OrderBy = None, ack: float, max_deliveries: int = 0
+    ) -> Delivery | None: ...
+    def take_nowait(
+        self,
+        templates: Templates,
+        *,
+        order_by: OrderBy = None,
+        ack: float | None = None,
+        max_deliveries: int = 0,
+    ) -> AnyEntry | Delivery | None:
+        """Remove and return an entry that matches now, or None; never waits (see `read_nowait`).
+        ``ack``: deliver it instead, as `take` does."""
+        request = self._take_request(
+            templates, 0.0, if_exists=True, order_by=order_by, ack=ack, max_deliveries=max_deliveries
+        )
+        return self._taken_one(request, self._call(self._ops["Take"], request))
 
     def take_if_exists(
         self, templates: Templates, *, lock_timeout: float | None, order_by: OrderBy = None
@@ -252,6 +325,46 @@ class Space(BaseSpace):
         request = self._take_request(templates, lock_timeout, if_exists=True, order_by=order_by)
         reply: pb.MatchReply = self._call(self._ops["Take"], request)
         return first_entry(reply)
+
+    def taking(
+        self,
+        templates: Templates,
+        timeout: float | None = None,
+        *,
+        ack: float = 30.0,
+        order_by: OrderBy = None,
+        max_deliveries: int = 0,
+    ) -> Taking:
+        """Take with an acknowledgement deadline, for the length of a ``with`` block::
+
+            with space.taking(Job(), ack=30.0, timeout=5.0) as delivery:
+                if delivery is not None:
+                    run(delivery.entry)
+
+        The block gets the `Delivery` (None if nothing matched within ``timeout``). It is
+        acknowledged when the block ends normally and returned (`Delivery.nack`, with the
+        space's backoff) when it raises; the exception goes on. A block may settle the delivery
+        itself, and `Delivery.extend` it for a long job.
+        """
+        request = self._take_request(
+            templates, timeout, order_by=order_by, ack=ack, max_deliveries=max_deliveries
+        )
+
+        def take() -> Delivery | None:
+            found = self._delivered(self._call(self._ops["Take"], request))
+            return found[0] if found else None
+
+        return Taking(take)
+
+    def _delivered(self, reply: pb.MatchReply) -> list[Delivery]:
+        return deliveries_of(reply, lambda entry, message: Delivery(self, entry, message))
+
+    def _taken_one(self, request: pb.MatchRequest, reply: pb.MatchReply) -> AnyEntry | Delivery | None:
+        """A take's entry, or a take with ack's delivery; None if nothing matched in time."""
+        if not request.HasField("ack"):
+            return first_entry(reply)
+        found = self._delivered(reply)
+        return found[0] if found else None
 
     def read_many(
         self,
@@ -270,6 +383,7 @@ class Space(BaseSpace):
         reply: pb.MatchReply = self._call(self._ops["ReadMany"], request)
         return decode_entries(reply.entries)
 
+    @overload
     def take_many(
         self,
         templates: Templates,
@@ -277,15 +391,45 @@ class Space(BaseSpace):
         max_entries: int,
         timeout: float | None = None,
         order_by: OrderBy = None,
-    ) -> list[AnyEntry]:
+        ack: None = None,
+    ) -> list[AnyEntry]: ...
+    @overload
+    def take_many(
+        self,
+        templates: Templates,
+        *,
+        max_entries: int,
+        timeout: float | None = None,
+        order_by: OrderBy = None,
+        ack: float,
+        max_deliveries: int = 0,
+    ) -> list[Delivery]: ...
+    def take_many(
+        self,
+        templates: Templates,
+        *,
+        max_entries: int,
+        timeout: float | None = None,
+        order_by: OrderBy = None,
+        ack: float | None = None,
+        max_deliveries: int = 0,
+    ) -> list[AnyEntry] | list[Delivery]:
         """Remove and return up to ``max_entries`` matching entries (at least one if any exist).
 
         Waits up to ``timeout`` seconds (None: without limit) for at least one; returns an empty
-        list if none appeared in time.
+        list if none appeared in time. ``ack``: deliver them instead, as `take` does, and
+        return a `Delivery` for each.
         """
-        request = self._take_request(templates, timeout, max_entries=max_entries, order_by=order_by)
+        request = self._take_request(
+            templates,
+            timeout,
+            max_entries=max_entries,
+            order_by=order_by,
+            ack=ack,
+            max_deliveries=max_deliveries,
+        )
         reply: pb.MatchReply = self._call(self._ops["TakeMany"], request)
-        return decode_entries(reply.entries)
+        return self._delivered(reply) if ack is not None else decode_entries(reply.entries)
 
     def contents(
         self, templates: Templates, *, max_entries: int = 0, order_by: OrderBy = None

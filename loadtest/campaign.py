@@ -15,15 +15,24 @@ from locust import LoadTestShape, User, events
 from locust.env import Environment
 
 from outrig.loadtest import control
+from outrig.loadtest.acks import AckWorker, JobWorker, JobWriter
+from outrig.loadtest.acks_coordinator import AckCoordinator
 from outrig.loadtest.control import CommandController, Controller
 from outrig.loadtest.coordinator import StressCoordinator
 from outrig.loadtest.link import Link
 from outrig.loadtest.mix import MixCoordinator, MixUser, MixWorker, mix_worker, set_mix_worker
-from outrig.loadtest.options import MixParams, StressParams, add_arguments, campaign_of, params_from
-from outrig.loadtest.report import Verdict
+from outrig.loadtest.options import (
+    AckParams,
+    MixParams,
+    StressParams,
+    add_arguments,
+    campaign_of,
+    params_from,
+)
+from outrig.loadtest.report import AckVerdict, Verdict
 from outrig.loadtest.stress import Reader, StressWorker, Writer, set_worker, worker
 
-__all__ = ["CampaignShape", "MixUser", "Reader", "Writer"]
+__all__ = ["CampaignShape", "JobWorker", "JobWriter", "MixUser", "Reader", "Writer"]
 
 log = logging.getLogger("outrig.loadtest")
 
@@ -33,7 +42,8 @@ class _State:
     link: Link | None = None
     stress: StressCoordinator | None = None
     mix: MixCoordinator | None = None
-    verdict: Verdict | None = None
+    acks: AckCoordinator | None = None
+    verdict: Verdict | AckVerdict | None = None
 
 
 _state = _State()
@@ -92,12 +102,17 @@ def _on_init(environment: Environment, **_kwargs: Any) -> None:
             f"--num-entries {params.num_entries} must be a multiple of --num-writers {params.num_writers} "
             "when the writers are spread over workers"
         )
+    if isinstance(params, AckParams):
+        _state.acks = AckCoordinator(params, link, host, controller)
+        return
     _state.stress = StressCoordinator(params, link, host, controller)
 
 
 def _on_progress(data: Any, sender: str) -> None:
     if _state.stress is not None:
         _state.stress.on_progress(data, sender)
+    elif _state.acks is not None:
+        _state.acks.on_progress(data, sender)
 
 
 def _on_report(data: Any, sender: str) -> None:
@@ -105,12 +120,17 @@ def _on_report(data: Any, sender: str) -> None:
         _state.stress.on_report(data, sender)
     elif _state.mix is not None:
         _state.mix.on_report(data, sender)
+    elif _state.acks is not None:
+        _state.acks.on_report(data, sender)
 
 
 def _send_report(_data: Any) -> None:
     assert _state.link is not None
-    if campaign_of(_options()) == "random":
+    campaign = campaign_of(_options())
+    if campaign == "random":
         _state.link.to_master("outrig-report", mix_worker().report())
+    elif campaign == "at-least-once":
+        _state.link.to_master("outrig-report", AckWorker.running().report())
     else:
         _state.link.to_master("outrig-report", worker().report())
 
@@ -132,6 +152,8 @@ def _on_test_start(environment: Environment, **_kwargs: Any) -> None:
     params = params_from(environment.parsed_options)
     if isinstance(params, MixParams):
         set_mix_worker(MixWorker(environment, params, _state.link))
+    elif isinstance(params, AckParams):
+        AckWorker.run(AckWorker(environment, params, _state.link))
     else:
         set_worker(StressWorker(environment, params, _state.link))
 
@@ -143,6 +165,9 @@ def _on_quitting(environment: Environment, **_kwargs: Any) -> None:
     elif _state.mix is not None:
         _state.mix.ask_for_reports()
         _state.verdict = _state.mix.conclude()
+    elif _state.acks is not None:
+        _state.acks.ask_for_reports()
+        _state.verdict = _state.acks.conclude()
     if _state.verdict is not None:
         environment.process_exit_code = 0 if _state.verdict.passed else 1
 
@@ -169,6 +194,8 @@ class CampaignShape(LoadTestShape):
             return self._stress(_state.stress)
         if _state.mix is not None:
             return self._mix(_state.mix)
+        if _state.acks is not None:
+            return self._acks(_state.acks)
         return None
 
     def _stress(self, coordinator: StressCoordinator) -> tuple[int, float, list[type[User]]] | None:
@@ -193,3 +220,16 @@ class CampaignShape(LoadTestShape):
             return params.users_at(elapsed), float(params.step_users), [MixUser]
         coordinator.conclude()
         return None
+
+    def _acks(self, coordinator: AckCoordinator) -> tuple[int, float, list[type[User]]] | None:
+        if coordinator.finished:
+            return None
+        coordinator.advance()
+        if coordinator.ready(getattr(self.runner, "worker_count", 1)):
+            coordinator.conclude()
+            return None
+        params = coordinator.params
+        JobWriter.fixed_count = params.num_writers
+        JobWorker.fixed_count = params.num_readers
+        users = params.num_writers + params.num_readers
+        return users, float(users), [JobWriter, JobWorker]

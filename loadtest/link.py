@@ -7,13 +7,14 @@ single process (LocalRunner) the same messages are plain calls.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any, Literal
 
 from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
 
-__all__ = ["LOCAL", "Link", "Role"]
+__all__ = ["LOCAL", "Link", "ReportCollector", "Role"]
 
 Role = Literal["local", "master", "worker"]
 #: The sender id of messages within one process.
@@ -81,3 +82,30 @@ class Link:
             self._runner.send_message(kind, data)
         elif self.role == "local":
             self._workers[kind](data)
+
+
+class ReportCollector:
+    """The master's side of the end of a campaign that runs until the master stops it: ask every
+    worker once for its account (``outrig-report-request``), and collect the accounts. A
+    coordinator that uses it sets ``_link``, ``_reports`` ({}) and ``_asked_at`` (None)."""
+
+    #: How long the master waits for the accounts before it concludes without the missing ones.
+    REPORT_WAIT = 10.0
+
+    _link: Link
+    _reports: dict[str, dict[str, Any]]
+    _asked_at: float | None
+
+    def on_report(self, data: dict[str, Any], sender: str) -> None:
+        self._reports[sender] = data
+
+    def ask_for_reports(self) -> None:
+        if self._asked_at is None:
+            self._asked_at = time.monotonic()
+            self._link.to_workers("outrig-report-request", {})
+
+    def ready(self, workers: int) -> bool:
+        """Whether every worker's account is in (or waiting longer is pointless)."""
+        if self._asked_at is None:
+            return False
+        return len(self._reports) >= workers or time.monotonic() - self._asked_at > self.REPORT_WAIT

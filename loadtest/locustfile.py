@@ -1,6 +1,6 @@
 """The Locust entry point of outrig's campaigns: ``locust -f loadtest/locustfile.py --host HOST:PORT``.
 
-Options (see ``--help``): ``--campaign stress|stress-with-shutdown|random`` and the campaign's
+Options (see ``--help``): ``--campaign stress|stress-with-shutdown|random|at-least-once`` and the campaign's
 parameters, named after StressTestWithShutdown's (``--num-entries``, ``--num-writers``, ...).
 Locust's own options work as usual, distributed runs (``--master``, ``--worker``) included.
 `outrig stress` runs a whole campaign headless, with a server it starts, kills and restarts.
@@ -19,6 +19,6 @@ from grpc.experimental import gevent as grpc_gevent
 
 grpc_gevent.init_gevent()
 
-from outrig.loadtest.campaign import CampaignShape, MixUser, Reader, Writer  # noqa: E402
+from outrig.loadtest.campaign import CampaignShape, JobWorker, JobWriter, MixUser, Reader, Writer  # noqa: E402
 
-__all__ = ["CampaignShape", "MixUser", "Reader", "Writer"]
+__all__ = ["CampaignShape", "JobWorker", "JobWriter", "MixUser", "Reader", "Writer"]

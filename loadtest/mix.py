@@ -33,7 +33,7 @@ from outrig.loadtest.entries import (
     identity_of,
     matcher_template,
 )
-from outrig.loadtest.link import Link
+from outrig.loadtest.link import Link, ReportCollector
 from outrig.loadtest.options import MixParams
 from outrig.loadtest.report import Tally, Verdict, measured
 
@@ -242,7 +242,7 @@ def mix_worker() -> MixWorker:
     return _worker
 
 
-class MixCoordinator:
+class MixCoordinator(ReportCollector):
     """The master's side of the mix: the step shape's clock, and the final account."""
 
     def __init__(
@@ -285,20 +285,6 @@ class MixCoordinator:
     @property
     def finished(self) -> bool:
         return self.verdict is not None
-
-    def on_report(self, data: dict[str, Any], sender: str) -> None:
-        self._reports[sender] = data
-
-    def ask_for_reports(self) -> None:
-        if self._asked_at is None:
-            self._asked_at = time.monotonic()
-            self._link.to_workers("outrig-report-request", {})
-
-    def ready(self, workers: int) -> bool:
-        """Whether every worker's account is in (or waiting longer is pointless)."""
-        if self._asked_at is None:
-            return False
-        return len(self._reports) >= workers or time.monotonic() - self._asked_at > _REPORT_WAIT
 
     def conclude(self) -> Verdict:
         """Take what is left, then account for every acknowledged write."""

@@ -4,8 +4,9 @@ The stress options keep StressTestWithShutdown's parameter names (num_entries, n
 num_readers, tryShutdown, restart_wait, query_timeout, use_IfExists, interleave, verify_takes) as
 ``--num-entries`` and so on. A profile gives every option its default: ``stress-with-shutdown``
 is the original's full-size run, ``stress`` the same without the kill, ``random`` the free-running
-mix. Locust already has a ``--profile`` option, so inside Locust the profile is ``--campaign``;
-``outrig stress --profile`` passes it on.
+mix, ``at-least-once`` jobs taken with an acknowledgement deadline (loadtest/acks.py). Locust
+already has a ``--profile`` option, so inside Locust the profile is ``--campaign``; ``outrig
+stress --profile`` passes it on.
 
 Nothing here imports Locust, so `outrig stress --help` and the tests can use it without gevent.
 """
@@ -14,14 +15,23 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypeVar
 
-__all__ = ["CAMPAIGNS", "Campaign", "MixParams", "RetryPath", "StressParams", "add_arguments", "params_from"]
+__all__ = [
+    "CAMPAIGNS",
+    "AckParams",
+    "Campaign",
+    "MixParams",
+    "RetryPath",
+    "StressParams",
+    "add_arguments",
+    "params_from",
+]
 
-Campaign = Literal["stress-with-shutdown", "stress", "random"]
+Campaign = Literal["stress-with-shutdown", "stress", "random", "at-least-once"]
 RetryPath = Literal["sdk", "original"]
 
-CAMPAIGNS: Final[tuple[Campaign, ...]] = ("stress-with-shutdown", "stress", "random")
+CAMPAIGNS: Final[tuple[Campaign, ...]] = ("stress-with-shutdown", "stress", "random", "at-least-once")
 _STRESS_NUMBERS: Final = (
     "num_entries",
     "num_writers",
@@ -32,6 +42,7 @@ _STRESS_NUMBERS: Final = (
 )
 _SWITCHES: Final = ("use_if_exists", "interleave", "verify_takes")
 _MIX_NUMBERS: Final = ("max_users", "step_users", "step_seconds", "duration", "mix_kills")
+_ACK_NUMBERS: Final = ("ack_deadline", "max_deliveries", "poison_share", "abandon_share", "nack_share")
 _WEEK: Final = 7 * 24 * 3600.0
 
 
@@ -120,6 +131,53 @@ class MixParams:
         return min(self.max_users, self.step_users * (1 + int(elapsed // self.step_seconds)))
 
 
+@dataclass(frozen=True, slots=True)
+class AckParams:
+    """The at-least-once campaign (loadtest/acks.py): ``num_writers`` writers write ``num_entries``
+    jobs, a ``poison_share`` of them poison; ``num_readers`` workers take them with an ``ack_deadline``
+    (seconds) and ``max_deliveries``, and ack, except that, before a job's last two deliveries, an
+    ``abandon_share`` of them walk away from the receipt (a killed worker) and a ``nack_share``
+    nack; poison jobs are always nacked. The server is killed ``try_shutdown`` times, spread over
+    the acks, ``restart_wait`` seconds each."""
+
+    num_entries: int = 2000
+    num_writers: int = 10
+    num_readers: int = 20
+    try_shutdown: int = 1
+    restart_wait: float = 2.0
+    query_timeout: float = 0.5
+    ack_deadline: float = 5.0
+    max_deliveries: int = 4
+    poison_share: float = 0.05
+    abandon_share: float = 0.1
+    nack_share: float = 0.1
+    space: str = "jobs"
+    lease: float = _WEEK
+
+    def check(self) -> None:
+        """Raise ValueError naming the first parameter out of range."""
+        StressParams(**{name: getattr(self, name) for name in _STRESS_NUMBERS}).check()  # the shared ones
+        if self.ack_deadline <= 0:
+            raise ValueError(f"--ack-deadline must be > 0 seconds, got {self.ack_deadline}")
+        if self.max_deliveries < 2:
+            raise ValueError(f"--max-deliveries must be >= 2, got {self.max_deliveries}")
+        for name in ("poison_share", "abandon_share", "nack_share"):
+            share = getattr(self, name)
+            if not 0 <= share <= 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be between 0 and 1, got {share}")
+        if self.abandon_share + self.nack_share > 1:
+            raise ValueError("--abandon-share and --nack-share must add up to at most 1")
+
+    def share(self, writer: int) -> int:
+        """How many jobs writer number ``writer`` (from 0) writes (as `StressParams.share`)."""
+        base, extra = divmod(self.num_entries, self.num_writers)
+        return base + (1 if writer < extra else 0)
+
+    def kill_after_acks(self, jobs: int) -> list[int]:
+        """The acked-job counts after which the server is killed, spread evenly over `jobs`."""
+        return [k * jobs // (self.try_shutdown + 1) for k in range(1, self.try_shutdown + 1)]
+
+
 def _profile_defaults(campaign: Campaign) -> StressParams:
     return StressParams(try_shutdown=1 if campaign == "stress-with-shutdown" else 0)
 
@@ -134,7 +192,8 @@ def add_arguments(parser: Any, *, campaign_flag: str = "--campaign") -> None:
         choices=CAMPAIGNS,
         default=None,
         help="stress-with-shutdown (default under `outrig stress`), stress (no kill; the default for "
-        "plain locust), or random (the free-running mix)",
+        "plain locust), random (the free-running mix), or at-least-once (jobs taken with an "
+        "acknowledgement deadline, acked, abandoned, nacked and dead-lettered)",
     )
     stress: list[tuple[str, type, str]] = [
         ("--num-entries", int, "entries written, then each read and taken once (10000)"),
@@ -184,12 +243,21 @@ def add_arguments(parser: Any, *, campaign_flag: str = "--campaign") -> None:
         ),
     ]
     _add_valued(group, mix)
+    acks: list[tuple[str, type, str]] = [
+        ("--ack-deadline", float, "at-least-once: seconds each take gives its worker to ack (5)"),
+        ("--max-deliveries", int, "at-least-once: deliveries before a job goes to the dead-letter space (4)"),
+        ("--poison-share", float, "at-least-once: share of the jobs that always fail (0.05)"),
+        ("--abandon-share", float, "at-least-once: share of deliveries whose worker walks away (0.1)"),
+        ("--nack-share", float, "at-least-once: share of deliveries nacked (0.1)"),
+    ]
+    _add_valued(group, acks)
 
 
 def _add_valued(group: Any, options: list[tuple[str, type, str]]) -> None:
     """Options of a number (N) or of seconds (S), None unless given."""
     for flag, kind, text in options:
-        group.add_argument(flag, type=kind, default=None, metavar="N" if kind is int else "S", help=text)
+        metavar = "N" if kind is int else "F" if "share" in flag else "S"
+        group.add_argument(flag, type=kind, default=None, metavar=metavar, help=text)
 
 
 def _given(options: Any, name: str) -> Any:
@@ -201,17 +269,29 @@ def campaign_of(options: Any, default: Campaign = "stress") -> Campaign:
     return value if value in CAMPAIGNS else default
 
 
-def params_from(options: Any) -> StressParams | MixParams:
+P = TypeVar("P", MixParams, AckParams)
+
+
+def _given_or_default(cls: type[P], options: Any, names: tuple[str, ...]) -> P:
+    """`cls` with the options given, its defaults for the others."""
+    defaults = cls()
+    return cls(
+        **{
+            name: _given(options, name) if _given(options, name) is not None else getattr(defaults, name)
+            for name in names
+        }
+    )
+
+
+def params_from(options: Any) -> StressParams | MixParams | AckParams:
     """The checked parameters for the options' campaign (ValueError naming a bad option)."""
     campaign = campaign_of(options)
+    if campaign == "at-least-once":
+        acks = _given_or_default(AckParams, options, (*_STRESS_NUMBERS, *_ACK_NUMBERS, "space"))
+        acks.check()
+        return acks
     if campaign == "random":
-        mix_base = MixParams()
-        mix = MixParams(
-            **{
-                name: _given(options, name) if _given(options, name) is not None else getattr(mix_base, name)
-                for name in (*_MIX_NUMBERS, "space")
-            }
-        )
+        mix = _given_or_default(MixParams, options, (*_MIX_NUMBERS, "space"))
         mix.check()
         return mix
     base = _profile_defaults(campaign)
@@ -234,7 +314,16 @@ def namespace_args(options: argparse.Namespace) -> list[str]:
     args: list[str] = []
     if options.campaign is not None:
         args += ["--campaign", options.campaign]
-    for name in (*_STRESS_NUMBERS, "retry", "space", "kill_command", "restart_command", *_MIX_NUMBERS):
+    names = (
+        *_STRESS_NUMBERS,
+        "retry",
+        "space",
+        "kill_command",
+        "restart_command",
+        *_MIX_NUMBERS,
+        *_ACK_NUMBERS,
+    )
+    for name in names:
         value = getattr(options, name, None)
         if value is not None:
             args += ["--" + name.replace("_", "-"), str(value)]

@@ -32,7 +32,8 @@ def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="outrig stress",
         description="Run a Locust campaign against outrig, headless, and print its verdict last: "
-        "`verdict: written=N read=N taken=N lost=N duplicated=N retries=N empty=yes|no`. "
+        "`verdict: written=N read=N taken=N lost=N duplicated=N retries=N empty=yes|no` (the "
+        "at-least-once profile: `verdict: jobs=N acked=A dead=M redelivered=R lost=0 duplicated_acks=0`). "
         "Arguments after `--` go to Locust as they are (e.g. -- --only-summary). "
         "Exit status: 0 the campaign passed; 1 it failed; 2 bad options or no server.",
     )
@@ -86,10 +87,17 @@ def parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _partitioned(report_dir: Path, space: str, partitions: int) -> Path:
-    """A configuration file that partitions `space` by the campaign entries' serial."""
-    config = report_dir / "partitions.toml"
-    config.write_text(f'[spaces.{space}]\npartition_by = "serial"\npartitions = {partitions}\n')
+def _space_config(report_dir: Path, space: str, partitions: int, *, quick_backoff: bool) -> Path:
+    """A configuration file for the campaign's space: in `partitions` by the campaign entries'
+    serial; with `quick_backoff`, nacked jobs back off from 50 ms (at most 0.5 s) rather than
+    the default 1 s (at most 10 min), so poison jobs reach their dead-letter space in seconds."""
+    config = report_dir / "space.toml"
+    lines = [f"[spaces.{space}]"]
+    if partitions > 1:
+        lines += ['partition_by = "serial"', f"partitions = {partitions}"]
+    if quick_backoff:
+        lines += ["nack_backoff = 0.05", "nack_backoff_max = 0.5"]
+    config.write_text("\n".join(lines) + "\n")
     return config
 
 
@@ -122,11 +130,12 @@ def main(argv: list[str]) -> int:
         serve_args = ["--durability", args.durability]
         if args.commit_interval_ms is not None:
             serve_args += ["--commit-interval-ms", str(args.commit_interval_ms)]
-        if args.partitions > 1:
-            serve_args += [
-                "--config",
-                str(_partitioned(report_dir, params_from(args).space, args.partitions)),
-            ]
+        quick_backoff = args.campaign == "at-least-once"
+        if args.partitions > 1 or quick_backoff:
+            config = _space_config(
+                report_dir, params_from(args).space, args.partitions, quick_backoff=quick_backoff
+            )
+            serve_args += ["--config", str(config)]
         server = ManagedServer(
             data_dir, report_dir / "server.log", serve_args=tuple(serve_args), workers=args.workers
         )

@@ -306,11 +306,18 @@ class Writer(User):
     fixed_count = 1
 
     def on_start(self) -> None:
-        side = worker()
+        side = self._campaign()
         self._side = side
         self._left = side.params.share(side.writers_started)
         side.writers_started += 1
         self._finished = False
+
+    def _campaign(self) -> Any:
+        """This process's side of the campaign (the at-least-once JobWriter has its own)."""
+        return worker()
+
+    def _write_next(self) -> None:
+        self._side.write(self._side.factory.make())
 
     @task
     def write_one(self) -> None:
@@ -318,7 +325,7 @@ class Writer(User):
             self._finish()
         self._left -= 1
         try:
-            self._side.write(self._side.factory.make())
+            self._write_next()
         except OutrigError:
             self._side.tally.failed += 1
 

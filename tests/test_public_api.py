@@ -35,10 +35,15 @@ OUTRIG = {
     "UnauthenticatedError", "LeaseNotFoundError", "TransactionNotFoundError", "QuotaExceededError",
     "TypeConflictError", "TransactionAbortedError", "RequestConflictError", "RegistrationBusyError",
     "ShuttingDownError", "StoreUnavailableError", "NotOwnerError", "NoOtherServerError",
-    "RoutingValueError", "CrossPartitionError",
+    "RoutingValueError", "CrossPartitionError", "DeliveryExpiredError",
+    # takes with an acknowledgement deadline (docs/work-queues.md)
+    "Delivery", "Returned", "Taking",
     "__version__",
 }  # fmt: skip
-AIO = {"connect", "AsyncSpace", "AsyncLease", "AsyncNotification", "AsyncTransaction"}
+AIO = {
+    "connect", "AsyncSpace", "AsyncLease", "AsyncNotification", "AsyncTransaction", "AsyncDelivery",
+    "AsyncTaking",
+}  # fmt: skip
 
 
 def test_outrig_exports_exactly_its_public_names() -> None:
@@ -65,6 +70,7 @@ def test_domain_errors_subclass_their_status_class() -> None:
         outrig.StoreUnavailableError: outrig.UnavailableError,
         outrig.NotOwnerError: outrig.StoreUnavailableError,
         outrig.NoOtherServerError: outrig.FailedPreconditionError,
+        outrig.DeliveryExpiredError: outrig.FailedPreconditionError,
     }
     for cls, parent in parents.items():
         assert cls.__bases__ == (parent,), cls
@@ -77,8 +83,13 @@ def test_domain_errors_subclass_their_status_class() -> None:
 def test_nowait_never_waits_and_if_exists_names_its_lock_wait(space: type) -> None:
     for name in ("read_nowait", "take_nowait"):
         parameters = inspect.signature(getattr(space, name)).parameters
-        assert list(parameters) == ["self", "templates", "order_by"], name
-        assert parameters["order_by"].kind is inspect.Parameter.KEYWORD_ONLY, name
+        # A space's take_nowait may deliver (ack=); a transaction's may not (not under one).
+        acked = (
+            ["ack", "max_deliveries"] if name == "take_nowait" and "Transaction" not in space.__name__ else []
+        )
+        assert list(parameters) == ["self", "templates", "order_by", *acked], name
+        for keyword in ("order_by", *acked):
+            assert parameters[keyword].kind is inspect.Parameter.KEYWORD_ONLY, name
     for name in ("read_if_exists", "take_if_exists"):
         parameter = inspect.signature(getattr(space, name)).parameters["lock_timeout"]
         assert parameter.kind is inspect.Parameter.KEYWORD_ONLY, name

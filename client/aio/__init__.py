@@ -7,9 +7,18 @@
         task = await space.take(Task(job="resize"), timeout=5.0)
 
 Entries, templates, leases durations (`outrig.FOREVER`, `outrig.ANY`), `outrig.Event`,
-`outrig.LeaseResult` and the errors are shared with the blocking client in `outrig`.
+`outrig.LeaseResult`, `outrig.Returned` and the errors are shared with the blocking client in `outrig`.
 """
 
+from outrig.aio._delivery import AsyncDelivery, AsyncTaking
 from outrig.aio._space import AsyncLease, AsyncNotification, AsyncSpace, AsyncTransaction, connect
 
-__all__ = ["AsyncLease", "AsyncNotification", "AsyncSpace", "AsyncTransaction", "connect"]
+__all__ = [
+    "AsyncDelivery",
+    "AsyncLease",
+    "AsyncNotification",
+    "AsyncSpace",
+    "AsyncTaking",
+    "AsyncTransaction",
+    "connect",
+]

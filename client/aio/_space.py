@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import grpc
 import grpc.aio
@@ -43,9 +43,11 @@ from outrig._base import (
     rpc_errors,
 )
 from outrig._codec import AnyEntry, decode_entries
+from outrig._delivery import deliveries_of
 from outrig._exceptions import CallCancelledError, DeadlineExceededError, OutrigError, UnavailableError
 from outrig._matchers import OrderBy
 from outrig._tls import TLS, channel_credentials, token_metadata
+from outrig.aio._delivery import AsyncDelivery, AsyncTaking
 from outrig.aio._mux import AsyncMux
 from outrig.v1 import space_pb2 as pb
 
@@ -138,14 +140,30 @@ class AsyncSpace(BaseSpace):
         """
         return self._on_same_connection(name)
 
-    async def write(self, entry: AnyEntry, lease: LeaseArg = ANY) -> AsyncLease:
-        """Store a copy of ``entry`` and return its lease; see `outrig.Space.write`."""
-        reply: pb.WriteReply = await self._call(self._ops["Write"], self._write_request(entry, lease))
+    async def write(
+        self,
+        entry: AnyEntry,
+        lease: LeaseArg = ANY,
+        *,
+        delay: float | None = None,
+        visible_at: float | None = None,
+    ) -> AsyncLease:
+        """Store a copy of ``entry`` and return its lease; see `outrig.Space.write` (and its
+        ``delay`` and ``visible_at``)."""
+        request = self._write_request(entry, lease, delay, visible_at)
+        reply: pb.WriteReply = await self._call(self._ops["Write"], request)
         return AsyncLease(self, reply.lease)
 
-    async def write_many(self, entries: Iterable[AnyEntry], lease: LeaseArg = ANY) -> list[AsyncLease]:
+    async def write_many(
+        self,
+        entries: Iterable[AnyEntry],
+        lease: LeaseArg = ANY,
+        *,
+        delay: float | None = None,
+        visible_at: float | None = None,
+    ) -> list[AsyncLease]:
         """Store all of ``entries``, or none of them; return their leases, in order."""
-        request = self._write_many_request(entries, lease)
+        request = self._write_many_request(entries, lease, delay, visible_at)
         reply: pb.WriteManyReply = await self._call(self._ops["WriteMany"], request)
         return [AsyncLease(self, message) for message in reply.leases]
 
@@ -175,21 +193,65 @@ class AsyncSpace(BaseSpace):
         reply: pb.MatchReply = await self._call(self._ops["Read"], request)
         return first_entry(reply)
 
+    @overload
     async def take(
-        self, templates: Templates, timeout: float | None = None, *, order_by: OrderBy = None
-    ) -> AnyEntry | None:
+        self,
+        templates: Templates,
+        timeout: float | None = None,
+        *,
+        order_by: OrderBy = None,
+        ack: None = None,
+    ) -> AnyEntry | None: ...
+    @overload
+    async def take(
+        self,
+        templates: Templates,
+        timeout: float | None = None,
+        *,
+        order_by: OrderBy = None,
+        ack: float,
+        max_deliveries: int = 0,
+    ) -> AsyncDelivery | None: ...
+    async def take(
+        self,
+        templates: Templates,
+        timeout: float | None = None,
+        *,
+        order_by: OrderBy = None,
+        ack: float | None = None,
+        max_deliveries: int = 0,
+    ) -> AnyEntry | AsyncDelivery | None:
         """Remove and return a matching entry, waiting up to ``timeout`` seconds (None: no limit).
 
-        Returns None if nothing matched in time.
+        Returns None if nothing matched in time. ``ack``: deliver it instead, and return an
+        `AsyncDelivery` (see `outrig.Space.take`).
         """
-        reply: pb.MatchReply = await self._call(
-            self._ops["Take"], self._take_request(templates, timeout, order_by=order_by)
+        request = self._take_request(
+            templates, timeout, order_by=order_by, ack=ack, max_deliveries=max_deliveries
         )
-        return first_entry(reply)
+        return self._taken_one(request, await self._call(self._ops["Take"], request))
 
-    async def take_nowait(self, templates: Templates, *, order_by: OrderBy = None) -> AnyEntry | None:
-        """Remove and return an entry that matches now, or None; never waits."""
-        return await self.take_if_exists(templates, lock_timeout=0.0, order_by=order_by)
+    @overload
+    async def take_nowait(
+        self, templates: Templates, *, order_by: OrderBy = None, ack: None = None
+    ) -> AnyEntry | None: ...
+    @overload
+    async def take_nowait(
+        self, templates: Templates, *, order_by: OrderBy = None, ack: float, max_deliveries: int = 0
+    ) -> AsyncDelivery | None: ...
+    async def take_nowait(
+        self,
+        templates: Templates,
+        *,
+        order_by: OrderBy = None,
+        ack: float | None = None,
+        max_deliveries: int = 0,
+    ) -> AnyEntry | AsyncDelivery | None:
+        """Remove and return an entry that matches now, or None; never waits. ``ack``: deliver it."""
+        request = self._take_request(
+            templates, 0.0, if_exists=True, order_by=order_by, ack=ack, max_deliveries=max_deliveries
+        )
+        return self._taken_one(request, await self._call(self._ops["Take"], request))
 
     async def take_if_exists(
         self, templates: Templates, *, lock_timeout: float | None, order_by: OrderBy = None
@@ -199,6 +261,37 @@ class AsyncSpace(BaseSpace):
         request = self._take_request(templates, lock_timeout, if_exists=True, order_by=order_by)
         reply: pb.MatchReply = await self._call(self._ops["Take"], request)
         return first_entry(reply)
+
+    def taking(
+        self,
+        templates: Templates,
+        timeout: float | None = None,
+        *,
+        ack: float = 30.0,
+        order_by: OrderBy = None,
+        max_deliveries: int = 0,
+    ) -> AsyncTaking:
+        """Take with an acknowledgement deadline for the length of an ``async with`` block: the
+        `AsyncDelivery` (or None on timeout) is acknowledged when the block ends normally and
+        returned when it raises; see `outrig.Space.taking`."""
+        request = self._take_request(
+            templates, timeout, order_by=order_by, ack=ack, max_deliveries=max_deliveries
+        )
+
+        async def take() -> AsyncDelivery | None:
+            found = self._delivered(await self._call(self._ops["Take"], request))
+            return found[0] if found else None
+
+        return AsyncTaking(take)
+
+    def _delivered(self, reply: pb.MatchReply) -> list[AsyncDelivery]:
+        return deliveries_of(reply, lambda entry, message: AsyncDelivery(self, entry, message))
+
+    def _taken_one(self, request: pb.MatchRequest, reply: pb.MatchReply) -> AnyEntry | AsyncDelivery | None:
+        if not request.HasField("ack"):
+            return first_entry(reply)
+        found = self._delivered(reply)
+        return found[0] if found else None
 
     async def read_many(
         self,
@@ -213,6 +306,7 @@ class AsyncSpace(BaseSpace):
         reply: pb.MatchReply = await self._call(self._ops["ReadMany"], request)
         return decode_entries(reply.entries)
 
+    @overload
     async def take_many(
         self,
         templates: Templates,
@@ -220,11 +314,41 @@ class AsyncSpace(BaseSpace):
         max_entries: int,
         timeout: float | None = None,
         order_by: OrderBy = None,
-    ) -> list[AnyEntry]:
-        """Remove and return up to ``max_entries`` matching entries; see `outrig.Space.take_many`."""
-        request = self._take_request(templates, timeout, max_entries=max_entries, order_by=order_by)
+        ack: None = None,
+    ) -> list[AnyEntry]: ...
+    @overload
+    async def take_many(
+        self,
+        templates: Templates,
+        *,
+        max_entries: int,
+        timeout: float | None = None,
+        order_by: OrderBy = None,
+        ack: float,
+        max_deliveries: int = 0,
+    ) -> list[AsyncDelivery]: ...
+    async def take_many(
+        self,
+        templates: Templates,
+        *,
+        max_entries: int,
+        timeout: float | None = None,
+        order_by: OrderBy = None,
+        ack: float | None = None,
+        max_deliveries: int = 0,
+    ) -> list[AnyEntry] | list[AsyncDelivery]:
+        """Remove and return up to ``max_entries`` matching entries; see `outrig.Space.take_many`
+        (and its ``ack``)."""
+        request = self._take_request(
+            templates,
+            timeout,
+            max_entries=max_entries,
+            order_by=order_by,
+            ack=ack,
+            max_deliveries=max_deliveries,
+        )
         reply: pb.MatchReply = await self._call(self._ops["TakeMany"], request)
-        return decode_entries(reply.entries)
+        return self._delivered(reply) if ack is not None else decode_entries(reply.entries)
 
     def contents(
         self, templates: Templates, *, max_entries: int = 0, order_by: OrderBy = None

@@ -39,6 +39,10 @@ class SpaceFigures:
     types: Mapping[str, int] = field(default_factory=dict)  # type -> entries of it or a subtype
     max_entries: int = 0  # the space's quotas (0: not reported)
     max_bytes: int = 0
+    in_flight: int = 0  # pending deliveries (takes with an acknowledgement deadline)
+    delayed: int = 0  # entries hidden until a time
+    redelivered: int = 0  # deliveries that ended unacknowledged, since the server started
+    dead_lettered: int = 0  # entries moved to the dead-letter space, since the server started
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,7 +42,9 @@ def add_parsers(commands: Any) -> None:
         help="list a space's entries page by page, without taking them",
         description="List the entries of SPACE that match the templates (--type, --where; none: every "
         "entry) in arrival order, a page at a time, without taking them: each entry's lease id, type, "
-        "lease end and fields. The last line names the cursor of the next page (--after).",
+        "lease end, delivery state (a pending delivery's receipt and deadline, or when a delayed entry "
+        "becomes visible; how often it was delivered) and fields. The last line names the cursor of "
+        "the next page (--after).",
     )
     browse.add_argument("space", metavar="SPACE")
     _template_options(browse, required=False)
@@ -178,6 +180,12 @@ def _describe(space: Any, args: argparse.Namespace) -> int:
         f"waiters {described.waiters}, registrations {described.registrations}, transactions "
         f"{described.transactions}, locked entries {described.locked}, leases expired {described.expired}"
     )
+    limit = f"max_deliveries {c.max_deliveries}" if c.max_deliveries else "no max_deliveries"
+    print(
+        f"deliveries in flight {described.in_flight}, delayed entries {described.delayed}, redelivered "
+        f"{described.redelivered}, dead-lettered {described.dead_lettered} ({limit}, dead letters to "
+        f"{c.dead_letter or '-'})"
+    )
     if described.types:
         print()
         rows: list[tuple[str, ...]] = [
@@ -246,21 +254,49 @@ def _browse(space: Any, args: argparse.Namespace) -> int:
             break
     if args.json:
         listed = [
-            {"id": e.id, "expires_at": e.expires_at, "locked": e.locked, **_document(e.entry)}
+            {
+                "id": e.id,
+                "expires_at": e.expires_at,
+                "locked": e.locked,
+                "receipt": e.receipt,
+                "deadline": e.deadline,
+                "visible_at": e.visible_at,
+                "deliveries": e.deliveries,
+                **_document(e.entry),
+            }
             for e in entries
         ]
         print(json.dumps({"entries": listed, "next": cursor}, ensure_ascii=False))
         return 0
-    rows: list[tuple[str, ...]] = [("id", "type", "expires", "fields")]
+    rows: list[tuple[str, ...]] = [("id", "type", "expires", "delivery", "fields")]
     for e in entries:
         document = _document(e.entry)
         locked = " (read-locked)" if e.locked else ""
         rows.append(
-            (str(e.id), document["type"], _when(e.expires_at) + locked, json.dumps(document["fields"]))
+            (
+                str(e.id),
+                document["type"],
+                _when(e.expires_at) + locked,
+                _delivery_text(e),
+                json.dumps(document["fields"]),
+            )
         )
     print("\n".join(_table(rows)))
     print(f"next page: --after {cursor}" if cursor else "(no more entries)")
     return 0
+
+
+def _delivery_text(e: Any) -> str:
+    """A browsed entry's delivery state, one word: its pending delivery (receipt, deadline), or
+    when it is visible again (a delayed write, a delivery returned with a delay); its count."""
+    count = f"deliveries={e.deliveries}" if e.deliveries else ""
+    if e.receipt is not None:
+        return ",".join(
+            filter(None, (f"pending:receipt={e.receipt}", f"deadline={_when(e.deadline)}", count))
+        )
+    if e.visible_at is not None:
+        return ",".join(filter(None, (f"delayed:until={_when(e.visible_at)}", count)))
+    return count or "-"
 
 
 def _purge(space: Any, args: argparse.Namespace) -> int:

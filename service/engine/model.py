@@ -32,7 +32,20 @@ class NewEntry:
 class StoredEntry:
     """An entry in a space. `lineage` is its type followed by its supertypes."""
 
-    __slots__ = ("arrival", "expires_at", "fields", "id", "lineage", "lock", "payload", "size")
+    __slots__ = (
+        "arrival",
+        "dead_letter_reason",
+        "deliveries",
+        "expires_at",
+        "fields",
+        "hidden_until",
+        "id",
+        "lineage",
+        "lock",
+        "payload",
+        "receipt",
+        "size",
+    )
 
     def __init__(self, entry_id: int, new: NewEntry, expires_at: float | None) -> None:
         self.id = entry_id
@@ -46,6 +59,14 @@ class StoredEntry:
         self.expires_at = expires_at
         # The transactions' locks on it (engine/locks.py); None, the common case, is none.
         self.lock: EntryLock | None = None
+        # Takes with an acknowledgement deadline (engine/deliveries.py): how many times it has been
+        # delivered, until when it is hidden (out of the index: a pending delivery's deadline, or a
+        # delayed write's or returned delivery's visible_at; None: visible), its pending delivery's
+        # receipt (None: none), and why it is in a dead-letter space ("": it is not).
+        self.deliveries = 0
+        self.hidden_until: float | None = None
+        self.receipt: int | None = None
+        self.dead_letter_reason = ""
 
     @property
     def type_name(self) -> str:
@@ -177,9 +198,25 @@ class Waiter:
     asks before it claims an entry for the waiter, so that what it claims is never refused. A
     waiter without it should never refuse: a refusal by `deliver` is undone afterwards by filing
     the entry again, a step that could itself fail (the entry would then be lost).
+
+    `ack` (seconds; a take only, never under a transaction): a take with an acknowledgement
+    deadline. What it is handed is delivered (engine/deliveries.py), not removed: the entry's
+    `receipt`, `deliveries` and `hidden_until` say which delivery; `max_deliveries` is the take's
+    limit (0: the space's).
     """
 
-    __slots__ = ("deliver", "if_exists", "max_entries", "seq", "take", "templates", "txn", "wants")
+    __slots__ = (
+        "ack",
+        "deliver",
+        "if_exists",
+        "max_deliveries",
+        "max_entries",
+        "seq",
+        "take",
+        "templates",
+        "txn",
+        "wants",
+    )
 
     def __init__(
         self,
@@ -192,6 +229,8 @@ class Waiter:
         txn: Transaction | None = None,
         if_exists: bool = False,
         wants: Callable[[], bool] | None = None,
+        ack: float | None = None,
+        max_deliveries: int = 0,
     ) -> None:
         self.seq = seq
         self.templates = templates
@@ -201,6 +240,8 @@ class Waiter:
         self.txn = txn
         self.if_exists = if_exists
         self.wants = wants
+        self.ack = ack
+        self.max_deliveries = max_deliveries
 
 
 class TransactionState(enum.Enum):

@@ -6,7 +6,9 @@ lease; two `WatcherIndex`es (watchers.py) hold the parked reads and takes and th
 
 All methods are synchronous and run on one thread (the server's event loop); each call is
 atomic with respect to the others, which is what makes take exclusive. Transactions (begin, commit,
-abort and the locks) come from `TransactionsMixin` in transacting.py.
+abort and the locks) come from `TransactionsMixin` in transacting.py; takes with an
+acknowledgement deadline, delayed entries and dead letters from `DeliveriesMixin` in
+deliveries.py (a hidden entry is in the space but not in the index).
 
 Each call also either fails having changed nothing, or happens: an exception midway must never
 leave an entry filed in one index and gone from another (a take would then return it forever).
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 
 from outrig.service.engine.ages import PRUNE_AT, WriteTimes
 from outrig.service.engine.clock import Clock
+from outrig.service.engine.deliveries import DeliveriesMixin
 from outrig.service.engine.index import EntryIndex
 from outrig.service.engine.leases import MAX_LEASE_SECONDS, LeaseQueue, check_lease_duration
 from outrig.service.engine.locks import CONFLICT, OK, read_access, take_access
@@ -49,6 +52,7 @@ from outrig.service.engine.partitions import ids_of
 from outrig.service.engine.transacting import TransactionsMixin
 from outrig.service.engine.watchers import WatcherIndex
 from outrig.service.exceptions import (
+    InvalidArgumentError,
     LeaseNotFoundError,
     QuotaExceededError,
     TypeConflictError,
@@ -96,6 +100,10 @@ class SpaceStatistics:
     types: int
     transactions: int = 0
     locked: int = 0  # entries some transaction holds a lock on
+    in_flight: int = 0  # pending deliveries (takes with an acknowledgement deadline)
+    delayed: int = 0  # entries hidden until a time
+    redelivered: int = 0  # deliveries that ended unacknowledged, since the space was made
+    dead_lettered: int = 0  # entries moved to the dead-letter space, since the space was made
 
 
 _COUNT_REAP_BATCH = 1000
@@ -109,7 +117,7 @@ def _nothing() -> None:
     """The undo of a claim that changed nothing (a plain read)."""
 
 
-class SpaceEngine(TransactionsMixin):
+class SpaceEngine(TransactionsMixin, DeliveriesMixin):
     """The matching engine of one space."""
 
     def __init__(self, name: str, settings: SpaceSettings, clock: Clock) -> None:
@@ -138,6 +146,7 @@ class SpaceEngine(TransactionsMixin):
         # Told of every commit and abort, including aborts by lease expiry (the reaper's).
         self.on_transaction_end: Callable[[TransactionOutcome], None] | None = None
         self._written_at = WriteTimes()  # when entries were written, to about a second
+        self._init_deliveries()
 
     # ------------------------------------------------------------------ recovery
 
@@ -145,11 +154,30 @@ class SpaceEngine(TransactionsMixin):
         """Know a type and its supertypes (a restart restores the declarations it had)."""
         self._types[type_name] = supertypes
 
-    def load(self, entry_id: int, arrival: int, new: NewEntry, expires_at: float | None) -> None:
-        """Put back a recovered entry as it was: its id, its place in arrival order, its lease.
+    def load(
+        self,
+        entry_id: int,
+        arrival: int,
+        new: NewEntry,
+        expires_at: float | None,
+        *,
+        hidden_until: float | None = None,
+        receipt: int | None = None,
+        deliveries: int = 0,
+        dead_letter_reason: str | None = "",
+    ) -> None:
+        """Put back a recovered entry as it was: its id, its place in arrival order, its lease,
+        its delivery state (hidden until a time still to come, with its pending delivery's
+        receipt if any; one whose time has passed is visible, a stale receipt dropped).
         Call in arrival order; nobody is waiting yet, so nothing is offered or published."""
         stored = StoredEntry(entry_id, new, expires_at)
         stored.arrival = arrival
+        stored.deliveries = deliveries
+        stored.dead_letter_reason = dead_letter_reason or ""
+        if hidden_until is not None and hidden_until > self._clock.time():
+            stored.hidden_until, stored.receipt = hidden_until, receipt
+            if receipt is not None:
+                self._next_id = self._ids.at_least(max(self._next_id, receipt + 1))
         if not self._written_at:
             self._written_at.note(entry_id, self._clock.time())  # recovered: counted from now
         lineage = stored.lineage
@@ -217,16 +245,24 @@ class SpaceEngine(TransactionsMixin):
 
     # ------------------------------------------------------------------ writing
 
-    def write(self, entries: Sequence[NewEntry], lease: float | None) -> list[LeaseGrant]:
+    def write(
+        self, entries: Sequence[NewEntry], lease: float | None, visible_at: float | None = None
+    ) -> list[LeaseGrant]:
         """Store `entries`, all or nothing, each under a lease of `lease` seconds.
 
         Raises TypeConflictError or QuotaExceededError before storing anything.
         """
-        stored, granted = self.write_entries(entries, lease)
+        stored, granted = self.write_entries(entries, lease, visible_at=visible_at)
         return [LeaseGrant(each.id, each.expires_at, granted) for each in stored]
 
     def write_entries(
-        self, entries: Sequence[NewEntry], lease: float | None, txn: Transaction | None = None
+        self,
+        entries: Sequence[NewEntry],
+        lease: float | None,
+        txn: Transaction | None = None,
+        visible_at: float | None = None,
+        *,
+        carried: tuple[int, str] = (0, ""),
     ) -> tuple[list[StoredEntry], float | None]:
         """`write`, returning the stored entries (some perhaps handed straight to a parked take)
         and the granted lease duration (None: forever).
@@ -234,16 +270,35 @@ class SpaceEngine(TransactionsMixin):
         Under `txn` the entries are write-locked: only that transaction sees them, and hears of
         them through its own notify registrations, until it commits.
 
+        With `visible_at` (epoch seconds; never under a transaction) still to come, the entries
+        are stored hidden (deliveries.py) and offered and published only then. `carried`: the
+        delivery count and dead-letter reason they come with (an entry moved to a dead-letter
+        space).
+
         Every entry is filed before any is published or offered: a write that fails has handed
         nothing to anyone, and one that has handed something out has stored all of it."""
         now = self._clock.time()
         expires_at, granted = self._grant(lease, now)
+        if visible_at is not None:
+            if txn is not None:
+                raise InvalidArgumentError(
+                    "visible_at: a delayed write cannot run under a transaction (its entries would be "
+                    "visible at commit)"
+                )
+            if not math.isfinite(visible_at):
+                raise InvalidArgumentError(f"visible_at: must be a time in epoch seconds, got {visible_at!r}")
+            if visible_at <= now:
+                visible_at = None
         if txn is not None:
             self._check_active(txn)
         declared = self._declare_types(entries)
         self._check_quota(len(entries), sum(entry.size for entry in entries))
         first_id = self._next_id
         written = [StoredEntry(self._new_id(), new, expires_at) for new in entries]
+        if visible_at is not None or carried[0]:
+            for stored in written:
+                stored.hidden_until = visible_at
+                stored.deliveries, stored.dead_letter_reason = carried
         filed = 0
         try:
             for stored in written:
@@ -262,9 +317,10 @@ class SpaceEngine(TransactionsMixin):
             for stored in written:
                 self._lock(stored).writer = txn
                 txn.written[stored.id] = stored
-        for stored in written:  # the commit point is passed: these never raise
-            self._publish(stored, txn)
-            self._offer(stored)
+        if visible_at is None:
+            for stored in written:  # the commit point is passed: these never raise
+                self._publish(stored, txn)
+                self._offer(stored)
         return written, granted
 
     def _declare_types(self, entries: Sequence[NewEntry]) -> dict[str, tuple[str, ...]]:
@@ -308,13 +364,17 @@ class SpaceEngine(TransactionsMixin):
             )
 
     def _insert(self, stored: StoredEntry) -> None:
-        """File an entry in the space, all or nothing: its lease, then the index, the steps that
-        can fail (if the index does, the lease is unfiled again); then by id."""
+        """File an entry in the space, all or nothing: its lease, then the index (a hidden entry:
+        its timer), the steps that can fail (if the index does, the lease is unfiled again); then
+        by id."""
         entry_id, expires_at = stored.id, stored.expires_at
         if expires_at is not None:
             self._leases.add(entry_id, expires_at)
         try:
-            self._index.insert(stored)
+            if stored.hidden_until is None:
+                self._index.insert(stored)
+            else:
+                self._file_hidden(stored)
         except BaseException:
             if expires_at is not None:
                 self._leases.discard(entry_id, expires_at)
@@ -330,12 +390,15 @@ class SpaceEngine(TransactionsMixin):
             return
         if expires_at is not None:
             self._leases.discard(entry_id, expires_at)
-        try:
-            self._index.remove(stored)
-        except BaseException:
-            if expires_at is not None:
-                self._leases.add(entry_id, expires_at)
-            raise
+        if stored.hidden_until is None:
+            try:
+                self._index.remove(stored)
+            except BaseException:
+                if expires_at is not None:
+                    self._leases.add(entry_id, expires_at)
+                raise
+        else:  # hidden: not in the index; its delivery, if any, ends
+            self._end_hidden(stored)
         del self._entries[entry_id]
         self._bytes -= stored.size
         if stored.lock is not None:
@@ -343,9 +406,10 @@ class SpaceEngine(TransactionsMixin):
 
     def _put_back(self, stored: StoredEntry) -> None:
         """File again an entry just unfiled (undoing a step that failed), at its place in arrival
-        order."""
+        order (or hidden as it was)."""
         self._insert(stored)
-        self._index.reorder(stored)
+        if stored.hidden_until is None:
+            self._index.reorder(stored)
 
     def _claim(self, stored: StoredEntry, take: bool, txn: Transaction | None) -> Callable[[], None]:
         """Claim an entry of the space found for a take or a read, and return what undoes it: a
@@ -412,7 +476,10 @@ class SpaceEngine(TransactionsMixin):
             return False
         self.unpark(waiter)
         try:
-            undo = self._claim(stored, waiter.take, waiter.txn)
+            if waiter.ack is None:
+                undo = self._claim(stored, waiter.take, waiter.txn)
+            else:  # a take with an acknowledgement deadline: delivered
+                undo = self._claim_delivery(stored, waiter)
         except BaseException:
             self._file_waiter(waiter)
             raise
@@ -623,6 +690,7 @@ class SpaceEngine(TransactionsMixin):
         lock = stored.lock
         return (
             self.is_live(stored)
+            and stored.hidden_until is None
             and any(template.matches(stored) for template in templates)
             and (lock is None or read_access(lock, txn) == OK)
         )
@@ -826,6 +894,8 @@ class SpaceEngine(TransactionsMixin):
         registration = self._registration_by_id.get(lease_id)
         if registration is not None:
             self._end(registration)
+            return
+        self._lapse_timer(lease_id)  # a hidden entry's delay or delivery deadline
 
     def _refile(self, lease_ids: Iterable[int]) -> None:
         for lease_id in lease_ids:
@@ -834,6 +904,9 @@ class SpaceEngine(TransactionsMixin):
                 holder = self._transactions.get(lease_id) or self._registration_by_id.get(lease_id)
             if holder is not None and holder.expires_at is not None:
                 self._leases.add(lease_id, holder.expires_at)
+            elif holder is None and (hidden := self._hidden_by_timer(lease_id)) is not None:
+                assert hidden.hidden_until is not None
+                self._leases.add(lease_id, hidden.hidden_until)
 
     def close(self) -> None:
         """End every registration (the server is stopping)."""
@@ -866,6 +939,10 @@ class SpaceEngine(TransactionsMixin):
             types=len(self._types),
             transactions=len(self._transactions),
             locked=self._locked,
+            in_flight=self.in_flight,
+            delayed=self.delayed,
+            redelivered=self.redelivered,
+            dead_lettered=self.dead_lettered,
         )
 
     # ------------------------------------------------------------------ inspection (admin)
@@ -926,6 +1003,8 @@ class SpaceEngine(TransactionsMixin):
             ordered = self._index.candidates(templates)
             if not self.settings.fifo:
                 ordered.reverse()
+        if templates and (self._pending or self._delayed):
+            ordered = self.browse_hidden(templates, ordered)  # hidden entries are not in the index
         if after:
             candidates = list(ordered)  # at C speed, to find the cursor by bisection
             start = bisect.bisect_right(candidates, after, key=lambda stored: stored.arrival)

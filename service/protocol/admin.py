@@ -75,6 +75,10 @@ def describe_reply(description: SpaceDescription) -> pb.DescribeSpaceReply:
         transactions=d.transactions,
         locked=d.locked,
         expired=d.expired,
+        in_flight=d.in_flight,
+        delayed=d.delayed,
+        redelivered=d.redelivered,
+        dead_lettered=d.dead_lettered,
     )
     for view in d.types:
         figures = reply.types.add(
@@ -122,6 +126,8 @@ def describe_reply(description: SpaceDescription) -> pb.DescribeSpaceReply:
         configuration.default_lease = settings.default_lease
     if settings.max_lease != float("inf"):
         configuration.max_lease = settings.max_lease
+    configuration.max_deliveries = settings.max_deliveries
+    configuration.dead_letter = d.dead_letter
     return reply
 
 
@@ -129,7 +135,20 @@ def browse_reply(entries: Sequence[StoredEntry], cursor: int) -> pb.BrowseReply:
     reply = pb.BrowseReply(next=cursor)
     for stored in entries:
         item = reply.entries.add(
-            id=stored.id, expires_at=_seconds(stored.expires_at), locked=stored.lock is not None
+            id=stored.id,
+            expires_at=_seconds(stored.expires_at),
+            locked=stored.lock is not None,
+            deliveries=stored.deliveries,
         )
         item.entry.MergeFromString(bytes(codec.entry_bytes(stored.payload)))
+        hidden_until = stored.hidden_until
+        if hidden_until is None:
+            continue
+        if stored.receipt is None:  # a delayed write, or a delivery returned with a delay
+            item.visible_at = hidden_until
+        else:  # a pending delivery
+            item.delivery.receipt = stored.receipt
+            item.delivery.deliveries = stored.deliveries
+            item.delivery.deadline = hidden_until
+            item.delivery.dead_letter_reason = stored.dead_letter_reason
     return reply

@@ -13,6 +13,8 @@ read from the backend when Prometheus scrapes, never kept up to date per request
 | `outrig_space_entries`, `outrig_space_bytes` | gauge | space |
 | `outrig_waiters`, `outrig_registrations`, `outrig_transactions` | gauge | space |
 | `outrig_leases_expired_total` | counter | space |
+| `outrig_deliveries_in_flight`, `outrig_entries_delayed` | gauge | space (pending; hidden till a time) |
+| `outrig_redelivered_total`, `outrig_dead_lettered_total` | counter | space (unacked ends; dead letters) |
 | `outrig_store_commit_seconds` | histogram | (the embedded store's group commits) |
 | `outrig_store_batch_changes` | histogram | (records per group commit) |
 | `outrig_policy_denials_total` | counter | action |
@@ -65,12 +67,20 @@ class _SpacesCollector(Collector):
                 ("transactions", "Open transactions of the space"),
                 ("space_max_entries", "The space's quota of entries (max_entries)"),
                 ("space_max_bytes", "The space's quota of bytes (max_bytes)"),
+                ("deliveries_in_flight", "Entries delivered (taken with an ack deadline), not yet settled"),
+                ("entries_delayed", "Entries hidden until a time (delayed writes, delayed nacks)"),
             )
         }
         per_type = GaugeMetricFamily(
             "outrig_entries", "Entries of a type or its subtypes", labels=["space", "type"]
         )
         expired = CounterMetricFamily("outrig_leases_expired", "Leases expired", labels=["space"])
+        redelivered = CounterMetricFamily(
+            "outrig_redelivered", "Deliveries that ended unacknowledged (nack or deadline)", labels=["space"]
+        )
+        dead_lettered = CounterMetricFamily(
+            "outrig_dead_lettered", "Entries moved to the dead-letter space", labels=["space"]
+        )
         for space, figures in spaces.items():
             gauges["space_entries"].add_metric([space], figures.entries)
             gauges["space_bytes"].add_metric([space], figures.bytes)
@@ -82,11 +92,17 @@ class _SpacesCollector(Collector):
             if figures.max_bytes:
                 gauges["space_max_bytes"].add_metric([space], figures.max_bytes)
             expired.add_metric([space], figures.expired)
+            gauges["deliveries_in_flight"].add_metric([space], figures.in_flight)
+            gauges["entries_delayed"].add_metric([space], figures.delayed)
+            redelivered.add_metric([space], figures.redelivered)
+            dead_lettered.add_metric([space], figures.dead_lettered)
             for type_name, count in figures.types.items():
                 per_type.add_metric([space, type_name], count)
         yield from gauges.values()
         yield per_type
         yield expired
+        yield redelivered
+        yield dead_lettered
 
 
 class _StreamsCollector(Collector):

@@ -139,6 +139,29 @@ def test_the_console_shows_browses_and_tails_a_space(console: Console, browser: 
         wait_until(lambda: space.describe().registrations == 0 or None, what="the tail's registration to end")
 
 
+def test_the_console_shows_deliveries_in_flight_and_delayed_entries(
+    console: Console, browser: Browser
+) -> None:
+    with console.space() as space:
+        space.take_many(Order(), max_entries=1000, timeout=0)  # what the other test left
+        space.write_many([Order(n=i) for i in range(3)])
+        space.write(Order(n=99), delay=3600.0)
+        held = space.take(Order(n=1), timeout=0, ack=600.0)
+        assert held is not None
+        page = browser.new_page()
+        _log_in(page, console, "alice")
+        page.goto(console.url + "/spaces/shop")
+        expect(page.locator("#deliveries")).to_contain_text("1 in flight")
+        expect(page.locator("#deliveries")).to_contain_text("1 delayed")
+        page.goto(console.url + "/spaces/shop/browse?type=console.Order")
+        row = page.locator("#entries tr.entry", has_text='{"n": 1,')
+        expect(row).to_contain_text(f"in flight: delivery 1, receipt {held.receipt}")
+        expect(page.locator("#entries tr.entry", has_text='{"n": 99,')).to_contain_text("delayed until")
+        page.close()
+        held.ack()
+        space.take_many(Order(), max_entries=1000, timeout=0)
+
+
 def test_the_console_refuses_a_caller_without_the_admin_grant(console: Console, browser: Browser) -> None:
     with console.space("bob") as space:
         space.write(Order(n=1))  # bob may write, not administer

@@ -232,7 +232,9 @@ def test_check_names_rows_that_a_server_could_not_load(store_copy: Path) -> None
     with sqlite3.connect(store_copy / "outrig.db") as connection:
         connection.execute("UPDATE entries SET payload = x'ffffffff' WHERE id = 7")
         connection.execute("UPDATE registrations SET templates = x'1200'")  # a template with no type name
-        connection.execute("INSERT INTO entries VALUES (99, 3, 3, NULL, x'', NULL, NULL)")  # no such space
+        connection.execute(  # no such space
+            "INSERT INTO entries (space, id, arrival, expires_at, payload) VALUES (99, 3, 3, NULL, x'')"
+        )
         connection.execute("UPDATE entries SET taken_by = 'gone', taken_position = 0 WHERE id = 8")
         connection.execute("UPDATE spaces SET next_id = 40")
     connection.close()

@@ -6,8 +6,11 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
 from outrig.service.engine import StoredEntry
-from outrig.service.engine.index import EntryIndex
+from outrig.service.engine.index import EntryIndex, _reorder
 from outrig.service.engine.values import FULL_KEY_LIMIT
 
 from .test_space import DOG, MAMMAL, ids, new, tpl
@@ -85,3 +88,23 @@ def test_exact_count_only_where_the_bucket_is_the_answer() -> None:
     assert index.exact_count(tpl("A", k=5)) == 0
     assert index.exact_count(tpl("A", k=0, blob=long)) is None  # two fields: the bucket is a bound
     assert index.exact_count(tpl("A", blob=long)) is None  # a long value is keyed by its ends only
+
+
+@given(
+    st.lists(st.integers(0, 10_000), unique=True, max_size=40),
+    st.integers(0, 10_000),
+)
+def test_reorder_puts_an_appended_entry_in_its_arrival_place(arrivals: list[int], arrival: int) -> None:
+    assume(arrival not in arrivals)
+    entries = [_arrived(a) for a in sorted(arrivals)]
+    moved = _arrived(arrival)
+    bucket = OrderedDict((e.id, e) for e in [*entries, moved])
+    _reorder(bucket, moved)
+    assert [e.arrival for e in bucket.values()] == sorted([*arrivals, arrival])
+
+
+def _arrived(arrival: int) -> StoredEntry:
+    """An entry whose arrival is `arrival` (its id too: ids are unique where arrivals are)."""
+    stored = StoredEntry(arrival + 1, new("T"), None)
+    stored.arrival = arrival
+    return stored

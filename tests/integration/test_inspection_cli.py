@@ -74,8 +74,8 @@ def test_browse_pages_with_a_cursor_and_filters(server: LocalServer) -> None:
     first = outrig_cli("browse", "shop", "--address", server.address, "--type", "shop.Order", "--limit", "4")
     assert first.returncode == 0, first.stderr
     header, *rows, last = first.stdout.splitlines()
-    assert header.split() == ["id", "type", "expires", "fields"]
-    assert [json.loads(row.split(None, 3)[3])["n"] for row in rows] == [0, 1, 2, 3]
+    assert header.split() == ["id", "type", "expires", "delivery", "fields"]
+    assert [json.loads(row.split(None, 4)[4])["n"] for row in rows] == [0, 1, 2, 3]
     assert last.startswith("next page: --after ")
     cursor = last.split()[-1]
     rest = outrig_cli("browse", "shop", "--address", server.address, "--after", cursor, "--all", "--json")
@@ -94,6 +94,27 @@ def test_browse_pages_with_a_cursor_and_filters(server: LocalServer) -> None:
     )
     assert [e["fields"]["n"] for e in json.loads(paid.stdout)["entries"]] == [6, 7, 8, 9]
     assert all(e["type"] == "shop.Order" and e["expires_at"] for e in json.loads(paid.stdout)["entries"])
+
+
+def test_describe_and_browse_show_pending_and_delayed_deliveries(server: LocalServer) -> None:
+    with outrig.connect(server.address, space="shop", retry_deadline=10.0) as space:
+        delivery = space.take(Order(n=0), ack=300.0)
+        assert delivery is not None
+        space.write(Order(n=10, state="later"), delay=600.0)
+        table = outrig_cli("describe", "shop", "--address", server.address)
+        assert "deliveries in flight 1, delayed entries 1, redelivered 0, dead-lettered 0" in table.stdout
+        browsed = outrig_cli("browse", "shop", "--address", server.address, "--all")
+        assert browsed.returncode == 0, browsed.stderr
+        cells = {int(row.split()[0]): row.split()[3] for row in browsed.stdout.splitlines()[1:-1]}
+        first = cells[min(cells)]  # n=0, the oldest: the one delivered
+        assert first.startswith(f"pending:receipt={delivery.receipt},deadline=")
+        assert first.endswith(",deliveries=1")
+        assert sum(cell.startswith("delayed:until=") for cell in cells.values()) == 1
+        assert sum(cell == "-" for cell in cells.values()) == 9
+        listed = json.loads(outrig_cli("browse", "shop", "--address", server.address, "--json").stdout)
+        (pending,) = [e for e in listed["entries"] if e["receipt"] is not None]
+        assert (pending["receipt"], pending["deliveries"], pending["fields"]["n"]) == (delivery.receipt, 1, 0)
+        delivery.ack()
 
 
 def test_purge_asks_unless_yes_and_counts_in_a_dry_run(server: LocalServer) -> None:

@@ -70,6 +70,30 @@ def test_metrics_count_calls_codes_entries_and_commits(tmp_path: Path) -> None:
     assert samples["outrig_store_batch_changes_sum"] >= 5
 
 
+def test_metrics_count_deliveries_delays_redeliveries_and_dead_letters(tmp_path: Path) -> None:
+    metrics = f"127.0.0.1:{free_port()}"
+    server = start_server("--data-dir", str(tmp_path / "data"), "--metrics-listen", metrics)
+    try:
+        with outrig.connect(server.address, space="q", retry_deadline=0) as space:
+            space.write_many([Gauge(n=n) for n in range(3)])
+            space.write(Gauge(n=9), delay=3600.0)
+            held = space.take(Gauge(n=0), timeout=0, ack=600.0)
+            returned = space.take(Gauge(n=1), timeout=0, ack=600.0)
+            poisoned = space.take(Gauge(n=2), timeout=0, ack=600.0, max_deliveries=1)
+            assert held is not None and returned is not None and poisoned is not None
+            returned.nack(delay=0.0)
+            assert poisoned.nack().dead_letter == "q.dead"
+            samples = scrape(metrics)
+            held.ack()
+    finally:
+        server.stop()
+    assert samples['outrig_deliveries_in_flight{space="q"}'] == 1
+    assert samples['outrig_entries_delayed{space="q"}'] == 1
+    assert samples['outrig_redelivered_total{space="q"}'] == 2  # the nack and the one dead-lettered
+    assert samples['outrig_dead_lettered_total{space="q"}'] == 1
+    assert samples['outrig_space_entries{space="q.dead"}'] == 1
+
+
 def test_metrics_show_the_mux_streams_and_their_ops_in_flight() -> None:
     metrics = f"127.0.0.1:{free_port()}"
     server = start_server("--in-memory", "--metrics-listen", metrics)

@@ -29,3 +29,32 @@ def test_quick_start_runs(server, capsys):
     run_example(code, README)
     printed = capsys.readouterr().out
     assert "Task(job='resize', n=2)" in printed  # the notify event
+
+
+def test_the_work_queue_example_runs(server, space_name):
+    """The README's takes with ack, against a real server: two jobs, one through `taking`, one
+    by hand, and a delayed write that nothing sees yet."""
+    (example,) = re.findall(
+        r"## Work queues: takes with ack\n\n.*?```python\n(.*?)```", README.read_text(), re.S
+    )
+    setup = f"""
+from dataclasses import dataclass
+import outrig
+
+@dataclass
+class Job(outrig.Entry, type_name="readme.Job"):
+    kind: str | None = None
+    n: int | None = None
+
+resized = []
+resize = resized.append
+space = outrig.connect({server.address!r}, space={space_name!r})
+space.write_many([Job(kind="resize", n=1), Job(kind="resize", n=2)])
+"""
+    check = """
+assert resized == [Job(kind="resize", n=1)], resized
+assert space.take_nowait(Job()) is None  # both acked, the report delayed
+assert space.describe().delayed == 1  # a space of the session's server: not partitioned
+space.close()
+"""
+    run_example(setup + example + check, README)

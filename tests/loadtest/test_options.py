@@ -6,7 +6,14 @@ import argparse
 
 import pytest
 
-from outrig.loadtest.options import MixParams, StressParams, add_arguments, namespace_args, params_from
+from outrig.loadtest.options import (
+    AckParams,
+    MixParams,
+    StressParams,
+    add_arguments,
+    namespace_args,
+    params_from,
+)
 
 
 def _parse(*args: str) -> argparse.Namespace:
@@ -105,3 +112,27 @@ def test_namespace_args_round_trip() -> None:
 def test_mix_steps_up_to_max_users() -> None:
     mix = MixParams(max_users=25, step_users=10, step_seconds=5.0)
     assert [mix.users_at(t) for t in (0, 4.9, 5, 10, 15, 100)] == [10, 10, 20, 25, 25, 25]
+
+
+def test_the_at_least_once_profile_and_its_checks() -> None:
+    params = params_from(_parse("--campaign", "at-least-once", "--num-entries", "300", "--ack-deadline", "2"))
+    assert isinstance(params, AckParams)
+    assert (params.num_entries, params.ack_deadline, params.max_deliveries, params.try_shutdown) == (
+        300,
+        2.0,
+        4,
+        1,
+    )
+    assert params.space == "jobs"
+    assert params.kill_after_acks(300) == [150]
+    for bad, named in [
+        (["--ack-deadline", "0"], "--ack-deadline"),
+        (["--max-deliveries", "1"], "--max-deliveries"),
+        (["--poison-share", "1.5"], "--poison-share"),
+        (["--abandon-share", "0.6", "--nack-share", "0.6"], "--abandon-share"),
+        (["--num-writers", "0"], "--num-writers"),
+    ]:
+        with pytest.raises(ValueError, match=named):
+            params_from(_parse("--campaign", "at-least-once", *bad))
+    args = namespace_args(_parse("--campaign", "at-least-once", "--nack-share", "0.2"))
+    assert args == ["--campaign", "at-least-once", "--nack-share", "0.2"]

@@ -5,7 +5,9 @@ data dir, or with `in_memory`, it is the memory backend alone.
 A worker of `outrig serve --workers N` (the configuration's `worker`, service/workers.py) serves
 the spaces `worker_of` places on it, from a store of its own; `locate` names the worker that
 serves any other, and the workers forward calls to each other with the secret the supervisor
-made."""
+made. A dead-letter space's partition is placed with the partition whose dead letters it takes
+("jobs.dead~3" on the worker of "jobs~3"), so that moving an entry there is one change of one
+worker's store."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from outrig.service.backends.embedded.store.schema import DataDirLock, database_
 from outrig.service.backends.memory.backend import MemoryBackend
 from outrig.service.config import ServerConfig
 from outrig.service.engine.clock import Clock
+from outrig.service.engine.partitions import partition_name, split_name
 from outrig.service.protocol import codec
 from outrig.service.workers import check_layout, worker_of
 
@@ -37,6 +40,12 @@ class EmbeddedBackend(MemoryBackend):
         self._lock: DataDirLock | None = None
         self.recovery: RecoveryReport | None = None
         self._role = config.worker
+        # A partitioned space's dead-letter space -> that space (config.py partitions it alike).
+        self._dead_letter_sources = {
+            settings.dead_letter or f"{name}.dead": name
+            for name, settings in config.spaces.items()
+            if settings.partitions > 1
+        }
 
     # ------------------------------------------------------------------ a worker's placement
 
@@ -45,8 +54,23 @@ class EmbeddedBackend(MemoryBackend):
         role = self._role
         if role is None:
             return None
-        index = worker_of(space, role.count)
+        index = worker_of(self._placed_as(space), role.count)
         return None if index == role.index else role.addresses[index]
+
+    def _placed_as(self, space: str) -> str:
+        """The name `worker_of` places `space` by: a dead-letter space's partition goes where the
+        partition it takes dead letters from goes (followed along a chain, never around one)."""
+        seen = {space}
+        while True:
+            base, k = split_name(space)
+            source = None if k is None else self._dead_letter_sources.get(base)
+            if source is None or k is None:
+                return space
+            placed = partition_name(source, k)
+            if placed in seen:
+                return space
+            space = placed
+            seen.add(space)
 
     async def placements(self) -> list[Placement]:
         """A lone server's spaces; a worker's own (those of the others: ask them)."""

@@ -11,6 +11,9 @@ with an undo, to the `Recorder` (recorder.py), whose journal commits the changes
 arrive together in one transaction (group commit). A change whose records cannot be made or
 handed over is undone in memory before the call fails: memory never holds what the store was
 not told of, and no call is acknowledged for what it did not apply.
+
+Takes with an acknowledgement deadline (deliver, ack, nack, extend) and dead letters come from
+`DeliveringMixin` in memory/deliveries.py.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequenc
 from typing import Any
 
 from outrig.service.backends.base import Placement, SpaceFigures, TierFigures
+from outrig.service.backends.memory.deliveries import DeliveringMixin, visibility_record
 from outrig.service.backends.memory.idempotency import Outcome, RequestLog
 from outrig.service.backends.memory.journal import Journal, Record
 from outrig.service.backends.memory.recorder import Recorder
@@ -86,7 +90,7 @@ def _written_records(space: str, entries: Iterable[StoredEntry], txn: Transactio
     return [("written", space, s.id, s.arrival, s.expires_at, s.payload, txn.id) for s in entries]
 
 
-class MemoryBackend:
+class MemoryBackend(DeliveringMixin):
     """Spaces in memory, recorded by a journal when a subclass opens one (`open_store`)."""
 
     keeps_transactions = False
@@ -107,6 +111,7 @@ class MemoryBackend:
         self._requests = RequestLog(config.request_window, self.clock)
         self._subscriptions: dict[tuple[str, int], MemorySubscription] = {}
         self._ended_transactions: dict[tuple[str, int], TransactionState] = {}
+        self._init_delivering()
 
     @property
     def keeps_registrations(self) -> bool:
@@ -133,6 +138,7 @@ class MemoryBackend:
                 engine.on_expired = lambda entry_id: self.note([("delete", name, entry_id)])
             # Aborts by lease expiry too, so that a late commit is told it aborted.
             engine.on_transaction_end = lambda outcome: self._transaction_ended(name, outcome)
+            self._watch_dead_letters(name, engine)
         return engine
 
     def _transaction_ended(self, space: str, outcome: TransactionOutcome) -> None:
@@ -298,6 +304,7 @@ class MemoryBackend:
         *,
         request_id: str = "",
         transaction: int = 0,
+        visible_at: float | None = None,
     ) -> list[LeaseGrant]:
         if request_id:
             earlier = await self._replay(request_id, space, "write")
@@ -308,7 +315,7 @@ class MemoryBackend:
         self._check_store()
         outcome = self._requests.begin(request_id, space, "write") if request_id else None
         with self._acting_for(outcome):
-            written, granted = engine.write_entries(entries, lease, txn)
+            written, granted = engine.write_entries(entries, lease, txn, visible_at)
             grants = [LeaseGrant(stored.id, stored.expires_at, granted) for stored in written]
             if self._recorder is not None and txn is not None and not self.keeps_transactions:
                 # The store learns of the entries at commit; their ids are reserved now.
@@ -336,6 +343,8 @@ class MemoryBackend:
             ]
         else:  # recorded as the transaction's: invisible to others until it commits
             records = _written_records(space, written, txn)
+        if written[0].hidden_until is not None:  # a delayed write (never under a transaction)
+            records += [visibility_record(space, s) for s in written]
         records += [
             ("type", space, name, json.dumps(list(parents))) for name, parents in engine.declared.items()
         ]
@@ -435,6 +444,7 @@ class MemoryBackend:
                 engine.restore(found)
                 self.note(
                     [("put", space, s.id, s.arrival, s.expires_at, s.payload) for s in found]
+                    + [visibility_record(space, s) for s in found if s.deliveries]  # its count
                     + (self._recorder.id_records(space, engine) if self._recorder else [])
                 )
             raise
@@ -513,8 +523,19 @@ class MemoryBackend:
         timeout: float | None,
         if_exists: bool,
         txn: Transaction | None = None,
+        *,
+        ack: float | None = None,
+        max_deliveries: int = 0,
     ) -> list[StoredEntry]:
-        found, conflicted = engine.find_or_conflict(templates, take=take, max_entries=max_entries, txn=txn)
+        """What a read or take finds, waiting up to `timeout` for it; with `ack`, a take with an
+        acknowledgement deadline (memory/deliveries.py): what it finds is delivered, not removed."""
+        if ack is None:
+            found, conflicted = engine.find_or_conflict(
+                templates, take=take, max_entries=max_entries, txn=txn
+            )
+        else:
+            found = [d.entry for d in engine.deliver(templates, max_entries, ack, max_deliveries)]
+            conflicted = False
         # if_exists (read_if_exists, take_if_exists) waits only while the entries it could use are
         # locked by other transactions.
         if found or timeout == 0 or (if_exists and not conflicted):
@@ -544,6 +565,8 @@ class MemoryBackend:
             txn=txn,
             if_exists=if_exists,
             wants=lambda: not future.done(),  # cancelled, timed out or shut down: not any more
+            ack=ack,
+            max_deliveries=max_deliveries,
         )
         engine.park(waiter)
         parked = self._parked.setdefault(engine.name, set())
@@ -557,7 +580,10 @@ class MemoryBackend:
         except asyncio.CancelledError:
             delivered = future.done() and not future.cancelled() and future.exception() is None
             if take and delivered:  # the caller is gone: put the entries back
-                if txn is None:
+                if ack is not None:  # in their place, the delivery not counted
+                    back = engine.undeliver(engine.delivery_of(s) for s in future.result() if s.receipt)
+                    self.note([visibility_record(engine.name, s) for s in back])
+                elif txn is None:
                     engine.restore(future.result())
                 elif txn.active:
                     engine.untake(txn, future.result())
@@ -798,6 +824,10 @@ class MemoryBackend:
                 types=engine.type_counts(),
                 max_entries=engine.settings.max_entries,
                 max_bytes=engine.settings.max_bytes,
+                in_flight=stats.in_flight,
+                delayed=stats.delayed,
+                redelivered=stats.redelivered,
+                dead_lettered=stats.dead_lettered,
             )
         return figures
 

@@ -30,6 +30,29 @@ Record = tuple[Any, ...]
     sequence(space, id, seq)                           a registration's event sequence number
     request(request_id, space, kind, expires_at, first_id, count, lease_expires_at, granted)
     prune_requests(now)                                request ids whose window ended may go
+    visibility(space, id, hidden_until, receipt, deliveries, dead_letter_reason)
+                                                       an entry's delivery state (takes with an
+                                                       acknowledgement deadline): hidden until
+                                                       (None: visible), its pending delivery's
+                                                       receipt (None: none), its delivery count,
+                                                       why it is a dead letter (None: it is not)
+
+`visibility` follows the entry's `put` in a delayed write (hidden until visible_at, no receipt,
+count 0) and in a move to a dead-letter space (visible, the count kept, the reason); it is
+recorded alone by a delivery (hidden until the deadline, the receipt, the count), an extension
+(the new deadline) and a nack (hidden until its visible_at, or visible; no receipt). An ack is a
+`delete`. A deadline or delay that passes is not recorded: a store loading a row whose
+hidden_until is past loads it visible, its stale receipt dropped. A move to a dead-letter space
+is `delete` in the space and `put` + `visibility` in the dead-letter space, in one change.
+
+A `request` answers a retry from its own columns for these kinds (nothing else is kept):
+
+    deliver   first_id: the first receipt, count: how many (receipts are consecutive ids of the
+              space, a partition's its stride apart); a retry answers those still pending
+    ack       first_id: the receipt, count 1
+    nack      first_id: the receipt, count: 1 if the entry went to the dead-letter space, else 0;
+              lease_expires_at: when it is visible again (None: at once)
+    extend    first_id: the receipt, count 1, lease_expires_at: the new deadline
 
 Recorded only by a backend that keeps open transactions (`keeps_transactions`: the postgres
 owner tier, so that a new owner rebuilds them; the embedded server's transactions live in memory
@@ -49,7 +72,8 @@ until they commit, and their commit is puts and deletes):
 """
 
 WriteAnswer = tuple[int, int, float | None, float | None]
-"""A stored write's answer: (first id, count, lease expiry, granted seconds)."""
+"""A stored write's answer: (first id, count, lease expiry, granted seconds); for a deliver, ack,
+nack or extend, the same columns of its `request` record, as the docstring above reads them."""
 
 TakenRow = tuple[int, float | None, Any]
 """A stored take's answer, one row per entry in order: (id, expiry, payload)."""

@@ -25,6 +25,9 @@ from outrig.service.protocol import codec
 # Ids reserved in the store at a time (a restart skips at most this many).
 _ID_BLOCK = 1024
 
+# Request kinds whose answer is the columns of their `request` record (memory/journal.py).
+ANSWERED_IN_ITS_ROW = frozenset({"deliver", "ack", "nack", "extend"})
+
 
 class Recorder:
     """The memory backend's side of its `Journal`."""
@@ -124,6 +127,8 @@ class Recorder:
             first_id, count, expires_at, granted = await journal.write_answer(outcome.request_id)
             stride = ids_of(outcome.space).stride  # a partition's ids are its stride apart
             return [LeaseGrant(first_id + i * stride, expires_at, granted) for i in range(count)]
+        if outcome.kind in ANSWERED_IN_ITS_ROW:  # the backend reads the row's columns
+            return await journal.write_answer(outcome.request_id)
         rows = await journal.taken_rows(outcome.request_id)
         return [
             StoredEntry(entry_id, codec.stored_entry(payload), expires_at)

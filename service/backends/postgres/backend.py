@@ -23,10 +23,13 @@ import contextlib
 import functools
 import gc
 import hmac
+import json
 import logging
+import math
 import socket
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -36,7 +39,9 @@ from psycopg_pool import AsyncConnectionPool
 
 from outrig.service.backends.base import Placement, TierFigures
 from outrig.service.backends.memory.backend import MemoryBackend
+from outrig.service.backends.memory.journal import Record
 from outrig.service.backends.memory.subscription import MemorySubscription
+from outrig.service.backends.postgres import dead_letters
 from outrig.service.backends.postgres.deadlines import within
 from outrig.service.backends.postgres.journal import PgJournal
 from outrig.service.backends.postgres.loading import load_space
@@ -45,7 +50,15 @@ from outrig.service.backends.postgres.schema import migrate
 from outrig.service.config import ServerConfig
 from outrig.service.engine.clock import Clock
 from outrig.service.engine.inspection import SpaceDescription
-from outrig.service.engine.model import LeaseGrant, NewEntry, StoredEntry, Template, TransactionState
+from outrig.service.engine.model import (
+    Delivery,
+    LeaseGrant,
+    NewEntry,
+    Returned,
+    StoredEntry,
+    Template,
+    TransactionState,
+)
 from outrig.service.engine.space import SpaceEngine
 from outrig.service.exceptions import (
     InvalidArgumentError,
@@ -68,6 +81,11 @@ _LOAD_SLICE = 5000
 REBALANCE_AFTER = 4
 # Seconds a remote owner found in the database is remembered before it is looked up again.
 _LOCATION_TTL = 0.5
+
+
+def _retrieve(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def database_named(dsn: str) -> str:
@@ -125,6 +143,12 @@ class PostgresBackend(MemoryBackend):
         self._claims = 0
         self._load_seconds = 0.0
         self._dropped: collections.Counter[str] = collections.Counter()
+        self._arrivals = dead_letters.Arrivals()
+        # Dead-letter moves: being made (see `note`), and the last one each task made.
+        self._in_move = False
+        self._moves: weakref.WeakKeyDictionary[asyncio.Task[Any], asyncio.Future[None]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     # ------------------------------------------------------------------ life cycle
 
@@ -328,8 +352,18 @@ class PostgresBackend(MemoryBackend):
         self.reserve_ids(space, rows.next_id)
         for name, supertypes in rows.types:
             engine.declare(name, tuple(supertypes))
-        for (entry_id, arrival, expires_at, _, _), new in zip(rows.entries, decoded, strict=True):
-            engine.load(entry_id, arrival, new, expires_at)
+        for row, new in zip(rows.entries, decoded, strict=True):
+            entry_id, arrival, expires_at, _, _, hidden_until, receipt, deliveries, reason = row
+            engine.load(
+                entry_id,
+                arrival,
+                new,
+                expires_at,
+                hidden_until=hidden_until,
+                receipt=receipt,
+                deliveries=deliveries,
+                dead_letter_reason=reason or "",
+            )
         # Open transactions, as their last owner left them: their writes, takes and read locks.
         transactions = {
             transaction: engine.restore_transaction(transaction, expires_at)
@@ -354,17 +388,19 @@ class PostgresBackend(MemoryBackend):
             self.restore_request(request_id, space, kind, expires_at)
         for transaction in rows.aborted:
             self._ended(space, transaction, TransactionState.ABORTED)
+        self._take_in(space, rows.dead_letters, loading=True)
         self._located.pop(space, None)
         self._claimed_at[space] = time.monotonic()
         log.info(
             "space %r claimed (epoch %d): %d entries, %d registrations, %d open transactions, "
-            "%d request ids loaded in %.2f s (%d expired)",
+            "%d request ids, %d dead letters loaded in %.2f s (%d expired)",
             space,
             epoch,
             len(rows.entries),
             len(rows.registrations),
             len(rows.transactions),
             len(rows.requests),
+            len(rows.dead_letters),
             rows.seconds,
             rows.expired,
         )
@@ -391,6 +427,7 @@ class PostgresBackend(MemoryBackend):
             self._lost(lost, "renewal")
         if self.closing or not self.healthy:
             return
+        await self._take_in_waiting()
         orphans = await within(self.lease / 2, self.owners.orphans())
         servers = await within(self.lease / 2, self.owners.live_servers())
         others = [server for server in servers if server.server != self.server_id]
@@ -406,6 +443,114 @@ class PostgresBackend(MemoryBackend):
                 self._start_claim(space)
         if not self._claiming and not draining and others:
             await self._rebalance(others)
+
+    async def _take_in_waiting(self) -> None:
+        """Take in the dead letters waiting for spaces served here (their source's owner is
+        another server, or was when it sent them)."""
+        served = sorted(space for space in self._spaces if self.owners.trusted(space))
+        if not served:
+            return
+        sent = time.monotonic()
+        rows = await within(self.lease / 2, self._query(dead_letters.WAITING, (served,)))
+        waiting: dict[str, list[dead_letters.Letter]] = {}
+        for dead, *letter in rows:
+            source, source_id, expires_at, payload, deliveries, reason = letter
+            waiting.setdefault(dead, []).append(
+                (source, source_id, expires_at, bytes(payload), deliveries, reason)
+            )
+        for dead, letters in waiting.items():
+            self._take_in(dead, letters)
+        self._arrivals.forget_before(sent)
+
+    def _take_in(self, dead: str, letters: Sequence[dead_letters.Letter], *, loading: bool = False) -> None:
+        """Put `letters` into `dead`, a space served here, each under a new id with its delivery
+        count and reason, in a change that deletes its row of outrig_dead_letters (fenced by
+        `dead`'s ownership). `loading`: read by this claim's load, which knows better than what
+        was taken in under an earlier one."""
+        engine = self._spaces.get(dead)
+        journal = self._pg_journal
+        if engine is None or journal is None or not letters:
+            return
+        journal.check()
+        now = self.clock.time()
+        for source, source_id, expires_at, payload, deliveries, reason in letters:
+            key = (source, source_id)
+            if not loading and not self._arrivals.fresh(key):
+                continue
+            records: list[Record] = []
+            if expires_at is None or expires_at > now:  # else its lease ran out on the way
+                try:
+                    records += self._received(
+                        dead, engine, codec.stored_entry(payload), expires_at, deliveries, reason
+                    )
+                except SpaceError as err:  # its quota: the letter waits for the next look
+                    log.warning("space %r: dead letter %s/%d not taken in: %s", dead, source, source_id, err)
+                    continue
+            records.append(("dead_letter_taken", dead, source, source_id))
+            _, waiter = journal.submit(records)  # its own future: told of a refusal too
+            assert waiter is not None
+            self._arrivals.watch(key, waiter)
+
+    def _move_dead_letter(self, space: str, engine: SpaceEngine, stored: StoredEntry, reason: str) -> None:
+        """`stored` (removed from `space`'s engine) goes to the dead-letter space, in one change:
+        straight into it when this server serves it (the memory backend's move: a change of both
+        spaces, fenced by both), else through a row of outrig_dead_letters that its owner takes
+        in (dead_letters.py); nobody owns it yet: this server claims it, and its load takes the
+        entry in."""
+        journal = self._pg_journal
+        assert journal is not None
+        journal.check()
+        dead = engine.dead_letter_space
+        self._in_move = True  # its records go through `note`: see there
+        try:
+            if dead in self._spaces and self.owners.trusted(dead):
+                super()._move_dead_letter(space, engine, stored, reason)
+                return
+            self._moved = None  # nothing here for a failed nack to take back
+            self.note(dead_letters.leaving(space, stored, dead, reason, self.clock.time()))
+        finally:
+            self._in_move = False
+        if dead not in self._spaces and dead not in self._moving and not (self._draining or self.closing):
+            self._start_claim(dead)  # refused (and logged) if another server owns it
+
+    def note(self, records: Sequence[Record]) -> None:
+        """Bookkeeping nobody waits for; but a dead letter's move is a change a nack answers for:
+        its own future is kept for the task that made it (`nack` looks at it), as the move may be
+        refused on its own (a change of other spaces than the nack's) when a space was lost."""
+        if not self._in_move or self._pg_journal is None:
+            super().note(records)
+            return
+        _, moved = self._pg_journal.submit(records)
+        assert moved is not None
+        moved.add_done_callback(_retrieve)
+        task = asyncio.current_task()
+        if task is not None:
+            self._moves[task] = moved
+
+    def _received(
+        self,
+        dead: str,
+        engine: SpaceEngine,
+        entry: NewEntry,
+        expires_at: float | None,
+        deliveries: int,
+        reason: str,
+    ) -> list[Record]:
+        """Write a dead letter into `dead` (served here): a new id, what remains of its lease,
+        its delivery count and reason; the records of it."""
+        now = self.clock.time()
+        lease = math.inf if expires_at is None else max(expires_at - now, 0.0)
+        (stored,), _ = engine.write_entries([entry], lease, carried=(deliveries, reason))
+        records: list[Record] = [
+            ("put", dead, stored.id, stored.arrival, stored.expires_at, stored.payload),
+            ("visibility", dead, stored.id, None, None, deliveries, reason),
+        ]
+        records += [
+            ("type", dead, name, json.dumps(list(parents))) for name, parents in engine.declared.items()
+        ]
+        if self._recorder is not None:
+            records += self._recorder.id_records(dead, engine)
+        return records
 
     async def _rebalance(self, others: list[LiveServer]) -> None:
         """Move one space to the least loaded server when this one serves two more than it: a
@@ -549,9 +694,12 @@ class PostgresBackend(MemoryBackend):
         *,
         request_id: str = "",
         transaction: int = 0,
+        visible_at: float | None = None,
     ) -> list[LeaseGrant]:
         await self._ensure(space)
-        return await super().write(space, entries, lease, request_id=request_id, transaction=transaction)
+        return await super().write(
+            space, entries, lease, request_id=request_id, transaction=transaction, visible_at=visible_at
+        )
 
     async def match(
         self,
@@ -576,6 +724,47 @@ class PostgresBackend(MemoryBackend):
             request_id=request_id,
             transaction=transaction,
         )
+
+    async def deliver(
+        self,
+        space: str,
+        templates: Sequence[Template],
+        *,
+        max_entries: int,
+        timeout: float | None,
+        ack: float,
+        max_deliveries: int = 0,
+        request_id: str = "",
+    ) -> list[Delivery]:
+        await self._ensure(space)
+        return await super().deliver(
+            space,
+            templates,
+            max_entries=max_entries,
+            timeout=timeout,
+            ack=ack,
+            max_deliveries=max_deliveries,
+            request_id=request_id,
+        )
+
+    async def ack(self, space: str, receipt: int, *, request_id: str = "") -> None:
+        await self._ensure(space)
+        await super().ack(space, receipt, request_id=request_id)
+
+    async def nack(self, space: str, receipt: int, delay: float | None, *, request_id: str = "") -> Returned:
+        await self._ensure(space)
+        task = asyncio.current_task()
+        assert task is not None
+        self._moves.pop(task, None)  # an earlier call's (a deadline found past): not this one's
+        returned = await super().nack(space, receipt, delay, request_id=request_id)
+        moved = self._moves.pop(task, None)
+        if moved is not None and returned.dead_letter:
+            await moved  # as a rule settled with the nack's batch: NotOwnerError if refused
+        return returned
+
+    async def extend(self, space: str, receipt: int, seconds: float, *, request_id: str = "") -> float:
+        await self._ensure(space)
+        return await super().extend(space, receipt, seconds, request_id=request_id)
 
     async def replay(self, space: str, request_id: str) -> list[StoredEntry]:
         await self._ensure(space)

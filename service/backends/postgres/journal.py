@@ -15,6 +15,20 @@ a batch that passed the check to commit, and every batch after the claim fails t
 nothing is acknowledged by a server that has lost a space, and the new owner, loading after its
 claim, sees every acknowledged change.
 
+Dead letters (docs/postgres.md, "Dead letters in a tier"): beside the memory backend's records
+(backends/memory/journal.py), the owner backend records two of its own, for an entry that leaves
+its space for a dead-letter space another server may own:
+
+    dead_letter(space, id, dead_space, expires_at, payload, deliveries, reason, moved_at)
+                                                       the entry left `space` (its `delete` is in
+                                                       the same change) for `dead_space`: a row of
+                                                       outrig_dead_letters, until it is taken in
+    dead_letter_taken(dead_space, source, id)          the dead-letter space's owner took it in (its
+                                                       `put` and `visibility` in the same change)
+
+A change is fenced by every space it changes: a dead letter put straight into a dead-letter space
+this server owns too is one change of both spaces, written only if both are still this server's.
+
 Failure: if a batch fails in any other way (the connection lost, a statement refused, no answer
 within the owner lease) its outcome may be unknown (a COMMIT sent whose answer never came), so
 memory cannot be trusted to equal the database any more: every caller of the batch and of the
@@ -32,7 +46,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import psycopg
@@ -52,7 +66,8 @@ PRUNE_LIMIT = 5000
 
 
 def record_spaces(record: Record) -> str | None:
-    """The space a record changes (None for the tier-wide prune)."""
+    """The space a record changes (None for the tier-wide prune): the one whose ownership fences
+    it (a dead letter taken in: the dead-letter space's)."""
     kind = record[0]
     if kind == "prune_requests":
         return None
@@ -77,6 +92,9 @@ class Changes:
         self.transactions: dict[tuple[str, int], list[Any]] = {}
         # (space, transaction, entry) -> (mode, request id, position, its window's end), or None
         self.locks: dict[tuple[str, int, int], tuple[str, str | None, int | None, float | None] | None] = {}
+        # (source, id) -> the rest of its outrig_dead_letters row, or None: taken in
+        self.dead_letters: dict[tuple[str, int], tuple[Any, ...] | None] = {}
+        self._dead_replaced: set[tuple[str, int]] = set()
         self.prune_before: float | None = None
 
     def add(self, records: Iterable[Record]) -> None:
@@ -102,6 +120,7 @@ class Changes:
             "expires_at": expires_at,
             "payload": self._dump(payload),
             "written_by": None,
+            "visibility": _VISIBLE,
         }
         self.entries[(space, entry_id)] = ["put", row]
 
@@ -127,6 +146,43 @@ class Changes:
         self, space: str, entry_id: int, request_id: str, position: int, until: float | None = None
     ) -> None:
         self._update(self.entries, (space, entry_id), "taken", (request_id, position, until))
+
+    def _visibility(
+        self,
+        space: str,
+        entry_id: int,
+        hidden_until: float | None,
+        receipt: int | None,
+        deliveries: int,
+        dead_letter_reason: str | None,
+    ) -> None:
+        self._update(
+            self.entries,
+            (space, entry_id),
+            "visibility",
+            (hidden_until, receipt, deliveries, dead_letter_reason or None),
+        )
+
+    def _dead_letter(
+        self,
+        space: str,
+        entry_id: int,
+        dead_space: str,
+        expires_at: float | None,
+        payload: object,
+        deliveries: int,
+        reason: str,
+        moved_at: float,
+    ) -> None:
+        key = (space, entry_id)
+        if key in self.dead_letters and self.dead_letters[key] is not None:
+            return  # the first stays, as a row would (ON CONFLICT DO NOTHING)
+        if key in self.dead_letters:
+            self._dead_replaced.add(key)  # taken in, then here again: its old row goes first
+        self.dead_letters[key] = (dead_space, expires_at, self._dump(payload), deliveries, reason, moved_at)
+
+    def _dead_letter_taken(self, dead_space: str, source: str, entry_id: int) -> None:
+        self.dead_letters[(source, entry_id)] = None
 
     def _next_id(self, space: str, mark: int) -> None:
         self.next_ids[space] = max(mark, self.next_ids.get(space, 0))
@@ -197,6 +253,7 @@ class Changes:
         puts: list[str] = []
         expiries: list[str] = []
         takes: list[str] = []
+        visibilities: list[str] = []
         for (space, entry_id), state in self.entries.items():
             if state[0] == "delete":
                 deleted.setdefault(space, []).append(entry_id)
@@ -214,6 +271,7 @@ class Changes:
                         position,
                         until,
                         row["written_by"],
+                        *row["visibility"],
                     )
                 )
             else:
@@ -222,6 +280,8 @@ class Changes:
                     expiries.append(_row(space, entry_id, columns["expires_at"]))
                 if "taken" in columns:
                     takes.append(_row(space, entry_id, *columns["taken"]))
+                if "visibility" in columns:
+                    visibilities.append(_row(space, entry_id, *columns["visibility"]))
         for space, ids in deleted.items():
             out.append(
                 f"DELETE FROM outrig_entries WHERE space = {literal(space)} "
@@ -231,11 +291,13 @@ class Changes:
             out.append(
                 "INSERT INTO outrig_entries "
                 "(space, id, arrival, expires_at, payload, taken_by, taken_position, taken_until, "
-                "written_by) "
+                "written_by, hidden_until, receipt, deliveries, dead_letter_reason) "
                 f"VALUES {', '.join(puts)} ON CONFLICT (space, id) DO UPDATE SET arrival = EXCLUDED.arrival, "
                 "expires_at = EXCLUDED.expires_at, payload = EXCLUDED.payload, taken_by = EXCLUDED.taken_by, "
                 "taken_position = EXCLUDED.taken_position, taken_until = EXCLUDED.taken_until, "
-                "written_by = EXCLUDED.written_by"
+                "written_by = EXCLUDED.written_by, hidden_until = EXCLUDED.hidden_until, "
+                "receipt = EXCLUDED.receipt, deliveries = EXCLUDED.deliveries, "
+                "dead_letter_reason = EXCLUDED.dead_letter_reason"
             )
         if expiries:
             out.append(
@@ -248,6 +310,14 @@ class Changes:
                 f"taken_until = v.u::float8 FROM (VALUES {', '.join(takes)}) AS v (space, id, r, p, u) "
                 "WHERE e.space = v.space AND e.id = v.id"
             )
+        if visibilities:
+            out.append(
+                "UPDATE outrig_entries AS e SET hidden_until = v.h::float8, receipt = v.r::bigint, "
+                "deliveries = v.d::integer, dead_letter_reason = v.x::text FROM (VALUES "
+                f"{', '.join(visibilities)}) AS v (space, id, h, r, d, x) "
+                "WHERE e.space = v.space AND e.id = v.id"
+            )
+        out += self._dead_letter_script()
         deleted_registrations: list[str] = []
         put_registrations: list[str] = []
         registration_updates: list[str] = []
@@ -328,6 +398,25 @@ class Changes:
             )
         return out
 
+    def _dead_letter_script(self) -> list[str]:
+        """Dead letters on their way (a row), and those taken in (its deletion)."""
+        out: list[str] = []
+        moving, taken = _kept_and_gone(self.dead_letters)
+        taken += [_row(*key) for key in self._dead_replaced if self.dead_letters[key] is not None]
+        if taken:
+            out.append(
+                "DELETE FROM outrig_dead_letters AS l USING (VALUES "
+                f"{', '.join(taken)}) AS v (source, id) WHERE l.source = v.source AND l.id = v.id"
+            )
+        if moving:
+            out.append(
+                "INSERT INTO outrig_dead_letters "
+                "(source, id, dead_space, expires_at, payload, deliveries, reason, moved_at) "
+                "SELECT v.s, v.i, v.d, v.x::float8, v.p, v.n, v.r, v.m::float8 FROM (VALUES "
+                f"{', '.join(moving)}) AS v (s, i, d, x, p, n, r, m) ON CONFLICT (source, id) DO NOTHING"
+            )
+        return out
+
     def _transaction_script(self) -> list[str]:
         """Open transactions' rows, locks and ends; after the entries' statements, so that an end
         deletes the rows its transaction wrote that did not commit (a commit's puts clear their
@@ -352,12 +441,7 @@ class Changes:
                 "UPDATE outrig_open_transactions AS t SET expires_at = v.x::float8 FROM (VALUES "
                 f"{', '.join(expiries)}) AS v (space, id, x) WHERE t.space = v.space AND t.id = v.id"
             )
-        locked = [
-            _row(space, transaction, entry_id, *lock)
-            for (space, transaction, entry_id), lock in self.locks.items()
-            if lock is not None
-        ]
-        unlocked = [_row(*key) for key, lock in self.locks.items() if lock is None]
+        locked, unlocked = _kept_and_gone(self.locks)
         if locked:
             out.append(
                 "INSERT INTO outrig_transaction_locks "
@@ -424,23 +508,35 @@ def _row(*values: Any) -> str:
     return "(" + ", ".join(literal(value) for value in values) + ")"
 
 
-class _Change:
-    """One operation's records, its space, the epoch of this server's ownership of the space when
-    the change was made, and its caller's future."""
+def _kept_and_gone(table: Mapping[tuple[Any, ...], tuple[Any, ...] | None]) -> tuple[list[str], list[str]]:
+    """The rows of a table of key -> the rest of its row (None: deleted): (rows, deleted keys)."""
+    kept = [_row(*key, *rest) for key, rest in table.items() if rest is not None]
+    gone = [_row(*key) for key, rest in table.items() if rest is None]
+    return kept, gone
 
-    __slots__ = ("epoch", "records", "space", "waiter")
+
+# A put's delivery state: visible, no delivery pending, never delivered, not a dead letter.
+_VISIBLE: tuple[Any, ...] = (None, None, 0, None)
+
+
+class _Change:
+    """One operation's records, the spaces it changes with the epoch of this server's ownership
+    of each when the change was made, and its caller's future. An operation changes one space as
+    a rule (a prune: none; a dead letter put into a dead-letter space served here: two)."""
+
+    __slots__ = ("epochs", "records", "waiter")
 
     def __init__(
         self, records: Sequence[Record], waiter: asyncio.Future[None] | None, epochs: dict[str, int]
     ) -> None:
         self.records = records
-        spaces = {record_spaces(record) for record in records}
-        spaces.discard(None)
-        # An operation changes one space (a prune: none).
-        self.space: str | None = next(iter(spaces)) if len(spaces) == 1 else None
-        assert len(spaces) <= 1, f"one operation changed several spaces: {sorted(map(str, spaces))}"
-        self.epoch = None if self.space is None else epochs.get(self.space)
+        spaces = {space for record in records if (space := record_spaces(record)) is not None}
+        self.epochs: dict[str, int | None] = {space: epochs.get(space) for space in sorted(spaces)}
         self.waiter = waiter
+
+    def current(self, epochs: dict[str, int]) -> bool:
+        """Whether every space of the change is still this server's under its change's epoch."""
+        return all(epochs.get(space) == epoch for space, epoch in self.epochs.items())
 
 
 class _Batch:
@@ -480,8 +576,12 @@ def record_keys(record: Record) -> tuple[tuple[Any, ...], ...]:
     """The rows a record touches. A transaction's records share its key: its end deletes its
     locks and uncommitted writes, so it must not overtake them."""
     kind = record[0]
-    if kind in ("put", "delete", "take", "entry_expiry"):
+    if kind in ("put", "delete", "take", "entry_expiry", "visibility"):
         return (("entry", record[1], record[2]),)
+    if kind == "dead_letter":
+        return (("entry", record[1], record[2]), ("dead_letter", record[1], record[2]))
+    if kind == "dead_letter_taken":
+        return (("dead_letter", record[2], record[3]),)
     if kind == "written":
         return (("entry", record[1], record[2]), ("transaction", record[1], record[6]))
     if kind in ("register", "unregister", "registration_expiry", "sequence"):
@@ -495,6 +595,12 @@ def record_keys(record: Record) -> tuple[tuple[Any, ...], ...]:
     if kind in ("transaction", "transaction_expiry", "transaction_end", "lock", "unlock"):
         return (("transaction", record[1], record[2]),)
     return (_ALL,)
+
+
+def _fence(changes: Iterable[_Change]) -> dict[str, int | None]:
+    """The spaces `changes` change, with the epoch each was made under (the same for all: a
+    change under another epoch is stale and refused before)."""
+    return {space: epoch for change in changes for space, epoch in change.epochs.items()}
 
 
 def _retrieve(future: asyncio.Future[None]) -> None:
@@ -611,11 +717,26 @@ class PgJournal:
             return
         kept = []
         for change in batch.changes:
-            if change.space in spaces:
-                _resolve(change.waiter, error)
-            else:
+            if spaces.isdisjoint(change.epochs):
                 kept.append(change)
+            else:
+                _resolve(change.waiter, error)
         batch.changes = kept
+
+    def _discard_all(self, spaces: set[str], error: BaseException) -> None:
+        """`discard`, and the other spaces of every change it discards (in `spaces` afterwards)."""
+        batch = self._open
+        while batch is not None:
+            more = {
+                space
+                for change in batch.changes
+                if not spaces.isdisjoint(change.epochs)
+                for space in change.epochs
+            } - spaces
+            if not more:
+                break
+            spaces |= more
+        self.discard(spaces, error)
 
     def _begin(self) -> None:
         """Send the open batch, if a connection is free and it touches no row of a batch in
@@ -681,14 +802,15 @@ class PgJournal:
         self.batches += 1
         self.operations += len(batch.written)
         if batch.refused:
-            lost = {str(change.space) for change in batch.refused}
+            # A refused change of two spaces was applied in the memory of both: both go.
+            lost = {space for change in batch.refused for space in change.epochs}
             refusal = NotOwnerError(
                 f"this server no longer owns space(s) {', '.join(sorted(lost))}: nothing of the "
                 "change was acknowledged; retry (the SDK does) and it reaches the new owner"
             )
             for change in batch.refused:
                 _resolve(change.waiter, refusal)
-            self.discard(lost, refusal)
+            self._discard_all(lost, refusal)
             self.on_lost(lost)
         for change in batch.written:
             _resolve(change.waiter, None)
@@ -708,17 +830,16 @@ class PgJournal:
         written: list[_Change] = []
         refused: list[_Change] = []
         for change in batch.changes:  # made under an epoch this server has since left: stale
-            stale = change.space is not None and epochs.get(change.space) != change.epoch
-            (refused if stale else written).append(change)
+            (written if change.current(epochs) else refused).append(change)
         try:
-            await self._transaction(connection, written, {c.space: c.epoch for c in written if c.space})
+            await self._transaction(connection, written, _fence(written))
         except psycopg.Error as err:
             if err.sqlstate != FENCED:
                 raise
         else:
             return written, refused
         # Fenced: which spaces are still this server's?
-        spaces = sorted({change.space for change in written if change.space is not None})
+        spaces = sorted({space for change in written for space in change.epochs})
         cursor = await connection.execute(
             "SELECT space, epoch FROM outrig_spaces WHERE space = ANY(%s) AND owner = %s",
             (spaces, self._server_id),
@@ -726,16 +847,15 @@ class PgJournal:
         current = dict(await cursor.fetchall())
         kept: list[_Change] = []
         for change in written:
-            fenced = change.space is not None and current.get(change.space) != change.epoch
-            (refused if fenced else kept).append(change)
-        await self._transaction(connection, kept, {c.space: c.epoch for c in kept if c.space})
+            (kept if change.current(current) else refused).append(change)
+        await self._transaction(connection, kept, _fence(kept))
         return kept, refused
 
     async def _transaction(
         self,
         connection: psycopg.AsyncConnection[Any],
         changes: list[_Change],
-        fence: dict[str | None, int | None],
+        fence: dict[str, int | None],
     ) -> None:
         """BEGIN, the fence, the changes and COMMIT as one simple query: one round trip."""
         folded = Changes(self._dump)

@@ -9,7 +9,10 @@ come back with their writes, takes and read locks (each recorded before its call
 those whose lease has run out abort here, with what they wrote (a late commit is told so);
 registrations' sequence numbers jump by 2**31 (stored at once), so that a listener resuming sees
 the gap and knows events may be missing; request ids still in their window come back (their
-answers stay in the database).
+answers stay in the database). Entries come with their delivery state (hidden until, a pending
+delivery's receipt, their delivery count, a dead letter's reason), which the engine restores: a
+delivery still pending keeps its receipt, so its Ack succeeds at the new owner. Dead letters on
+their way into this space (outrig_dead_letters) come too: the backend takes them in once loaded.
 """
 
 from __future__ import annotations
@@ -31,8 +34,13 @@ class SpaceRows:
 
     next_id: int = 1
     types: list[tuple[str, list[str]]] = field(default_factory=list)
-    # id, arrival, expiry, payload, and the transaction that wrote it (None: committed)
-    entries: list[tuple[int, int, float | None, bytes, int | None]] = field(default_factory=list)
+    # id, arrival, expiry, payload, the transaction that wrote it (None: committed), and its
+    # delivery state: hidden until, the pending delivery's receipt, deliveries, dead-letter reason
+    entries: list[
+        tuple[int, int, float | None, bytes, int | None, float | None, int | None, int, str | None]
+    ] = field(default_factory=list)
+    # dead letters on their way here: source, id, expiry, payload, deliveries, reason
+    dead_letters: list[tuple[str, int, float | None, bytes, int, str]] = field(default_factory=list)
     registrations: list[tuple[int, float | None, bytes, int]] = field(default_factory=list)
     requests: list[tuple[str, str, float]] = field(default_factory=list)  # id, kind, expiry
     transactions: list[tuple[int, float | None]] = field(default_factory=list)  # open: id, expiry
@@ -83,6 +91,9 @@ async def load_space(
         await connection.execute(
             "DELETE FROM outrig_registrations WHERE space = %s AND expires_at <= %s", (space, now)
         )
+        await connection.execute(  # dead letters whose lease ran out on the way here
+            "DELETE FROM outrig_dead_letters WHERE dead_space = %s AND expires_at <= %s", (space, now)
+        )
         await connection.execute(
             "UPDATE outrig_registrations SET sequence = sequence + %s WHERE space = %s",
             (SEQUENCE_JUMP, space),
@@ -93,11 +104,18 @@ async def load_space(
         rows.types = [(name, list(supertypes)) for name, supertypes in await cursor.fetchall()]
         async with connection.cursor(binary=True) as binary:
             await binary.execute(
-                "SELECT id, arrival, expires_at, payload, written_by FROM outrig_entries "
-                "WHERE space = %s AND taken_by IS NULL ORDER BY arrival",
+                "SELECT id, arrival, expires_at, payload, written_by, hidden_until, receipt, deliveries, "
+                "dead_letter_reason FROM outrig_entries WHERE space = %s AND taken_by IS NULL "
+                "ORDER BY arrival",
                 (space,),
             )
             rows.entries = list(await binary.fetchall())
+            await binary.execute(
+                "SELECT source, id, expires_at, payload, deliveries, reason FROM outrig_dead_letters "
+                "WHERE dead_space = %s ORDER BY moved_at, source, id",
+                (space,),
+            )
+            rows.dead_letters = list(await binary.fetchall())
         cursor = await connection.execute(
             "SELECT id, expires_at, templates, sequence FROM outrig_registrations WHERE space = %s",
             (space,),

@@ -208,12 +208,18 @@ class Ownership:
     async def orphans(self) -> list[tuple[str, float, bool]]:
         """Spaces nobody serves: no owner, or an ownership run out, or this server's own (handed
         to it, or dropped by it) that it does not serve; with the seconds since they were last
-        owned, and whether they are this server's."""
+        owned, and whether they are this server's. A dead-letter space never used yet that dead
+        letters wait for counts too, as this server's when it owns a space they come from (so
+        that, as a rule, a space and its dead-letter space are served together: dead_letters.py)."""
         rows = await self._fetch(
             "SELECT space, extract(epoch FROM now() - coalesce(owner_expires_at, created_at))::float8, "
-            "owner IS NOT DISTINCT FROM %s FROM outrig_spaces "
-            "WHERE owner IS NULL OR owner_expires_at < now() OR owner = %s",
-            (self.server_id, self.server_id),
+            "owner IS NOT DISTINCT FROM %(me)s FROM outrig_spaces "
+            "WHERE owner IS NULL OR owner_expires_at < now() OR owner = %(me)s "
+            "UNION ALL SELECT d.dead_space, 0.0, bool_or(s.owner IS NOT DISTINCT FROM %(me)s) "
+            "FROM outrig_dead_letters d LEFT JOIN outrig_spaces s ON s.space = d.source "
+            "WHERE NOT EXISTS (SELECT 1 FROM outrig_spaces n WHERE n.space = d.dead_space) "
+            "GROUP BY d.dead_space",
+            {"me": self.server_id},
         )
         return [
             (space, float(since or 0.0), bool(given))

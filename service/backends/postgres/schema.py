@@ -9,7 +9,9 @@ Version 1 was the stateless layout (every match in SQL); version 2 is the owner 
 database is the record of spaces served from memory by their owners, plus the ownership itself
 (`outrig_spaces`), the tier's servers (`outrig_servers`) and its peer secret (`outrig_tier`);
 version 3 records open transactions as they go, so that a new owner rebuilds them, and fences
-with advisory locks (`FENCE_CLASS`) instead of row locks.
+with advisory locks (`FENCE_CLASS`) instead of row locks; version 4 keeps an entry's delivery
+state (a take with an acknowledgement deadline, a delayed write: docs/work-queues.md) and the
+dead letters on their way from one space to another (`outrig_dead_letters`).
 Each payload column holds an entry's encoding, as the embedded store keeps it.
 """
 
@@ -269,6 +271,37 @@ MIGRATIONS: Final[tuple[tuple[int, str], ...]] = (
             END LOOP;
         END
         $fence$;
+        """,
+    ),
+    (
+        4,
+        """
+        -- An entry's delivery state (the `visibility` record, backends/memory/journal.py): hidden
+        -- until (epoch seconds; NULL: visible), the receipt of its pending delivery (NULL: none),
+        -- how often it has been delivered, and why it is in a dead-letter space (NULL: it is not).
+        -- A hidden row is still the space's, loaded with the rest: only its owner's memory hides it.
+        ALTER TABLE outrig_entries
+            ADD COLUMN hidden_until double precision,
+            ADD COLUMN receipt bigint,
+            ADD COLUMN deliveries integer NOT NULL DEFAULT 0,
+            ADD COLUMN dead_letter_reason text;
+        -- Dead letters between two spaces: an entry that reached its max_deliveries leaves its
+        -- space in the batch that deletes its row there, and lands here unless the same server
+        -- owns the dead-letter space too (then it is put there in that same batch). The
+        -- dead-letter space's owner takes it in (a new id of its own) and deletes the row in one
+        -- batch fenced by its own ownership: at its load, or within a third of a lease.
+        CREATE TABLE outrig_dead_letters (
+            source text NOT NULL,
+            id bigint NOT NULL,
+            dead_space text NOT NULL,
+            expires_at double precision,
+            payload bytea NOT NULL,
+            deliveries integer NOT NULL,
+            reason text NOT NULL,
+            moved_at double precision NOT NULL,
+            PRIMARY KEY (source, id)
+        );
+        CREATE INDEX outrig_dead_letters_dead_space ON outrig_dead_letters (dead_space, moved_at);
         """,
     ),
 )

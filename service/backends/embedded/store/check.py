@@ -124,7 +124,7 @@ def open_unchanging(path: Path) -> sqlite3.Connection:
 def verified_format(connection: sqlite3.Connection, path: Path) -> int:
     """The store's format version, once `check_format` has accepted it."""
     try:
-        check_format(connection, path)
+        check_format(connection, path, older=True)  # a server migrates it when it opens it
         version: int = connection.execute("PRAGMA user_version").fetchone()[0]
     except sqlite3.OperationalError as err:
         raise StoreError(f"cannot read {path}: {err}") from err
@@ -214,7 +214,8 @@ class _Checker:
     Verified: SQLite's own integrity_check; every entry payload and every registration's
     templates decode as the server would decode them at start-up; every row's space number is in
     `spaces`; each space's next_id is above every entry id and registration id in it (or a
-    restarted server would hand out an id twice); every taken entry belongs to a request; every
+    restarted server would hand out an id twice, a pending delivery's receipt included); every
+    taken entry belongs to a request; every
     type's supertypes are a JSON list of names.
     """
 
@@ -276,8 +277,11 @@ class _Checker:
                 )
 
     def _scan_entries(self) -> None:
-        for number, entry_id, expires_at, payload, taken_by in self.execute(
-            "SELECT space, id, expires_at, payload, taken_by FROM entries"
+        # A receipt is an id of its space too (format 2: a format-1 store has no receipts yet).
+        columns = {row[1] for row in self.execute("PRAGMA table_info(entries)")}
+        receipt = "receipt" if "receipt" in columns else "NULL"
+        for number, entry_id, expires_at, payload, taken_by, pending in self.execute(
+            f"SELECT space, id, expires_at, payload, taken_by, {receipt} FROM entries"
         ):
             tally = self._space(number, f"entry {entry_id}")
             if tally is None:
@@ -288,7 +292,7 @@ class _Checker:
                 tally.entries += 1
                 if expires_at is not None and expires_at <= self.now:
                     tally.expired += 1
-            tally.max_entry_id = max(tally.max_entry_id, entry_id)
+            tally.max_entry_id = max(tally.max_entry_id, entry_id, pending or 0)
             try:
                 codec.stored_entry(payload)
             # Whatever a bad payload makes the decoder raise, the check reports it and goes on.

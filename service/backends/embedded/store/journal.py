@@ -191,6 +191,22 @@ class _Writer:
             (request_id, space, kind, expires_at, first_id, count, lease_expires_at, granted),
         )
 
+    def _visibility(
+        self,
+        space: str,
+        entry_id: int,
+        hidden_until: float | None,
+        receipt: int | None,
+        deliveries: int,
+        dead_letter_reason: str | None,
+    ) -> None:
+        """An entry's delivery state (memory/journal.py): columns of its row."""
+        self.connection.execute(
+            "UPDATE entries SET hidden_until = ?, receipt = ?, deliveries = ?, dead_letter_reason = ? "
+            "WHERE space = ? AND id = ?",
+            (hidden_until, receipt, deliveries, dead_letter_reason, self.space_number(space), entry_id),
+        )
+
     def _prune_requests(self, now: float) -> None:
         self._prune_before = now  # done by commit(), on the store thread
 

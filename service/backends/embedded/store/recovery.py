@@ -1,6 +1,9 @@
 """Start-up: rebuild the in-memory spaces from the store.
 
-Entries are loaded in arrival order, so each space's buckets come back in the order they had.
+Entries are loaded in arrival order, so each space's buckets come back in the order they had,
+with their delivery state: a pending delivery whose deadline is still to come keeps its receipt
+(an Ack after the restart settles it), a delayed entry stays hidden until its time, and one whose
+deadline or time passed while the server was down is visible, its count kept.
 Entries and registrations whose leases ran out while the server was down are deleted, not loaded.
 Registrations restart their sequence numbers 2**31 above the stored one, so a listener that
 resumes sees a jump and knows events may have been missed. Request ids still inside their window
@@ -111,15 +114,27 @@ def _recover(connection: sqlite3.Connection, backend: EmbeddedBackend, now: floa
     engine = None
     current = -1
     rows = execute(
-        "SELECT space, id, arrival, expires_at, payload FROM entries "
+        "SELECT space, id, arrival, expires_at, payload, hidden_until, receipt, deliveries, "
+        "dead_letter_reason FROM entries "
         "WHERE taken_by IS NULL AND (expires_at IS NULL OR expires_at > ?) ORDER BY space, arrival",
         (now,),
     )
-    for number, entry_id, arrival, expires_at, payload in rows:
+    for number, entry_id, arrival, expires_at, payload, hidden_until, receipt, deliveries, reason in rows:
         if number != current:
             current, engine = number, backend.engine(names[number])
         assert engine is not None
-        engine.load(entry_id, arrival, codec.stored_entry(payload), expires_at)
+        # A pending delivery keeps its receipt and deadline; one past its deadline (or a delay
+        # past its time) loads visible, its count kept.
+        engine.load(
+            entry_id,
+            arrival,
+            codec.stored_entry(payload),
+            expires_at,
+            hidden_until=hidden_until,
+            receipt=receipt,
+            deliveries=deliveries,
+            dead_letter_reason=reason,
+        )
         loaded += 1
     registrations = 0
     for number, registration_id, expires_at, templates, sequence in execute(

@@ -11,16 +11,23 @@ names the space):
     spaces(no, name, next_id)              each space, and an id above every id it has handed out
                                            (reserved in blocks, so not written at every write)
     types(space, name, supertypes)         declared types (supertypes as a JSON list)
-    entries(space, id, arrival, expires_at, payload, taken_by, taken_position)
+    entries(space, id, arrival, expires_at, payload, taken_by, taken_position,
+            hidden_until, receipt, deliveries, dead_letter_reason)
                                            entries; payload is the protobuf-encoded
                                            outrig.v1.Entry. A row with taken_by set was taken by
-                                           that request id and is kept only to answer its retry
+                                           that request id and is kept only to answer its retry.
+                                           The delivery state (engine/deliveries.py): hidden until
+                                           (a pending delivery's deadline or a delayed entry's
+                                           time; NULL or past: visible), the pending delivery's
+                                           receipt, the delivery count, why it is a dead letter
     registrations(space, id, expires_at, templates, sequence)  notify registrations; templates
                                            is a protobuf-encoded outrig.v1.NotifyRequest
     requests(id, space, kind, expires_at, first_id, count, lease_expires_at, granted)
                                            idempotency keys within their window; a write's
                                            answer is its leases (ids first_id .. first_id+count-1,
-                                           one expiry and duration), a take's is its taken rows
+                                           one expiry and duration), a take's is its taken rows;
+                                           a deliver's, ack's, nack's or extend's is in its
+                                           columns (memory/journal.py)
 """
 
 from __future__ import annotations
@@ -40,7 +47,19 @@ LOCK_NAME = "outrig.lock"
 APPLICATION_ID = 0x6F757472
 # Bump on any change a server of the previous version could not read; say what changed here.
 # 1: the first durable format.
-FORMAT_VERSION = 1
+# 2: entries keep their delivery state (hidden_until, receipt, deliveries, dead_letter_reason);
+#    a format-1 store is migrated when a server opens it (`_MIGRATIONS`).
+FORMAT_VERSION = 2
+
+# The statements that bring a store of format n to n + 1, run in one transaction with the version.
+_MIGRATIONS: dict[int, str] = {
+    1: """
+ALTER TABLE entries ADD COLUMN hidden_until REAL;
+ALTER TABLE entries ADD COLUMN receipt INTEGER;
+ALTER TABLE entries ADD COLUMN deliveries INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE entries ADD COLUMN dead_letter_reason TEXT;
+""",
+}
 
 _SCHEMA = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
@@ -52,6 +71,7 @@ CREATE TABLE types (
 CREATE TABLE entries (
     space INTEGER NOT NULL, id INTEGER NOT NULL, arrival INTEGER NOT NULL,
     expires_at REAL, payload BLOB NOT NULL, taken_by TEXT, taken_position INTEGER,
+    hidden_until REAL, receipt INTEGER, deliveries INTEGER NOT NULL DEFAULT 0, dead_letter_reason TEXT,
     PRIMARY KEY (space, id)
 );
 CREATE INDEX entries_by_taker ON entries (taken_by) WHERE taken_by IS NOT NULL;
@@ -83,12 +103,15 @@ def connect(path: Path) -> sqlite3.Connection:
     return connection
 
 
-def check_format(connection: sqlite3.Connection, path: Path) -> None:
-    """Refuse a file that is not an outrig store of this format version."""
+def check_format(connection: sqlite3.Connection, path: Path, *, older: bool = False) -> None:
+    """Refuse a file that is not an outrig store of this format version (`older`: or of an older
+    one this outrig migrates when it opens it, which `outrig check` and `outrig backup` read)."""
     application_id = connection.execute("PRAGMA application_id").fetchone()[0]
     version = connection.execute("PRAGMA user_version").fetchone()[0]
     if application_id != APPLICATION_ID:
         raise IncompatibleStoreError(f"{path} is not an outrig store (application_id {application_id:#x})")
+    if older and version in _MIGRATIONS:
+        return
     if version != FORMAT_VERSION:
         newer = "a newer" if version > FORMAT_VERSION else "an older"
         raise IncompatibleStoreError(
@@ -121,7 +144,8 @@ def open_store(data_dir: Path, software_version: str) -> sqlite3.Connection:
                     "INSERT INTO meta (key, value) VALUES (?, ?)",
                     [("created_by", f"outrig {software_version}"), ("created_at", f"{time.time():.3f}")],
                 )
-        check_format(connection, path)
+        check_format(connection, path, older=True)
+        migrate(connection, software_version)
     except sqlite3.DatabaseError as err:
         connection.close()
         raise IncompatibleStoreError(f"{path}: {err}") from err
@@ -129,6 +153,20 @@ def open_store(data_dir: Path, software_version: str) -> sqlite3.Connection:
         connection.close()
         raise
     return connection
+
+
+def migrate(connection: sqlite3.Connection, software_version: str) -> None:
+    """Bring a store of an older format to this one, a version at a time, each step in one
+    transaction with its version number (a crash midway leaves the store at a version it had)."""
+    while (version := connection.execute("PRAGMA user_version").fetchone()[0]) < FORMAT_VERSION:
+        with transaction(connection):
+            for statement in filter(str.strip, _MIGRATIONS[version].split(";")):
+                connection.execute(statement)
+            connection.execute(f"PRAGMA user_version = {version + 1:d}")
+            connection.execute(
+                "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                (f"migrated_to_{version + 1}", f"outrig {software_version} at {time.time():.3f}"),
+            )
 
 
 @contextlib.contextmanager
