@@ -8,9 +8,12 @@ Through one `outrig serve` process and the blocking SDK (1 client, calls one aft
     take (the entry with the highest key, `order_by=outrig.desc("key")`), through the ordered
     index of (Small, key) that the first of them makes;
   - write latency with WAITERS parked non-matching takes in the space vs none (and vs as many
-    parked range takes, `key >= 2**60`, that no write matches either): the waiters are
-    blocked takes of a key that is never written, from an asyncio client in a thread of this
-    process (10 connections), sent 250 at a time a quarter of a second apart (gRPC's server
+    parked range takes, `key >= 2**60`, that no write matches either; and vs as many two-sided
+    range takes over disjoint intervals, `key in [10j + 1, 10j + 9]` for j = 0 .. WAITERS - 1,
+    with every written key a multiple of 10 among them, so in a gap between two ranges, which
+    the engine finds by a walk of its interval map, engine/stabbing.py, not by one comparison):
+    the waiters are blocked takes of a key that is never written, from an asyncio client in a
+    thread of this process (10 connections), sent 250 at a time a quarter of a second apart (gRPC's server
     cancels calls that arrive in a burst of more than about 1,000 it has not yet taken on);
   - resident memory (VmRSS) of the server per stored small entry, and per parked waiter.
 
@@ -41,12 +44,14 @@ from outrig.aio import AsyncSpace
 
 SMALL_SPACE, LARGE_SPACE = "scale-small", "scale-large"
 QUIET_SPACE, PARKED_SPACE, RANGED_SPACE = "scale-quiet", "scale-parked", "scale-ranged"
+GAPPED_SPACE = "scale-gapped"
 SMALL = 1000
 FILL_BATCH, FILLERS = 1000, 4
 _WAIT = 10.0
 _LEASE = 3600.0
 _NEVER = Small(key=-1)  # the parked takes' template: no entry ever has key -1
 _NEVER_RANGE = Small(key=outrig.GE(1 << 60))  # the parked range takes': no key is that large
+_GAP = 10  # the gapped space's parked takes: key in [10j + 1, 10j + 9]; its writes: key = 10m
 _ANY = Small()
 _PARK_BURST, _PARK_PAUSE = 250, 0.25
 
@@ -128,10 +133,12 @@ class ParkedWaiters:
         count: int,
         connections: int = 10,
         space: str = PARKED_SPACE,
-        template: Small = _NEVER,
+        template: Small | Callable[[int], Small] = _NEVER,
     ) -> None:
         self._server, self._plan, self._count, self._connections = server, plan, count, connections
-        self._space, self._template = space, template
+        self._space = space
+        # one template for every take, or the i-th take's template
+        self._template = template if callable(template) else lambda i: template
         self._started = threading.Event()
         self._failure: BaseException | None = None
         self._loop = asyncio.new_event_loop()
@@ -160,7 +167,7 @@ class ParkedWaiters:
             # (grpc.server.max_pending_requests), and a Python server takes them on one by one.
             for start in range(0, self._count, _PARK_BURST):
                 self._tasks += [
-                    asyncio.create_task(spaces[i % len(spaces)].take(self._template, timeout=None))
+                    asyncio.create_task(spaces[i % len(spaces)].take(self._template(i), timeout=None))
                     for i in range(start, min(start + _PARK_BURST, self._count))
                 ]
                 await asyncio.sleep(_PARK_PAUSE)
@@ -225,8 +232,13 @@ def _ranges(size: int, rng: random.Random) -> Callable[[], Small]:
     return draw
 
 
-def _write_us(space: outrig.Space, ops: int, first_key: int) -> float:
-    entries = [Small(key=first_key + i, group="written", note=NOTE) for i in range(ops)]
+def _gap_range(i: int) -> Small:
+    """The i-th gapped take: key in [10i + 1, 10i + 9], disjoint from every other one's."""
+    return Small(key=outrig.Range(_GAP * i + 1, _GAP * i + _GAP - 1))
+
+
+def _write_us(space: outrig.Space, ops: int, first_key: int, keys: Callable[[int], int] = int) -> float:
+    entries = [Small(key=keys(first_key + i), group="written", note=NOTE) for i in range(ops)]
     started = time.perf_counter()
     for entry in entries:
         space.write(entry, lease=_LEASE)
@@ -248,6 +260,7 @@ def run_scaling(
     server = start_outrig(workdir, "outrig-scaling")
     parked: ParkedWaiters | None = None
     range_parked: ParkedWaiters | None = None
+    gap_parked: ParkedWaiters | None = None
     try:
         _fill(server, plan, SMALL_SPACE, SMALL)
         before = _settled_rss(server)
@@ -265,6 +278,14 @@ def run_scaling(
         range_parked = ParkedWaiters(server, plan, waiters, space=RANGED_SPACE, template=_NEVER_RANGE)
         time.sleep(1.0)
         range_parked.check()
+        log(f"scaling: parking {waiters:,} two-sided range takes over disjoint intervals ...")
+        gap_parked = ParkedWaiters(server, plan, waiters, space=GAPPED_SPACE, template=_gap_range)
+        time.sleep(1.0)
+        gap_parked.check()
+
+        def gap_keys(key: int) -> int:  # a multiple of 10 among the parked intervals: in a gap
+            return _GAP * (key % waiters)
+
         result = ScalingResult(
             small=SMALL,
             large=large,
@@ -277,7 +298,7 @@ def run_scaling(
         )
         rng = random.Random(7)
         sizes = {"small": (SMALL_SPACE, SMALL), "large": (LARGE_SPACE, large)}
-        writes = {"none": QUIET_SPACE, "parked": PARKED_SPACE, "ranged": RANGED_SPACE}
+        writes = {"none": QUIET_SPACE, "parked": PARKED_SPACE, "ranged": RANGED_SPACE, "gapped": GAPPED_SPACE}
         next_key = 0
         for round_number in range(rounds):
             log(f"scaling: round {round_number + 1}/{rounds}")
@@ -294,17 +315,19 @@ def run_scaling(
                         highest = _take_us(space, ops // 2, order_by=outrig.desc("key"))
                         result.order_take_us.setdefault(name, []).append(highest)
                 for name in sorted(writes, reverse=flip):
+                    keys: Callable[[int], int] = gap_keys if name == "gapped" else int
                     with connect(server, plan, writes[name]) as space:
-                        _write_us(space, ops // 10, next_key)  # warm-up
+                        _write_us(space, ops // 10, next_key, keys)  # warm-up
                         next_key += ops // 10
-                        result.write_us.setdefault(name, []).append(_write_us(space, ops, next_key))
+                        result.write_us.setdefault(name, []).append(_write_us(space, ops, next_key, keys))
                         next_key += ops
         parked.check()
         range_parked.check()
+        gap_parked.check()
         server.check_alive()
         return result
     finally:
-        for waiting in (parked, range_parked):
+        for waiting in (parked, range_parked, gap_parked):
             if waiting is not None:
                 waiting.stop()
         server.stop()
