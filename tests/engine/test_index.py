@@ -108,3 +108,17 @@ def _arrived(arrival: int) -> StoredEntry:
     stored = StoredEntry(arrival + 1, new("T"), None)
     stored.arrival = arrival
     return stored
+
+
+def test_a_declared_ordered_index_exists_from_the_start_and_files_every_write() -> None:
+    declared = EntryIndex(indexes=[("Mammal", "legs")])
+    assert declared.ordered_indexes() == [("Mammal", "legs", 0)]  # before any template needs it
+    for i, legs in enumerate([4, 2, 4]):
+        filed(declared, i + 1, *DOG, legs=legs)
+    filed(declared, 9, *DOG, name="no legs")  # no value: not filed under the field
+    assert declared.ordered_indexes() == [("Mammal", "legs", 3)]
+    undeclared = EntryIndex()
+    filed(undeclared, 1, *DOG, legs=4)
+    assert undeclared.ordered_indexes() == []  # made on first need only
+    undeclared.ordered("Mammal", "legs")
+    assert undeclared.ordered_indexes() == [("Mammal", "legs", 1)]
