@@ -436,10 +436,8 @@ def test_a_retried_take_with_ack_answers_its_first_deliveries(served: Served) ->
     assert space.count(Job()) == 1  # the retry took nothing more
 
 
-def test_a_receipt_names_the_partition_of_its_entry(shape: str) -> None:
-    if shape == "plain":
-        pytest.skip("a plain space has one partition")
-    for routed in serve(shape):
+def test_a_receipt_names_the_partition_of_its_entry() -> None:
+    for routed in serve("partitioned"):
         space = routed.space
         regions = ["eu", "us", "ap", "sa", "af"]
         space.write_many([Job(region=region, n=i) for i, region in enumerate(regions)])
