@@ -2,7 +2,7 @@
 claim protocol.
 
     python bench/partitions.py [--quick] [--part a|b|c] [--rounds N] [--entries N] [--seconds S]
-                               [--clients N]
+                               [--clients N] [--one-worker] [--pin] [--rate R] [--slot S]
 
 a. Every core: one space in P partitions by "region", served in memory by `outrig serve
    --workers W`: P = 1, 2 and 4 on W = 1 (partitioning alone: the CPU per pair should stay
@@ -13,7 +13,17 @@ a. Every core: one space in P partitions by "region", served in memory by `outri
    pairs/s, and the CPU seconds per pair of the server processes (each worker, and their sum)
    and of the clients, from /proc; rounds interleaved, medians. With --pin the servers run on the
    first core and the clients on the others, so that the clients' load does not change what the
-   servers' CPU per pair measures (--one-worker: the one-worker rows only).
+   servers' CPU per pair measures (--one-worker: the one-worker rows only). "paired" is the median
+   of each round's ratio to that round's W1P1. --rate R caps the offered load at R pairs/s in all
+   (each task paces its pairs), so that every shape is measured at the same load, and so with the
+   same operations per Mux message, whatever the SDK's own cost per call: at full speed the
+   clients (on the servers' cores, or on the one core left by --pin) set how full the server's
+   messages are, and a client that costs more per call sends emptier ones.
+   --slot S: the one-worker shapes P = 1, 2 and 4 served at once, the client processes driving
+   one at a time and switching every S seconds, together; each server's CPU is read at every
+   slot's end (/proc's schedstat), and what it used in its own slots is its CPU per pair. What
+   else the machine runs (other processes on its cores) then weighs on every shape alike, slot
+   by slot, rather than on whichever one a round measures at the time (--rate applies too).
 
 b. Fan-out latency: one in-memory server holding a space in P = 1 (unpartitioned: the baseline),
    2 and 4 partitions by "region", each with --entries entries spread over 64 regions. One
@@ -36,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import re
 import statistics
@@ -96,6 +107,19 @@ def _cpu(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+
+
+def _run_time(pid: int) -> float:
+    """CPU seconds of every thread of a process so far, to the nanosecond (/proc's schedstat:
+    /proc's stat counts clock ticks, too coarse to share out half-second slots)."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as stat:
+                total += int(stat.read().split()[0])
+        except FileNotFoundError:
+            continue
+    return total / 1e9
 
 
 def _switches(pid: int) -> int:
@@ -159,8 +183,13 @@ def _regions_of(partition: int, partitions: int) -> list[str]:
     return [r for r in names if value_partition(encode_value(r), partitions) == partition][:64]
 
 
-async def _client_pairs(address: str, seconds: float, tasks: int, seed: int, regions: list[str]) -> int:
+async def _client_pairs(
+    address: str, seconds: float, tasks: int, seed: int, regions: list[str], rate: float = 0.0
+) -> int:
+    """Pairs done in `seconds` by `tasks` tasks; with `rate`, each task paces itself to its share
+    of `rate` pairs/s (this process's offered load), starting pairs on a schedule, not faster."""
     done = 0
+    interval = tasks / rate if rate > 0 else 0.0
     async with outrig.aio.connect(address, space="jobs") as space:
         for region in regions:  # locate every partition before the clock starts
             await space.write(Job(region=region, n=-1))
@@ -170,12 +199,53 @@ async def _client_pairs(address: str, seconds: float, tasks: int, seed: int, reg
         async def pairs(task: int) -> None:
             nonlocal done
             n = 0
+            start = time.monotonic() + interval * task / tasks  # the tasks' slots interleaved
             while time.monotonic() < deadline:
+                if interval:
+                    due = start + n * interval
+                    if due > time.monotonic():
+                        await asyncio.sleep(due - time.monotonic())  # pacing the offered load
                 region = regions[(seed * 131 + task * 17 + n) % len(regions)]
                 await space.write(Job(region=region, n=n))
                 await space.take(Job(region=region, n=n), timeout=10)
                 n += 1
                 done += 1
+
+        await asyncio.gather(*(pairs(task) for task in range(tasks)))
+    return done
+
+
+async def _client_slots(
+    addresses: list[str], start: float, seconds: float, slot: float, tasks: int, seed: int, rate: float
+) -> list[int]:
+    """Pairs done on each of `addresses` by `tasks` tasks that drive one server at a time: the
+    one of the current `slot`-second slot (slot i: server i mod n), from the monotonic clock's
+    `start` (every client process switches together), for `seconds`. A pair started in a slot
+    counts for that slot's server. `rate`: as `_client_pairs`'s."""
+    done = [0] * len(addresses)
+    interval = tasks / rate if rate > 0 else 0.0
+    async with contextlib.AsyncExitStack() as stack:
+        spaces = [await stack.enter_async_context(outrig.aio.connect(a, space="jobs")) for a in addresses]
+        for space in spaces:  # locate every partition before the clock starts
+            for region in REGIONS:
+                await space.write(Job(region=region, n=-1))
+                await space.take(Job(region=region, n=-1), timeout=10)
+        await asyncio.sleep(max(0.0, start - time.monotonic()))
+        deadline = start + seconds
+
+        async def pairs(task: int) -> None:
+            n = 0
+            while (now := time.monotonic()) < deadline:
+                due = start + (n + task / tasks) * interval
+                if due > now:
+                    await asyncio.sleep(due - now)  # pacing the offered load
+                    now = time.monotonic()
+                i = int((now - start) / slot) % len(spaces)
+                region = REGIONS[(seed * 131 + task * 17 + n) % len(REGIONS)]
+                await spaces[i].write(Job(region=region, n=n))
+                await spaces[i].take(Job(region=region, n=n), timeout=10)
+                n += 1
+                done[i] += 1
 
         await asyncio.gather(*(pairs(task) for task in range(tasks)))
     return done
@@ -195,9 +265,25 @@ def _pin(pid: int, cores: set[int]) -> None:
 _CLIENT_CORES: set[int] | None = None
 
 
-def _clients(address: str, clients: int, seconds: float, tasks: int, one: bool = False) -> tuple[int, float]:
+def _spawn(command: list[str], clients: int) -> list[subprocess.Popen[str]]:
+    """`clients` client processes running `command`, seeded 0, 1, ... (on the clients' cores)."""
+    cores = _CLIENT_CORES
+    return [
+        subprocess.Popen(
+            [*command, "--seed", str(i)],
+            stdout=subprocess.PIPE,
+            text=True,
+            preexec_fn=None if cores is None else (lambda: os.sched_setaffinity(0, cores)),
+        )
+        for i in range(clients)
+    ]
+
+
+def _clients(
+    address: str, clients: int, seconds: float, tasks: int, one: bool = False, rate: float = 0.0
+) -> tuple[int, float]:
     """Pairs done by `clients` client processes of `tasks` tasks each in `seconds`, and their CPU
-    seconds."""
+    seconds; with `rate`, the processes together offer at most `rate` pairs/s."""
     command = [
         sys.executable,
         __file__,
@@ -208,17 +294,9 @@ def _clients(address: str, clients: int, seconds: float, tasks: int, one: bool =
         "--tasks",
         str(tasks),
         *(["--one-partition"] if one else []),
+        *(["--rate", str(rate / clients)] if rate > 0 else []),
     ]
-    cores = _CLIENT_CORES
-    processes = [
-        subprocess.Popen(
-            [*command, "--seed", str(i)],
-            stdout=subprocess.PIPE,
-            text=True,
-            preexec_fn=None if cores is None else (lambda: os.sched_setaffinity(0, cores)),
-        )
-        for i in range(clients)
-    ]
+    processes = _spawn(command, clients)
     total, cpu = 0, 0.0
     for process in processes:
         out, _ = process.communicate(timeout=seconds + 120)
@@ -232,11 +310,14 @@ def _clients(address: str, clients: int, seconds: float, tasks: int, one: bool =
 SHAPES_A = ((1, 1, False), (1, 2, False), (1, 4, False), (2, 2, False), (2, 4, False), (2, 2, True))
 
 
-def part_a(workdir: Path, rounds: int, seconds: float, clients: int, one_worker: bool = False) -> None:
+def part_a(
+    workdir: Path, rounds: int, seconds: float, clients: int, one_worker: bool = False, rate: float = 0.0
+) -> None:
     print(
         f"\na. every core: {clients} client processes x 10 tasks a worker, write+take pairs with the "
         f"routing value set, {seconds:.0f} s a round, {rounds} rounds, in memory"
         + ("; the servers pinned to core 0, the clients to the others" if _CLIENT_CORES is not None else "")
+        + (f"; offered load capped at {rate:.0f} pairs/s" if rate > 0 else "")
     )
     rows: dict[tuple[int, int, bool], list[tuple[float, float, list[float], float]]] = {}
     woken: dict[tuple[int, int, bool], list[float]] = {}
@@ -250,7 +331,7 @@ def part_a(workdir: Path, rounds: int, seconds: float, clients: int, one_worker:
                 tasks = 10 if one else 10 * workers  # 10 in flight on each of a client's streams
                 _clients(served.server.address, clients, 1.0, tasks, one)  # warm
                 before, switched = served.cpu(), served.switches()
-                pairs, client_cpu = _clients(served.server.address, clients, seconds, tasks, one)
+                pairs, client_cpu = _clients(served.server.address, clients, seconds, tasks, one, rate)
                 after, switched = served.cpu(), served.switches() - switched
             finally:
                 served.stop()
@@ -269,22 +350,97 @@ def part_a(workdir: Path, rounds: int, seconds: float, clients: int, one_worker:
     base_cpu = statistics.median(c for _, c, _, _ in base)
     one_worker_p2 = statistics.median(r for r, _, _, _ in rows[(1, 2, False)])
     print(f"{'workers':>7} {'P':>2} {'pairs/s':>8} {'vs W1P1':>8} {'server us/pair':>15} {'vs W1P1':>8} "
-          f"{'per worker us/pair':>20} {'client us/pair':>15} {'server switches/pair':>21}")  # fmt: skip
+          f"{'paired':>7} {'per worker us/pair':>20} {'client us/pair':>15} "
+          f"{'server switches/pair':>21}")  # fmt: skip
     for (workers, partitions, one), found in rows.items():
         rate = statistics.median(r for r, _, _, _ in found)
         cpu = statistics.median(c for _, c, _, _ in found)
         each = [statistics.median(e[i] for _, _, e, _ in found) for i in range(workers)]
         client = statistics.median(c for _, _, _, c in found)
+        # Each round's ratio to the same round's W1P1, then their median: what load the machine
+        # had that round (others' processes share its cores) weighs on both sides alike.
+        paired = statistics.median(c / b[1] for (_, c, _, _), b in zip(found, base, strict=True))
         star = "*" if one else " "
         print(
             f"{workers:>7} {partitions:>2}{star}{rate:>7.0f} {rate / base_rate:>8.2f} {cpu * 1e6:>15.0f} "
-            f"{cpu / base_cpu:>8.2f} {' '.join(f'{e * 1e6:.0f}' for e in each):>20} {client * 1e6:>15.0f}"
+            f"{cpu / base_cpu:>8.2f} {paired:>7.2f} {' '.join(f'{e * 1e6:.0f}' for e in each):>20} "
+            f"{client * 1e6:>15.0f}"
             f" {statistics.median(woken[(workers, partitions, one)]):>21.2f}"
         )
     if (2, 2, False) in rows:
         two = statistics.median(r for r, _, _, _ in rows[(2, 2, False)])
         print(f"P = 2: 2 workers / 1 worker, pairs/s: {two / one_worker_p2:.2f}")
     print("*: every routing value in one partition, so one of the two workers takes the whole load")
+
+
+def part_a_slots(
+    workdir: Path, rounds: int, seconds: float, clients: int, slot: float, rate: float = 0.0
+) -> None:
+    """The one-worker shapes (P = 1, 2, 4) served at once, the clients switching between them
+    every `slot` seconds: what load the machine has (other processes on its cores) falls on every
+    shape alike, slot by slot, instead of on whichever one a round measures then."""
+    print(
+        f"\na. slots: the one-worker shapes P = {', '.join(map(str, SHAPES))} served at once, {clients} "
+        f"client processes x 10 tasks driving one at a time, switching every {slot:g} s, {seconds:.0f} s "
+        f"a round, {rounds} rounds, in memory"
+        + ("; the servers pinned to core 0, the clients to the others" if _CLIENT_CORES is not None else "")
+        + (f"; offered load capped at {rate:.0f} pairs/s" if rate > 0 else "")
+    )
+    found: dict[int, list[tuple[float, float, float, float]]] = {}
+    for _ in range(rounds):
+        served = [_Served(workdir, 1, p) for p in SHAPES]
+        try:
+            if _CLIENT_CORES is not None:
+                for each in served:
+                    _pin(each.pids[0], {0})
+            addresses = ",".join(each.server.address for each in served)
+            command = [sys.executable, __file__, "--client", addresses, "--seconds", str(seconds)]
+            start = time.monotonic() + 5.0
+            command += ["--slot", str(slot), "--start", str(start)]
+            command += ["--rate", str(rate / clients)] if rate > 0 else []
+            processes = _spawn(command, clients)
+            # The clients connect and warm up, then all start at `start`. Each server's CPU is
+            # read at every slot's end (and a little after, for the pairs still in flight): what
+            # it used in its own slots is its driven CPU, in the others' its idle CPU.
+            driven, idle = [0.0] * len(SHAPES), [0.0] * len(SHAPES)
+            switched = [each.switches() for each in served]
+            boundaries = [start + j * slot for j in range(round(seconds / slot) + 1)]
+            time.sleep(max(0.0, boundaries[0] - time.monotonic()))
+            last = [_run_time(each.pids[0]) for each in served]
+            for j, boundary in enumerate(boundaries[1:]):
+                time.sleep(max(0.0, boundary + 0.01 - time.monotonic()))
+                now = [_run_time(each.pids[0]) for each in served]
+                for i in range(len(SHAPES)):
+                    (driven if i == j % len(SHAPES) else idle)[i] += now[i] - last[i]
+                last = now
+            pairs = [0] * len(SHAPES)
+            for process in processes:
+                out, _ = process.communicate(timeout=seconds + 120)
+                for i, done in enumerate(out.split()[: len(SHAPES)]):
+                    pairs[i] += int(done)
+            woken = [each.switches() - w for each, w in zip(served, switched, strict=True)]
+        finally:
+            for each in served:
+                each.stop()
+        share = seconds / len(SHAPES)  # each shape's seconds of slots
+        for i, p in enumerate(SHAPES):
+            count = max(1, pairs[i])
+            found.setdefault(p, []).append(
+                (pairs[i] / share, driven[i] / count, woken[i] / count, idle[i] / (seconds - share))
+            )
+    base = found[1]
+    print(f"{'P':>2} {'pairs/s in its slots':>21} {'server us/pair':>15} {'vs P=1':>7} {'paired':>7} "
+          f"{'server switches/pair':>21} {'idle CPU %':>11}")  # fmt: skip
+    for p, rows in found.items():
+        cpu = statistics.median(c for _, c, _, _ in rows)
+        paired = statistics.median(c / b[1] for (_, c, _, _), b in zip(rows, base, strict=True))
+        print(
+            f"{p:>2} {statistics.median(r for r, _, _, _ in rows):>21.0f} {cpu * 1e6:>15.0f} "
+            f"{cpu / statistics.median(c for _, c, _, _ in base):>7.2f} {paired:>7.2f} "
+            f"{statistics.median(w for _, _, w, _ in rows):>21.2f} "
+            f"{statistics.median(i for *_, i in rows) * 100:>11.1f}"
+        )
+    print("(server us/pair: its CPU in its own slots; idle CPU: in the others', % of a core)")
 
 
 # ---------------------------------------------------------------- b. fan-out latency
@@ -428,28 +584,51 @@ def main() -> None:
     parser.add_argument(
         "--pin", action="store_true", help="part a: the servers on the first core, the clients on the others"
     )
+    parser.add_argument(
+        "--rate", type=float, default=0.0, help="part a: cap the offered load at this many pairs/s in all"
+    )
+    parser.add_argument(
+        "--slot",
+        type=float,
+        default=0.0,
+        help="part a: serve the one-worker shapes at once, the clients switching every SLOT seconds",
+    )
+    parser.add_argument("--start", type=float, default=0.0, help=argparse.SUPPRESS)
     parser.add_argument("--rounds", type=int)
     parser.add_argument("--entries", type=int)
     args = parser.parse_args()
     if args.pin:
         global _CLIENT_CORES
         _CLIENT_CORES = set(range(1, os.cpu_count() or 2))
+    if args.client and args.slot:
+        counts = asyncio.run(
+            _client_slots(
+                args.client.split(","), args.start, args.seconds, args.slot, args.tasks, args.seed, args.rate
+            )
+        )
+        print(*counts, _children_cpu(os.getpid()))
+        return
     if args.client:
         regions = _regions_of(0, 2) if args.one_partition else REGIONS
-        pairs = asyncio.run(_client_pairs(args.client, args.seconds, args.tasks, args.seed, regions))
+        pairs = asyncio.run(
+            _client_pairs(args.client, args.seconds, args.tasks, args.seed, regions, args.rate)
+        )
         print(pairs, _children_cpu(os.getpid()))
         return
     rounds = args.rounds or (3 if args.quick else 5)
     print(f"cores: {os.cpu_count()}, load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     with tempfile.TemporaryDirectory(prefix="outrig-bench-partitions-") as work:
         workdir = Path(work)
-        if args.part in (None, "a"):
+        if args.part in (None, "a") and args.slot:
+            part_a_slots(workdir, rounds, args.seconds or 24.0, args.clients or 2, args.slot, args.rate)
+        elif args.part in (None, "a"):
             part_a(
                 workdir,
                 rounds,
                 args.seconds or (3.0 if args.quick else 8.0),
                 args.clients or 3,
                 args.one_worker,
+                args.rate,
             )
         if args.part in (None, "b"):
             part_b(

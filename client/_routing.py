@@ -76,15 +76,18 @@ def _one(partitions: Iterable[int | None]) -> int | None:
 
 
 def _template_partition(template: pb.Template, field: str, count: int) -> int | None:
-    if field in template.fields:
-        value = template.fields[field]
-        if value.WhichOneof("kind") not in (None, "null_value"):
-            return value_partition(value, count)
-    if field in template.matchers:
-        matcher = template.matchers[field]
-        if matcher.WhichOneof("kind") == "equal":
-            return value_partition(matcher.equal, count)
+    value = template.fields.get(field)  # one lookup: `get` adds no item to a map of messages
+    if value is not None and value.WhichOneof("kind") not in (None, "null_value"):
+        return value_partition(value, count)
+    matcher = template.matchers.get(field)
+    if matcher is not None and matcher.WhichOneof("kind") == "equal":
+        return value_partition(matcher.equal, count)
     return None
+
+
+def _entry_partition(entry: pb.Entry, field: str, count: int) -> int | None:
+    value = entry.fields.get(field)
+    return None if value is None else value_partition(value, count)
 
 
 def request_partition(request: Any, field: str, count: int) -> int | None:
@@ -92,25 +95,25 @@ def request_partition(request: Any, field: str, count: int) -> int | None:
     transaction = getattr(request, "transaction", 0)
     if transaction:
         return int(transaction) % ID_STRIDE
-    if isinstance(request, pb.WriteRequest):
-        entries: Iterable[pb.Entry] = (request.entry,)
-    elif isinstance(request, pb.WriteManyRequest):
-        entries = request.entries
-    elif isinstance(request, pb.MatchRequest | pb.CountRequest):
-        if not request.templates:
+    kind = type(request)
+    if kind is pb.WriteRequest:  # the usual calls first, of one entry or template
+        return _entry_partition(request.entry, field, count)
+    if kind is pb.MatchRequest or kind is pb.CountRequest:
+        templates = request.templates
+        if len(templates) == 1:
+            return _template_partition(templates[0], field, count)
+        if not templates:
             return None
-        return _one(_template_partition(template, field, count) for template in request.templates)
-    elif isinstance(request, pb.CancelLeasesRequest):
+        return _one(_template_partition(template, field, count) for template in templates)
+    if kind is pb.WriteManyRequest:
+        return _one(_entry_partition(entry, field, count) for entry in request.entries)
+    if kind is pb.CancelLeasesRequest:
         return _one(int(lease_id) % ID_STRIDE for lease_id in request.ids) if request.ids else None
-    elif isinstance(request, pb.RenewLeasesRequest):
+    if kind is pb.RenewLeasesRequest:
         ids = [renewal.id % ID_STRIDE for renewal in request.renewals]
         return _one(ids) if ids else None
-    elif isinstance(request, pb.AckRequest | pb.NackRequest | pb.ExtendRequest):
+    if kind is pb.AckRequest or kind is pb.NackRequest or kind is pb.ExtendRequest:
         return int(request.receipt) % ID_STRIDE  # a receipt is an id of its partition
-    elif isinstance(request, pb.BeginRequest):
+    if kind is pb.BeginRequest:
         return value_partition(request.route, count) if request.HasField("route") else None
-    else:
-        return None
-    return _one(
-        value_partition(entry.fields[field], count) if field in entry.fields else None for entry in entries
-    )
+    return None

@@ -83,6 +83,13 @@ def add_parsers(commands: Any) -> None:
         metavar="FIELD",
         help="list in this field's order, --order-by=-FIELD descending; repeatable (later keys break ties)",
     )
+    dump.add_argument(
+        "--pending",
+        action="store_true",
+        help="also list the matching entries no read sees (needs the admin grant): each in flight, with its "
+        'pending delivery ("delivery": receipt, deadline, deliveries), or delayed ("visible_at"), after the '
+        "visible ones, in arrival order",
+    )
     spaces = commands.add_parser(
         "spaces",
         help="list the spaces of a server's tier and their owners",
@@ -264,10 +271,32 @@ def _dump(args: argparse.Namespace) -> int:
         with outrig.connect(args.target, space=args.space, retry_deadline=5.0) as space:
             for entry in space.contents(templates, max_entries=args.max_entries, order_by=order_by or None):
                 print(json.dumps(_document(entry), ensure_ascii=False))
+            if args.pending:
+                _dump_pending(space, templates)
     except outrig.OutrigError as err:
         print(f"outrig dump: {type(err).__name__}: {err}", file=sys.stderr)
         return 2
     return 0
+
+
+def _dump_pending(space: Any, templates: list[Any]) -> None:
+    """`outrig dump --pending`: the hidden matches (in flight or delayed), browsed page by page."""
+    after = 0
+    while True:
+        page = space.browse(templates, after=after, max_entries=1000)
+        for browsed in page.entries:
+            if browsed.receipt is None and browsed.visible_at is None:
+                continue
+            document = _document(browsed.entry)
+            document["deliveries"] = browsed.deliveries
+            if browsed.receipt is not None:
+                document["delivery"] = {"receipt": browsed.receipt, "deadline": browsed.deadline}
+            else:
+                document["visible_at"] = browsed.visible_at
+            print(json.dumps(document, ensure_ascii=False))
+        if not page.next:
+            return
+        after = page.next
 
 
 def _connect_args(args: argparse.Namespace) -> dict[str, Any]:

@@ -40,7 +40,7 @@ from outrig.service.engine.clock import Clock
 from outrig.service.engine.index import EntryIndex
 from outrig.service.engine.leases import LeaseQueue
 from outrig.service.engine.model import Delivery, Returned, StoredEntry, Template, Transaction, Waiter
-from outrig.service.engine.partitions import partition_name, split_name
+from outrig.service.engine.partitions import dead_letter_name
 from outrig.service.exceptions import DeliveryExpiredError, InvalidArgumentError
 
 if TYPE_CHECKING:
@@ -101,6 +101,9 @@ class DeliveriesMixin:
         # Set by the backend: writes an entry that reached max_deliveries (already removed from
         # this space) into the dead-letter space, with the reason. If it raises, the entry stays.
         self.on_dead_letter: Callable[[StoredEntry, str], None] | None = None
+        # Set by the backend: told the time of every timer filed (a deadline, a delay), so that its
+        # reaper wakes then rather than at its next pass. Must not raise.
+        self.on_timer: Callable[[float], None] | None = None
 
     # ------------------------------------------------------------------ figures
 
@@ -114,6 +117,13 @@ class DeliveriesMixin:
         """Entries hidden until a time (delayed writes, deliveries returned with a delay)."""
         return len(self._delayed)
 
+    def next_timer(self) -> float | None:
+        """A time at or before the soonest hidden entry's timer (a deadline, a delay's end), or
+        None while nothing is hidden."""
+        if not (self._pending or self._delayed):
+            return None
+        return self._leases.next_expiry()
+
     def hidden_entries(self) -> list[StoredEntry]:
         """Every hidden entry (pending deliveries, then delayed ones), a copy."""
         return [*self._pending.values(), *self._delayed.values()]
@@ -122,11 +132,7 @@ class DeliveriesMixin:
     def dead_letter_space(self) -> str:
         """Where entries go that reach max_deliveries: the configured space or "<space>.dead",
         and for a partition "jobs~3", the same partition of it ("jobs.dead~3")."""
-        base, k = split_name(self.name)
-        dead = self.settings.dead_letter or f"{base}.dead"
-        if k is not None and split_name(dead)[1] is None:
-            dead = partition_name(dead, k)
-        return dead
+        return dead_letter_name(self.name, self.settings.dead_letter)
 
     # ------------------------------------------------------------------ hiding and revealing
 
@@ -146,6 +152,8 @@ class DeliveriesMixin:
             self._delayed[stored.id] = stored
         else:
             self._pending[stored.receipt] = stored
+        if self.on_timer is not None:
+            self.on_timer(until)
 
     def _forget_hidden(self, stored: StoredEntry) -> None:
         """Undo `_file_hidden` (the entry's fields are left as they are). Never raises."""

@@ -112,6 +112,10 @@ class Router:
         self._config = config
         self._limits = config.limits
         self._partitionings = {name: config.partitioning(name) for name in config.spaces}
+        #: Each partition's name a call has named (the SDK names the one it routed to): its
+        #: space, its number and its space's partitioning, found once. Only the names of
+        #: configured partitions, as `partition_name` spells them, are kept: at most their number.
+        self._named: dict[str, tuple[str, int, Partitioning]] = {}
 
     def partitioning(self, space: str) -> Partitioning | None:
         return self._partitionings.get(space)
@@ -126,23 +130,24 @@ class Router:
         partitionings = self._partitionings
         if not partitionings:
             return None  # no space is partitioned: every call as it is
-        base, k = split_name(space) if SEPARATOR in space else (space, None)
-        partitioning = partitionings.get(base)
-        if k is not None:
-            if partitioning is None or k >= partitioning.count:
-                have = (
-                    "is not partitioned" if partitioning is None else f"has {partitioning.count} partitions"
-                )
-                raise InvalidArgumentError(
-                    f"space: {excerpt(space)} names partition {k} of {base!r}, which {have}"
-                )
-            if name in ("Write", "WriteMany"):
+        partitioning: Partitioning | None
+        named = self._named.get(space)
+        if named is None and SEPARATOR in space:
+            named = self._partition_named(space)
+        if named is not None:  # a call that names a partition: checked, served as named
+            base, k, partitioning = named
+            if name == "Write":  # the hot path: a write the SDK routed
+                if message.HasField("entry"):
+                    entry = message.entry
+                    value = entry.fields.get(partitioning.field)
+                    if value is None or value_partition(value, partitioning.count) != k:
+                        self._check_named(entry, "entry", base, partitioning, k)
+            elif name == "WriteMany":
                 for where, entry in _entries(message):
-                    if self._entry_partition(entry, where, base, partitioning) != k:
-                        raise InvalidArgumentError(
-                            f"{where}: routes to another partition of {base!r} than {k}"
-                        )
+                    self._check_named(entry, where, base, partitioning, k)
             return None
+        partitioning = partitionings.get(space)
+        base = space
         if partitioning is None:
             return None
         if name in _ONE_SPACE:
@@ -154,6 +159,24 @@ class Router:
             rename(request, partition_name(base, partitions[0]))
             return None
         return FanOut(base, partitioning, partitions)
+
+    def _partition_named(self, space: str) -> tuple[str, int, Partitioning] | None:
+        """The space, number and partitioning of the partition `space` names (kept in
+        `_named`); None if it names none (a name with '~' but no number: the name check refuses
+        it). InvalidArgumentError if it names a partition its space does not have."""
+        base, k = split_name(space)
+        if k is None:
+            return None
+        partitioning = self._partitionings.get(base)
+        if partitioning is None or k >= partitioning.count:
+            have = "is not partitioned" if partitioning is None else f"has {partitioning.count} partitions"
+            raise InvalidArgumentError(
+                f"space: {excerpt(space)} names partition {k} of {base!r}, which {have}"
+            )
+        named = (base, k, partitioning)
+        if space == partition_name(base, k):  # not "jobs~01": the name check refuses that one
+            self._named[space] = named
+        return named
 
     def _partitions(self, name: str, message: Any, space: str, partitioning: Partitioning) -> tuple[int, ...]:
         if name == "Write" and not message.transaction and message.HasField("entry"):  # the hot path
@@ -243,6 +266,14 @@ class Router:
             f"{at}: a routing value of space {space!r} is a bool, int, double, string or bytes, "
             f"not {str(kind).removesuffix('_value')}"
         )
+
+    def _check_named(
+        self, entry: pb.Entry, where: str, space: str, partitioning: Partitioning, k: int
+    ) -> None:
+        """Refuse an entry written to partition `k` of `space` that routes to another (or
+        nowhere), naming where it is."""
+        if self._entry_partition(entry, where, space, partitioning) != k:
+            raise InvalidArgumentError(f"{where}: routes to another partition of {space!r} than {k}")
 
     def _transaction_partition(self, transaction: int, space: str, partitioning: Partitioning) -> int:
         k = partition_of_id(transaction)

@@ -109,3 +109,30 @@ def test_dump_where_and_order_by() -> None:
         server.stop()
     assert bad.returncode == 0 and bad.stdout == ""  # a float range: ints are another kind
     assert mixed.returncode == 2 and "expected FIELD OP VALUE" in mixed.stderr
+
+
+def test_dump_pending_lists_deliveries_in_flight_and_delayed_entries() -> None:
+    server = start_server()
+    try:
+        with outrig.connect(server.address, space="admin-pending", retry_deadline=0) as space:
+            space.write_many([Item(n=1), Item(n=2)])
+            space.write(Item(n=3), delay=3600.0)
+            held = space.take(Item(n=1), timeout=0, ack=600.0)
+            assert held is not None
+            plain = _outrig("dump", server.address, "--space", "admin-pending", "--type", "admin.Item")
+            pending = _outrig(
+                "dump", server.address, "--space", "admin-pending", "--type", "admin.Item", "--pending"
+            )
+            held.ack()
+    finally:
+        server.stop()
+    assert plain.returncode == 0, plain.stderr
+    assert [json.loads(line)["fields"]["n"] for line in plain.stdout.splitlines()] == [2]
+    assert pending.returncode == 0, pending.stderr
+    lines = [json.loads(line) for line in pending.stdout.splitlines()]
+    assert [line["fields"]["n"] for line in lines] == [2, 1, 3]
+    in_flight, delayed = lines[1], lines[2]
+    assert in_flight["delivery"]["receipt"] == held.receipt
+    assert in_flight["delivery"]["deadline"] == held.deadline
+    assert in_flight["deliveries"] == 1
+    assert delayed["visible_at"] > 0 and "delivery" not in delayed

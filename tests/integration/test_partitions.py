@@ -235,3 +235,26 @@ def test_a_seen_routing_value_keeps_its_partition() -> None:
     for value in (0.0, -0.0, 0.0, 1, True, 1, "a", b"a"):
         message = encode_value(value)
         assert value_partition(message, 7) == partition_of(codec.field_value(message, "v", Limits()), 7)
+
+
+@pytest.mark.parametrize("mux", [True, False], ids=["mux", "unary"])
+def test_a_write_naming_a_partition_is_served_there_only_if_it_routes_there(mux: bool) -> None:
+    # The SDK names the partition it routed a write to; the server checks it, every time.
+    with LocalServer(PARTITIONED) as server:
+        k = value_partition(encode_value("eu"), 3)
+        assert k is not None
+        elsewhere = next(r for r in REGIONS if value_partition(encode_value(r), 3) != k)
+        right, wrong = f"jobs~{k}", f"jobs~{(k + 1) % 3}"
+        named = outrig.connect(server.address, space=right, mux=mux, direct=False)
+        misnamed = outrig.connect(server.address, space=wrong, mux=mux, direct=False)
+        with named, misnamed:
+            for n in range(2):
+                named.write(Job(region="eu", n=n))
+                with pytest.raises(outrig.InvalidArgumentError, match="entry: routes to another partition"):
+                    misnamed.write(Job(region="eu"))
+            with pytest.raises(outrig.InvalidArgumentError, match=r"entries\[1\]: routes to another"):
+                named.write_many([Job(region="eu", n=5), Job(region=elsewhere)])
+            with pytest.raises(outrig.RoutingValueError, match=r"entry\.fields\['region'\]"):
+                named.write(Job(n=7))
+        with outrig.connect(server.address, space="jobs") as space:
+            assert sorted(job.n for job in space.contents(Job())) == [0, 1]  # type: ignore[union-attr]

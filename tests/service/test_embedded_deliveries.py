@@ -297,3 +297,30 @@ async def test_check_counts_a_receipt_as_an_id_of_its_space(tmp_path: Path, cloc
         db.execute("UPDATE spaces SET next_id = ?", (delivery.receipt,))  # as if it were never handed out
     report = check_store(tmp_path / "data")
     assert any(f"next_id is {delivery.receipt} but entry {delivery.receipt}" in p for p in report.problems)
+
+
+async def test_a_deadline_or_a_delay_ends_on_time_not_at_the_reapers_next_pass() -> None:
+    """The reaper's passes are 60 s apart here: a deadline of 0.2 s and a delay of 0.3 s end
+    when they are due, because filing a timer sooner than the next pass wakes the reaper."""
+    backend = EmbeddedBackend(ServerConfig(reap_interval=60.0))
+    await backend.start()
+    try:
+        await backend.write(SPACE, [job(1)], None)
+        (delivery,) = await backend.deliver(
+            SPACE, [JOBS], max_entries=1, timeout=0, ack=0.2, max_deliveries=0
+        )
+        async with asyncio.timeout(WAIT):  # parked: woken when the deadline shows the entry again
+            (again,) = await backend.deliver(
+                SPACE, [JOBS], max_entries=1, timeout=None, ack=30.0, max_deliveries=0
+            )
+        assert again.entry.id == delivery.entry.id and again.deliveries == 2
+        await backend.ack(SPACE, again.receipt)
+        (grant,) = await backend.write(SPACE, [job(2)], None, visible_at=backend.clock.time() + 0.3)
+        async with asyncio.timeout(WAIT):
+            found = await backend.match(
+                SPACE, [JOBS], take=True, max_entries=1, timeout=None, if_exists=False
+            )
+        assert [e.id for e in found] == [grant.id]
+    finally:
+        await backend.close()
+        await backend.shutdown()

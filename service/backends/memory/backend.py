@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -104,6 +105,10 @@ class MemoryBackend(DeliveringMixin):
         self.clock = clock or SystemClock()
         self._spaces: dict[str, SpaceEngine] = {}
         self._reaper: asyncio.Task[None] | None = None
+        # The reaper's next pass (clock time), and what wakes it sooner: a deadline or a delay
+        # filed before then (`_timer_filed`), so that hidden entries show again on time.
+        self._next_pass = math.inf
+        self._wake = asyncio.Event()
         self.closing = False
         # Blocked reads and takes, per space.
         self._parked: dict[str, set[asyncio.Future[list[StoredEntry]]]] = {}
@@ -138,6 +143,7 @@ class MemoryBackend(DeliveringMixin):
                 engine.on_expired = lambda entry_id: self.note([("delete", name, entry_id)])
             # Aborts by lease expiry too, so that a late commit is told it aborted.
             engine.on_transaction_end = lambda outcome: self._transaction_ended(name, outcome)
+            engine.on_timer = self._timer_filed
             self._watch_dead_letters(name, engine)
         return engine
 
@@ -210,10 +216,32 @@ class MemoryBackend(DeliveringMixin):
             await self._recorder.journal.close()
             self._recorder = None
 
+    def _timer_filed(self, until: float) -> None:
+        if until < self._next_pass:
+            self._next_pass = until
+            self._wake.set()
+
+    async def _until_next_pass(self) -> None:
+        """Wait reap_interval, or less when a hidden entry's timer is due sooner (one filed
+        meanwhile too): a pass then shows it again on time, not up to reap_interval late."""
+        now = self.clock.time()
+        soonest = min(
+            (due for engine in self._spaces.values() if (due := engine.next_timer()) is not None),
+            default=math.inf,
+        )
+        self._next_pass = now + min(self.config.reap_interval, max(0.0, soonest - now))
+        while (wait := self._next_pass - self.clock.time()) > 0:
+            self._wake.clear()
+            try:
+                async with asyncio.timeout(wait):
+                    await self._wake.wait()  # a sooner timer was filed: `_next_pass` moved
+            except TimeoutError:
+                return
+
     async def _reap_forever(self) -> None:
         batch = self.config.reap_batch
         while True:
-            await asyncio.sleep(self.config.reap_interval)
+            await self._until_next_pass()
             for engine in list(self._spaces.values()):
                 try:
                     while engine.reap(batch) >= batch:  # noqa: ASYNC110 - bounded batches, not a wait
