@@ -20,10 +20,10 @@ Last, redelivery: a job is delivered with a deadline of 0.3 s and never acked, w
 client waits in a blocking take with ack; the latency is when that taker got the job minus the
 first delivery's deadline (both read from this machine's clock: server and client share it).
 Each sample starts at a random moment (0 to 0.5 s after the last), so that the deadlines fall
-anywhere between two passes of the server's reaper, which returns expired deliveries as it
-expires leases: every ``reap_interval`` seconds (0.5 by default). A third server, in memory with
-``reap_interval = 0.05``, shows that bound. Prints the core count and load average. Nothing is
-asserted.
+anywhere between two of the reaper's periodic passes (``reap_interval``, 0.5 s by default); a
+third server, in memory with ``reap_interval = 0.05``, shows whether that interval bounds a
+redelivery (it did until the reaper learnt to wake for the soonest deadline). Prints the core
+count and load average. Nothing is asserted.
 """
 
 from __future__ import annotations

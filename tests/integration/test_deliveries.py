@@ -436,10 +436,8 @@ def test_a_retried_take_with_ack_answers_its_first_deliveries(served: Served) ->
     assert space.count(Job()) == 1  # the retry took nothing more
 
 
-def test_a_receipt_names_the_partition_of_its_entry(shape: str) -> None:
-    if shape == "plain":
-        pytest.skip("a plain space has one partition")
-    for routed in serve(shape):
+def test_a_receipt_names_the_partition_of_its_entry() -> None:
+    for routed in serve("partitioned"):
         space = routed.space
         regions = ["eu", "us", "ap", "sa", "af"]
         space.write_many([Job(region=region, n=i) for i, region in enumerate(regions)])
@@ -490,3 +488,20 @@ def test_the_overloads_tell_mypy_which_a_take_returns(served: Served) -> None:
     space.write(Job(region="eu", n=9))
     entry = space.take(Job(region="eu"), timeout=1.0)
     assert not isinstance(entry, outrig.Delivery) and entry == Job(region="eu", n=9)
+
+
+def test_a_hidden_entry_s_lease_still_rules_it_and_purge_passes_it_by(served: Served) -> None:
+    space = served.space
+    cancelled = space.write(Job(region="eu", n=1), lease=600.0)
+    kept = space.write(Job(region="eu", n=2), lease=600.0)
+    first = space.take(Job(region="eu", n=1), timeout=1.0, ack=30.0)
+    second = space.take(Job(region="eu", n=2), timeout=1.0, ack=30.0)
+    assert first is not None and second is not None
+    assert kept.renew(1200.0).duration == pytest.approx(1200.0)  # renew works on a hidden entry
+    cancelled.cancel()  # removes it: its delivery is over
+    with pytest.raises(outrig.DeliveryExpiredError):
+        first.ack()
+    space.write(Job(region="eu", n=3))
+    assert space.purge(Job(region="eu")) == 1  # the visible one only
+    second.ack()
+    assert space.browse().entries == []
