@@ -40,7 +40,7 @@ from outrig.service.engine.clock import Clock
 from outrig.service.engine.index import EntryIndex
 from outrig.service.engine.leases import LeaseQueue
 from outrig.service.engine.model import Delivery, Returned, StoredEntry, Template, Transaction, Waiter
-from outrig.service.engine.partitions import dead_letter_name
+from outrig.service.engine.partitions import dead_letter_name, split_name
 from outrig.service.exceptions import DeliveryExpiredError, InvalidArgumentError
 
 if TYPE_CHECKING:
@@ -409,7 +409,8 @@ class DeliveriesMixin:
     def _dead_letter(self, stored: StoredEntry, limit: int) -> str:
         """Move a delivered entry to the dead-letter space (through `on_dead_letter`), all or
         nothing; returns that space's name."""
-        reason = f"max_deliveries={limit} reached in space {self.name!r}"
+        # The space a user knows: a partition's ("jobs~3") is its space's ("jobs").
+        reason = f"max_deliveries={limit} reached in space {split_name(self.name)[0]!r}"
         self._remove(stored)
         hook = self.on_dead_letter
         if hook is not None:

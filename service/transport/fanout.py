@@ -31,7 +31,7 @@ from outrig._routing import value_partition
 from outrig.service.config import ServerConfig
 from outrig.service.engine.model import StoredEntry
 from outrig.service.engine.ordered import in_request_order
-from outrig.service.engine.partitions import ID_STRIDE, partition_name, partition_of_id
+from outrig.service.engine.partitions import ID_STRIDE, partition_name, partition_of_id, split_name
 from outrig.service.protocol import codec, wire
 from outrig.service.transport import handlers
 from outrig.service.transport.routing import FanOut, copy_for
@@ -76,6 +76,22 @@ def _payloads(reply: bytes, delivered: dict[int, bytes] | None = None) -> list[b
         for payload, delivery in zip(payloads, extras, strict=True):
             delivered[id(payload)] = _DELIVERIES_TAG + varint(len(delivery)) + delivery
     return payloads
+
+
+#: A partitioned space's figures that are its partitions' added up.
+_SUMMED = (
+    "entries",
+    "bytes",
+    "waiters",
+    "registrations",
+    "transactions",
+    "locked",
+    "expired",
+    "in_flight",
+    "delayed",
+    "redelivered",
+    "dead_lettered",
+)
 
 
 def _reply(payloads: Sequence[bytes], delivered: dict[int, bytes] | None) -> bytes:
@@ -517,9 +533,10 @@ class Fan:
         """Every partition's description, added up (types by name; lists cut as one space's are)."""
         replies = await self._each("DescribeSpace", [copy_for(request, n) for n in self._names(fan)], context)
         merged = pb.DescribeSpaceReply(space=fan.space, configuration=replies[0].configuration)
+        merged.configuration.dead_letter = split_name(merged.configuration.dead_letter)[0]
         types: dict[str, pb.TypeFigures] = {}
         for reply in replies:
-            for name in ("entries", "bytes", "waiters", "registrations", "transactions", "locked", "expired"):
+            for name in _SUMMED:
                 setattr(merged, name, getattr(merged, name) + getattr(reply, name))
             if reply.HasField("oldest_entry_age"):
                 merged.oldest_entry_age = max(merged.oldest_entry_age, reply.oldest_entry_age)

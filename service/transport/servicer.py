@@ -629,7 +629,9 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
             deliveries.nack_delay(request),
             request_id=codec.request_id(request),
         )
-        return pb.NackReply(visible_at=returned.visible_at or 0.0, dead_letter=returned.dead_letter)
+        # The dead-letter space as users name it: a partition's ("jobs.dead~3") is "jobs.dead".
+        dead_letter = split_name(returned.dead_letter)[0] if returned.dead_letter else ""
+        return pb.NackReply(visible_at=returned.visible_at or 0.0, dead_letter=dead_letter)
 
     @unary
     async def Extend(self, request: pb.ExtendRequest, context: handlers.Context) -> pb.ExtendReply:
