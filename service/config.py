@@ -38,8 +38,9 @@ from outrig.service.engine.space import SpaceSettings
 from outrig.service.exceptions import ConfigError
 from outrig.service.workers import WorkerRole
 
-#: A space's name (protocol/codec.py checks a request's the same way).
-_SPACE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+#: A space's name: letters, digits, '.', '_', '-', starting with a letter or digit (the codec
+#: checks a request's with it too; a partition's adds "~k").
+SPACE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 DEFAULT_LISTEN = "127.0.0.1:7480"
 
@@ -311,10 +312,10 @@ def _check_partitions(section: str, settings: SpaceSettings, *, default: bool) -
         )
 
 
-def _check_dead_letter(section: str, settings: SpaceSettings, *, default: bool) -> None:
+def _check_dead_letter(section: str, settings: SpaceSettings, limits: Limits, *, default: bool) -> None:
     """A dead-letter space is a space's own name; the backoff is a time."""
     name = settings.dead_letter
-    if name and (default or not _SPACE_NAME.fullmatch(name) or len(name) > 256):
+    if name and (default or not SPACE_NAME.fullmatch(name) or len(name) > limits.max_name_length):
         raise ConfigError(
             f"{section}.dead_letter: {name!r} "
             + (
@@ -381,10 +382,10 @@ def load_config(
         raise ConfigError(f"spaces: expected a table of spaces, got {per_space!r}")
     spaces = {name: _apply(defaults, values, f"spaces.{name}") for name, values in per_space.items()}
     _check_partitions("space_defaults", defaults, default=True)
-    _check_dead_letter("space_defaults", defaults, default=True)
+    _check_dead_letter("space_defaults", defaults, limits, default=True)
     for name, settings in spaces.items():
         _check_partitions(f"spaces.{name}", settings, default=False)
-        _check_dead_letter(f"spaces.{name}", settings, default=False)
+        _check_dead_letter(f"spaces.{name}", settings, limits, default=False)
     result: ServerConfig = dataclasses.replace(config, limits=limits, space_defaults=defaults, spaces=spaces)
     if result.backend == "postgres" and not result.dsn:
         raise ConfigError("server.dsn: the postgres backend needs a database (--dsn postgresql://...)")

@@ -55,16 +55,17 @@ _MAX_DOUBLINGS = 64
 
 
 def check_ack_seconds(seconds: float, field: str = "ack") -> None:
-    """Refuse an acknowledgement deadline that is not a finite number of seconds above 0 (the
-    codec also holds it to the server's max_ack)."""
+    """Refuse an acknowledgement deadline that is not a finite number of seconds above 0: the
+    one rule the engine, the backends and the codec apply (the codec also holds it to max_ack)."""
     if not (math.isfinite(seconds) and seconds > 0):
-        raise InvalidArgumentError(f"{field}: must be a number of seconds above 0, got {seconds!r}")
+        raise InvalidArgumentError(f"{field}: must be finite and > 0 seconds, got {seconds}")
 
 
 def check_delay(seconds: float, field: str = "delay") -> None:
-    """Refuse a delay that is not a finite number of seconds, 0 or more."""
+    """Refuse a delay that is not a finite number of seconds, 0 or more (the one rule, as
+    `check_ack_seconds`)."""
     if not (math.isfinite(seconds) and seconds >= 0):
-        raise InvalidArgumentError(f"{field}: must be a number of seconds, 0 or more, got {seconds!r}")
+        raise InvalidArgumentError(f"{field}: must be finite and >= 0 seconds, got {seconds}")
 
 
 class DeliveriesMixin:

@@ -14,7 +14,7 @@ import re
 import struct
 from collections.abc import Mapping, Sequence
 
-from outrig.service.config import Limits
+from outrig.service.config import SPACE_NAME, Limits
 from outrig.service.engine.leases import check_lease_duration
 from outrig.service.engine.model import LeaseGrant, NewEntry, Template, Templates, make_template
 from outrig.service.engine.values import NULL, FieldValue
@@ -22,9 +22,8 @@ from outrig.service.exceptions import InvalidArgumentError, excerpt
 from outrig.service.protocol import matching, wire
 from outrig.v1 import space_pb2 as pb
 
-_SPACE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 # A partition of a partitioned space (engine/partitions.py): the transport checks the space is.
-_PARTITION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*~(?:0|[1-9][0-9]{0,3})")
+_PARTITION_NAME = re.compile(SPACE_NAME.pattern + r"~(?:0|[1-9][0-9]{0,3})")
 _DTYPES = {
     pb.DTYPE_INT8: ("int8", 1),
     pb.DTYPE_INT16: ("int16", 2),
@@ -41,7 +40,7 @@ def space_name(name: str, limits: Limits) -> str:
     if not name:
         raise InvalidArgumentError("space: must not be empty")
     if len(name) > limits.max_name_length or not (
-        (_PARTITION_NAME if "~" in name else _SPACE_NAME).fullmatch(name)
+        (_PARTITION_NAME if "~" in name else SPACE_NAME).fullmatch(name)
     ):
         raise InvalidArgumentError(
             f"space: {excerpt(name)} is not a valid space name (letters, digits, '.', '_', '-', "

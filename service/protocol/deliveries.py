@@ -13,12 +13,14 @@ from collections.abc import Sequence
 
 from outrig._protocol import tag, varint
 from outrig.service.config import Limits
+from outrig.service.engine.deliveries import check_ack_seconds, check_delay
 from outrig.service.engine.leases import MAX_LEASE_SECONDS
 from outrig.service.engine.model import Delivery
 from outrig.service.exceptions import InvalidArgumentError
 from outrig.v1 import space_pb2 as pb
 
-#: MatchReply.deliveries, the tag before each Delivery.
+#: MatchReply.deliveries: its field number, and the tag before each Delivery.
+DELIVERIES_FIELD = pb.MatchReply.DESCRIPTOR.fields_by_name["deliveries"].number
 _DELIVERIES = tag(pb.MatchReply.DESCRIPTOR.fields_by_name["deliveries"])
 
 
@@ -42,8 +44,7 @@ def ack_seconds(request: pb.MatchRequest, limits: Limits, *, take: bool) -> floa
 
 def deadline_seconds(seconds: float, field: str, limits: Limits) -> float:
     """A delivery's deadline from now (a take's `ack`, an Extend's `seconds`)."""
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise InvalidArgumentError(f"{field}: must be finite and > 0 seconds, got {seconds}")
+    check_ack_seconds(seconds, field)
     if seconds > limits.max_ack:
         raise InvalidArgumentError(
             f"{field}: {seconds} s exceeds the limit max_ack={limits.max_ack} s "
@@ -66,8 +67,7 @@ def nack_delay(request: pb.NackRequest) -> float | None:
 
 
 def _delay(seconds: float, field: str) -> float:
-    if not math.isfinite(seconds) or seconds < 0:
-        raise InvalidArgumentError(f"{field}: must be finite and >= 0 seconds, got {seconds}")
+    check_delay(seconds, field)
     if seconds > MAX_LEASE_SECONDS:
         raise InvalidArgumentError(f"{field}: {seconds} s exceeds the maximum of {MAX_LEASE_SECONDS} s")
     return seconds
@@ -108,7 +108,11 @@ def deliveries_reply(deliveries: Sequence[Delivery]) -> bytes:
     """A MatchReply of these deliveries: their entries (the payloads as they are), then one
     Delivery each, in the same order."""
     parts: list[bytes] = [delivery.entry.payload for delivery in deliveries]  # type: ignore[misc]  # bytes
-    for delivery in deliveries:
-        encoded = delivery_message(delivery).SerializeToString()
-        parts.append(_DELIVERIES + varint(len(encoded)) + encoded)
+    parts += (delivery_field(delivery_message(delivery).SerializeToString()) for delivery in deliveries)
     return b"".join(parts)
+
+
+def delivery_field(encoded: bytes) -> bytes:
+    """An encoded Delivery framed as a MatchReply's `deliveries` field (a fan-out merge keeps
+    each with its entry)."""
+    return _DELIVERIES + varint(len(encoded)) + encoded

@@ -33,6 +33,7 @@ from outrig.service.engine.model import StoredEntry
 from outrig.service.engine.ordered import in_request_order
 from outrig.service.engine.partitions import ID_STRIDE, partition_name, partition_of_id, split_name
 from outrig.service.protocol import codec, wire
+from outrig.service.protocol.deliveries import DELIVERIES_FIELD, delivery_field
 from outrig.service.transport import handlers
 from outrig.service.transport.routing import FanOut, copy_for
 from outrig.v1 import space_pb2 as pb
@@ -58,11 +59,6 @@ def _own(request: Any, k: int) -> str:
     return f"{request_id}~{k}"
 
 
-#: MatchReply.deliveries (a take with ack), after its entries.
-_DELIVERIES = pb.MatchReply.DESCRIPTOR.fields_by_name["deliveries"].number
-_DELIVERIES_TAG = tag(pb.MatchReply.DESCRIPTOR.fields_by_name["deliveries"])
-
-
 def _payloads(reply: bytes, delivered: dict[int, bytes] | None = None) -> list[bytes]:
     """The entries (their payloads, framed) of an encoded MatchReply or ContentsReply. A take
     with ack's reply has a Delivery per entry too: given `delivered`, each is filed there under
@@ -71,10 +67,12 @@ def _payloads(reply: bytes, delivered: dict[int, bytes] | None = None) -> list[b
     payloads = [wire.frame(value) for number, value in parts if number == 1 and isinstance(value, memoryview)]
     if delivered is not None:
         extras = [
-            bytes(value) for number, value in parts if number == _DELIVERIES and isinstance(value, memoryview)
+            bytes(value)
+            for number, value in parts
+            if number == DELIVERIES_FIELD and isinstance(value, memoryview)
         ]
         for payload, delivery in zip(payloads, extras, strict=True):
-            delivered[id(payload)] = _DELIVERIES_TAG + varint(len(delivery)) + delivery
+            delivered[id(payload)] = delivery_field(delivery)
     return payloads
 
 
