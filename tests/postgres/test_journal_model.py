@@ -35,6 +35,13 @@ dead letters on their way between spaces are rows of their own (`dead_letter` in
 present, `dead_letter_taken` deletes it), drawn as the owner backend makes them: the entry's
 delete with its dead letter, perhaps taken in by the same batch with its put and visibility.
 
+The change log (issue 24): `change` inserts its row (a seq written again replaces it),
+`change_trim` deletes a space's rows below its oldest, `change_epoch` sets the space's epoch,
+`change_head` raises its head, `subscription` upserts a durable subscription's position and
+`subscription_delete` deletes it; drawn as the engine makes them (a run of changes with
+consecutive seqs, perhaps a trim, the epoch with the first change, a head after a trim) and in
+any order (a change below a trim of the same batch, a trim lower than an earlier one).
+
 Plain examples check that `literal` round-trips through PostgreSQL.
 """
 
@@ -103,6 +110,18 @@ payloads = st.one_of(
 )
 supertype_lists = st.lists(st.sampled_from(SUPERTYPES), max_size=3)
 kinds = st.sampled_from(["write", "take", "it's", "\\"])
+CHANGE_KINDS = ("write", "take", "expire", "cancel", "purge", "dead")
+seqs = st.integers(1, 8)
+# kind, entry id, at, transaction, visible_at, payload (None: a write's, held by its entry's row)
+change_rows = st.tuples(
+    st.sampled_from(CHANGE_KINDS),
+    bigints,
+    finite_or_odd,
+    st.one_of(st.just(0), bigints),
+    expiries,
+    st.one_of(st.none(), payloads),
+)
+subscription_names = st.sampled_from(["d", "it's", "ü\\", "$$"])
 
 
 # Each kind's arguments after its key (space and id), so that a chain can share the key.
@@ -270,6 +289,49 @@ def dead_letter_operation(draw: st.DrawFn) -> list[Record]:
 
 
 @st.composite
+def log_operation(draw: st.DrawFn) -> list[Record]:
+    """Changes as the engine logs them: consecutive seqs, the epoch with the first, perhaps a
+    trim and a head; or a durable subscription made, acked, deleted."""
+    space = draw(spaces)
+    if draw(st.booleans()):
+        name = draw(subscription_names)
+        steps = draw(st.lists(st.one_of(st.none(), bigints), min_size=1, max_size=3))
+        return [
+            ("subscription_delete", space, name) if step is None else ("subscription", space, name, step)
+            for step in steps
+        ]
+    first = draw(seqs)
+    records: list[Record] = []
+    if first == 1 or draw(st.booleans()):
+        records.append(("change_epoch", space, draw(bigints)))
+    for seq in range(first, first + draw(st.integers(0, 3))):
+        records.append(("change", space, seq, *draw(change_rows)))
+    if draw(st.booleans()):
+        records.append(("change_trim", space, draw(seqs)))
+    if draw(st.booleans()):
+        records.append(("change_head", space, draw(st.integers(0, 12))))
+    return records
+
+
+@st.composite
+def log_record(draw: st.DrawFn) -> list[Record]:
+    """One record of the log in any order (a change below a trim, a lower trim, a lower head)."""
+    space = draw(spaces)
+    return [
+        draw(
+            st.one_of(
+                st.tuples(st.just("change"), st.just(space), seqs).flatmap(
+                    lambda key: change_rows.map(lambda rest: (*key, *rest))
+                ),
+                st.tuples(st.just("change_trim"), st.just(space), seqs),
+                st.tuples(st.just("change_epoch"), st.just(space), bigints),
+                st.tuples(st.just("change_head"), st.just(space), st.integers(0, 12)),
+            )
+        )
+    ]
+
+
+@st.composite
 def single_record(draw: st.DrawFn) -> list[Record]:
     space = draw(spaces)
     which = draw(
@@ -322,6 +384,8 @@ records_strategy = st.lists(
         transaction_chain(),
         commit_operation(),
         dead_letter_operation(),
+        log_operation(),
+        log_record(),
         single_record(),
     ),
     max_size=12,
@@ -346,6 +410,10 @@ class Initial:
     )  # mode, request, position, its window's end
     # (source, id) -> dead space, expires_at, payload, deliveries, reason, moved_at
     dead_letters: dict[tuple[str, int], tuple[Any, ...]] = field(default_factory=dict)
+    # the change log: (space, seq) -> kind, entry id, at, transaction, visible_at, payload
+    changes: dict[tuple[str, int], tuple[Any, ...]] = field(default_factory=dict)
+    subscriptions: dict[tuple[str, str], int] = field(default_factory=dict)
+    log_marks: dict[str, tuple[int | None, int]] = field(default_factory=dict)  # epoch, head
 
 
 taken_marks = st.one_of(
@@ -398,6 +466,11 @@ initial_strategy = st.builds(
         ),
         max_size=3,
     ),
+    changes=st.dictionaries(st.tuples(spaces, seqs), change_rows, max_size=5),
+    subscriptions=st.dictionaries(st.tuples(spaces, subscription_names), bigints, max_size=3),
+    log_marks=st.dictionaries(
+        spaces, st.tuples(st.one_of(st.none(), bigints), st.integers(0, 12)), max_size=2
+    ),
 )
 EMPTY = Initial({space: 1 for space in SPACES}, {}, {}, {}, {}, {})
 
@@ -405,7 +478,7 @@ EMPTY = Initial({space: 1 for space in SPACES}, {}, {}, {}, {}, {})
 owned_strategy = st.sampled_from([list(SPACES), [SPACES[0]], [SPACES[1]], [SPACES[1], "elsewhere"], []])
 
 TABLES = {
-    "outrig_spaces": "SELECT space, next_id FROM outrig_spaces ORDER BY space",
+    "outrig_spaces": "SELECT space, next_id, change_epoch, change_head FROM outrig_spaces ORDER BY space",
     "outrig_entries": (
         "SELECT space, id, arrival, expires_at, payload, taken_by, taken_position, taken_until, written_by, "
         "hidden_until, receipt, deliveries, dead_letter_reason FROM outrig_entries ORDER BY space, id"
@@ -429,6 +502,13 @@ TABLES = {
     "outrig_dead_letters": (
         "SELECT source, id, dead_space, expires_at, payload, deliveries, reason, moved_at "
         "FROM outrig_dead_letters ORDER BY source, id"
+    ),
+    "outrig_changes": (
+        "SELECT space, seq, kind, entry_id, at, transaction, visible_at, payload FROM outrig_changes "
+        "ORDER BY space, seq"
+    ),
+    "outrig_change_subscriptions": (
+        "SELECT space, name, position FROM outrig_change_subscriptions ORDER BY space, name"
     ),
 }
 
@@ -457,11 +537,27 @@ async def _load(connection: psycopg.AsyncConnection[Any], initial: Initial) -> N
     async with connection.transaction():
         await connection.execute(
             "TRUNCATE outrig_spaces, outrig_entries, outrig_registrations, outrig_types, outrig_requests, "
-            "outrig_open_transactions, outrig_transaction_locks, outrig_dead_letters"
+            "outrig_open_transactions, outrig_transaction_locks, outrig_dead_letters, outrig_changes, "
+            "outrig_change_subscriptions"
         )
         async with connection.cursor() as cursor:
             await cursor.executemany(
-                "INSERT INTO outrig_spaces (space, next_id) VALUES (%s, %s)", list(initial.next_ids.items())
+                "INSERT INTO outrig_spaces (space, next_id, change_epoch, change_head) "
+                "VALUES (%s, %s, %s, %s)",
+                [
+                    (space, mark, *initial.log_marks.get(space, (None, 0)))
+                    for space, mark in initial.next_ids.items()
+                ],
+            )
+            await cursor.executemany(
+                "INSERT INTO outrig_changes "
+                "(space, seq, kind, entry_id, at, transaction, visible_at, payload) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                [(*key, *row) for key, row in initial.changes.items()],
+            )
+            await cursor.executemany(
+                "INSERT INTO outrig_change_subscriptions (space, name, position) VALUES (%s, %s, %s)",
+                [(*key, position) for key, position in initial.subscriptions.items()],
             )
             await cursor.executemany(
                 "INSERT INTO outrig_entries "
@@ -583,6 +679,20 @@ NAIVE: dict[str, str | tuple[str, ...]] = {
         "request_until = EXCLUDED.request_until"
     ),
     "unlock": "DELETE FROM outrig_transaction_locks WHERE space = %s AND transaction = %s AND entry = %s",
+    "change": (
+        "INSERT INTO outrig_changes (space, seq, kind, entry_id, at, transaction, visible_at, payload) "
+        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (space, seq) DO UPDATE SET "
+        "kind = EXCLUDED.kind, entry_id = EXCLUDED.entry_id, at = EXCLUDED.at, "
+        "transaction = EXCLUDED.transaction, visible_at = EXCLUDED.visible_at, payload = EXCLUDED.payload"
+    ),
+    "change_trim": "DELETE FROM outrig_changes WHERE space = %s AND seq < %s",
+    "change_epoch": "UPDATE outrig_spaces SET change_epoch = %(1)s WHERE space = %(0)s",
+    "change_head": "UPDATE outrig_spaces SET change_head = greatest(change_head, %(1)s) WHERE space = %(0)s",
+    "subscription": (
+        "INSERT INTO outrig_change_subscriptions (space, name, position) VALUES (%s, %s, %s) "
+        "ON CONFLICT (space, name) DO UPDATE SET position = EXCLUDED.position"
+    ),
+    "subscription_delete": "DELETE FROM outrig_change_subscriptions WHERE space = %s AND name = %s",
 }
 # At commit, as _Writer does (the last prune's `now`), over the owned spaces only: the rows
 # taken by a request whose window has passed, and the requests' rows likewise.
@@ -763,6 +873,37 @@ async def contents(connection: psycopg.AsyncConnection[Any]) -> dict[str, list[t
         ("dead_letter_taken", SPACES[1], SPACES[0], 1),
         ("dead_letter", SPACES[0], 1, SPACES[1], 6.0, b"again", 3, "", 2.0),
         ("dead_letter", SPACES[0], 1, SPACES[1], 7.0, b"ignored", 4, "", 3.0),
+    ],
+    owned=list(SPACES),
+)
+@example(  # the log: a trim over rows already there and of the batch, a seq again, a late change
+    initial=Initial(
+        {space: 1 for space in SPACES},
+        {},
+        {},
+        {},
+        {},
+        {},
+        changes={
+            (SPACES[0], 1): ("write", 5, 1.0, 0, None, None),
+            (SPACES[0], 2): ("take", 5, 2.0, 0, None, b"p"),
+        },
+        subscriptions={(SPACES[0], "d"): 1, (SPACES[1], "it's"): 3},
+        log_marks={SPACES[0]: (7, 2)},
+    ),
+    records=[
+        ("change", SPACES[0], 3, "write", 6, 3.0, 9, 4.5, None),
+        ("change", SPACES[0], 4, "expire", 6, 4.0, 0, None, b"\x00'"),
+        ("change_trim", SPACES[0], 4),
+        ("change", SPACES[0], 4, "cancel", 6, 4.5, 0, None, b"again"),
+        ("change", SPACES[0], 2, "purge", 1, 5.0, 0, None, b"late"),
+        ("change_trim", SPACES[0], 3),
+        ("change_head", SPACES[0], 4),
+        ("change_epoch", SPACES[1], -(2**63)),
+        ("subscription", SPACES[0], "d", 4),
+        ("subscription_delete", SPACES[1], "it's"),
+        ("subscription", SPACES[1], "$$", 0),
+        ("subscription_delete", SPACES[1], "$$"),
     ],
     owned=list(SPACES),
 )

@@ -26,6 +26,14 @@ its space for a dead-letter space another server may own:
     dead_letter_taken(dead_space, source, id)          the dead-letter space's owner took it in (its
                                                        `put` and `visibility` in the same change)
 
+The change log (migration 5; the `change*` and `subscription*` records of backends/memory/
+journal.py) goes in the batch of the change it logs, fenced with it, so a change refused by the
+fence is not logged either: `change` rows are one INSERT per batch, a `change_trim` one DELETE
+of seq < oldest per space (the batch's own changes below it are never written), `change_epoch`
+and `change_head` one UPDATE of outrig_spaces, durable subscriptions one upsert and one DELETE.
+A space's log records share one key (`record_keys`), so two batches with changes of one space
+are never in flight together: the rows stay a gap-free run whatever fails.
+
 A change is fenced by every space it changes: a dead letter put straight into a dead-letter space
 this server owns too is one change of both spaces, written only if both are still this server's.
 
@@ -96,6 +104,14 @@ class Changes:
         self.dead_letters: dict[tuple[str, int], tuple[Any, ...] | None] = {}
         self._dead_replaced: set[tuple[str, int]] = set()
         self.prune_before: float | None = None
+        # The change log: (space, seq) -> the rest of its outrig_changes row; per space the
+        # oldest seq kept (a trim), the log's epoch and its head (columns of outrig_spaces).
+        self.log: dict[tuple[str, int], tuple[Any, ...]] = {}
+        self.trims: dict[str, int] = {}
+        self.log_epochs: dict[str, int] = {}
+        self.log_heads: dict[str, int] = {}
+        # (space, name) -> (a durable subscription's position,), or None: deleted
+        self.subscriptions: dict[tuple[str, str], tuple[int] | None] = {}
 
     def add(self, records: Iterable[Record]) -> None:
         for kind, *args in records:
@@ -244,6 +260,38 @@ class Changes:
     def _prune_requests(self, now: float) -> None:
         self.prune_before = now
 
+    def _change(
+        self,
+        space: str,
+        seq: int,
+        kind: str,
+        entry_id: int,
+        at: float,
+        transaction: int,
+        visible_at: float | None,
+        payload: object,
+    ) -> None:
+        dumped = None if payload is None else self._dump(payload)
+        self.log[(space, seq)] = (kind, entry_id, at, transaction, visible_at, dumped)
+
+    def _change_trim(self, space: str, oldest: int) -> None:
+        """Changes of `space` below `oldest` go: those of this batch are never written."""
+        self.trims[space] = max(oldest, self.trims.get(space, oldest))
+        for key in [key for key in self.log if key[0] == space and key[1] < oldest]:
+            del self.log[key]
+
+    def _change_epoch(self, space: str, epoch: int) -> None:
+        self.log_epochs[space] = epoch
+
+    def _change_head(self, space: str, head: int) -> None:
+        self.log_heads[space] = max(head, self.log_heads.get(space, head))
+
+    def _subscription(self, space: str, name: str, position: int) -> None:
+        self.subscriptions[(space, name)] = (position,)
+
+    def _subscription_delete(self, space: str, name: str) -> None:
+        self.subscriptions[(space, name)] = None
+
     def script(self, spaces: Sequence[str]) -> list[str]:
         """The statements that apply the changes, values inlined (see `literal`): a batch goes to
         PostgreSQL as one simple query, one round trip however many changes it holds. `spaces`:
@@ -386,6 +434,7 @@ class Changes:
                 "granted = EXCLUDED.granted"
             )
         out += self._transaction_script()
+        out += self._log_script()
         if self.prune_before is not None and spaces:
             owned, before = literal(list(spaces)), literal(self.prune_before)
             out.append(
@@ -414,6 +463,48 @@ class Changes:
                 "(source, id, dead_space, expires_at, payload, deliveries, reason, moved_at) "
                 "SELECT v.s, v.i, v.d, v.x::float8, v.p, v.n, v.r, v.m::float8 FROM (VALUES "
                 f"{', '.join(moving)}) AS v (s, i, d, x, p, n, r, m) ON CONFLICT (source, id) DO NOTHING"
+            )
+        return out
+
+    def _log_script(self) -> list[str]:
+        """The change log: one DELETE per space trimmed, then the batch's changes as one INSERT
+        (a seq written again, after a batch undone in memory, replaces its row), the epochs and
+        heads as one UPDATE of outrig_spaces, and the durable subscriptions."""
+        out = [
+            f"DELETE FROM outrig_changes WHERE space = {literal(space)} AND seq < {oldest}"
+            for space, oldest in self.trims.items()
+        ]
+        if self.log:
+            rows = ", ".join(_row(*key, *rest) for key, rest in self.log.items())
+            out.append(
+                "INSERT INTO outrig_changes "
+                "(space, seq, kind, entry_id, at, transaction, visible_at, payload) "
+                "SELECT v.s, v.q, v.k, v.i, v.a::float8, v.t, v.v::float8, v.p::bytea FROM (VALUES "
+                f"{rows}) AS v (s, q, k, i, a, t, v, p) ON CONFLICT (space, seq) DO UPDATE SET "
+                "kind = EXCLUDED.kind, entry_id = EXCLUDED.entry_id, at = EXCLUDED.at, "
+                "transaction = EXCLUDED.transaction, visible_at = EXCLUDED.visible_at, "
+                "payload = EXCLUDED.payload"
+            )
+        marked = sorted({*self.log_epochs, *self.log_heads})
+        if marked:
+            rows = ", ".join(
+                _row(space, self.log_epochs.get(space), self.log_heads.get(space, 0)) for space in marked
+            )
+            out.append(
+                "UPDATE outrig_spaces AS s SET change_epoch = coalesce(v.e::bigint, s.change_epoch), "
+                f"change_head = greatest(s.change_head, v.h) FROM (VALUES {rows}) AS v (space, e, h) "
+                "WHERE s.space = v.space"
+            )
+        kept, gone = _kept_and_gone(self.subscriptions)
+        if gone:
+            out.append(
+                "DELETE FROM outrig_change_subscriptions AS d USING (VALUES "
+                f"{', '.join(gone)}) AS v (space, name) WHERE d.space = v.space AND d.name = v.name"
+            )
+        if kept:
+            out.append(
+                "INSERT INTO outrig_change_subscriptions (space, name, position) VALUES "
+                f"{', '.join(kept)} ON CONFLICT (space, name) DO UPDATE SET position = EXCLUDED.position"
             )
         return out
 
@@ -590,6 +681,13 @@ def record_keys(record: Record) -> tuple[tuple[Any, ...], ...]:
         return (("type", record[1], record[2]),)
     if kind == "next_id":
         return (("space", record[1]),)
+    if kind in ("change", "change_trim", "change_epoch", "change_head"):
+        # One key for a space's whole log: its batches commit in the order of their seqs, so that
+        # the rows in the database are always a gap-free run (a trim never overtaken by an older
+        # append, a later change never committed without an earlier one).
+        return (("log", record[1]),)
+    if kind in ("subscription", "subscription_delete"):
+        return (("subscription", record[1], record[2]),)
     if kind == "request":
         return (("request", record[1]),)
     if kind in ("transaction", "transaction_expiry", "transaction_end", "lock", "unlock"):

@@ -11,7 +11,9 @@ database is the record of spaces served from memory by their owners, plus the ow
 version 3 records open transactions as they go, so that a new owner rebuilds them, and fences
 with advisory locks (`FENCE_CLASS`) instead of row locks; version 4 keeps an entry's delivery
 state (a take with an acknowledgement deadline, a delayed write: docs/work-queues.md) and the
-dead letters on their way from one space to another (`outrig_dead_letters`).
+dead letters on their way from one space to another (`outrig_dead_letters`); version 5 the
+change log of each space (`outrig_changes`), its durable subscriptions
+(`outrig_change_subscriptions`) and the log's epoch and head (`outrig_spaces`).
 Each payload column holds an entry's encoding, as the embedded store keeps it.
 """
 
@@ -302,6 +304,42 @@ MIGRATIONS: Final[tuple[tuple[int, str], ...]] = (
             PRIMARY KEY (source, id)
         );
         CREATE INDEX outrig_dead_letters_dead_space ON outrig_dead_letters (dead_space, moved_at);
+        """,
+    ),
+    (
+        5,
+        """
+        -- A change log per space (docs/notifications.md; the `change` records of
+        -- backends/memory/journal.py): every change of a space's stored set, numbered by `seq`
+        -- (1, 2, 3 ... gap-free within the log's epoch), in the batch that makes the change.
+        -- `payload` is NULL for a write: its entry's row (outrig_entries, same space and id), or
+        -- the later change of that id that removed it, holds it; every other kind removed the
+        -- entry and keeps its payload here. Retention deletes the oldest rows (a `change_trim`:
+        -- one DELETE of seq < oldest per space and batch).
+        CREATE TABLE outrig_changes (
+            space text NOT NULL,
+            seq bigint NOT NULL,
+            kind text NOT NULL CHECK (kind IN ('write', 'take', 'expire', 'cancel', 'purge', 'dead')),
+            entry_id bigint NOT NULL,
+            at double precision NOT NULL,          -- epoch seconds
+            transaction bigint NOT NULL DEFAULT 0, -- the committing transaction; 0: none
+            visible_at double precision,           -- a delayed write's time; NULL: at once
+            payload bytea,
+            PRIMARY KEY (space, seq)
+        );
+        -- Durable subscriptions: a name per space and the position (a seq) it has acknowledged.
+        CREATE TABLE outrig_change_subscriptions (
+            space text NOT NULL,
+            name text NOT NULL,
+            position bigint NOT NULL,
+            PRIMARY KEY (space, name)
+        );
+        -- The log's epoch (a random 63-bit number made with its first change; NULL: no log yet),
+        -- so that cursors stay valid across restarts and takeovers, and its head when no row is
+        -- left to say it (every change trimmed by age: the `change_head` record).
+        ALTER TABLE outrig_spaces
+            ADD COLUMN change_epoch bigint,
+            ADD COLUMN change_head bigint NOT NULL DEFAULT 0;
         """,
     ),
 )
