@@ -36,7 +36,8 @@ present, `dead_letter_taken` deletes it), drawn as the owner backend makes them:
 delete with its dead letter, perhaps taken in by the same batch with its put and visibility.
 
 The change log (issue 24): `change` inserts its row (a seq written again replaces it),
-`change_trim` deletes a space's rows below its oldest, `change_epoch` sets the space's epoch,
+`change_trim` deletes a space's rows below its oldest (and raises its head to oldest - 1),
+`change_epoch` sets the space's epoch,
 `change_head` raises its head, `subscription` upserts a durable subscription's position and
 `subscription_delete` deletes it; drawn as the engine makes them (a run of changes with
 consecutive seqs, perhaps a trim, the epoch with the first change, a head after a trim) and in
@@ -685,7 +686,10 @@ NAIVE: dict[str, str | tuple[str, ...]] = {
         "kind = EXCLUDED.kind, entry_id = EXCLUDED.entry_id, at = EXCLUDED.at, "
         "transaction = EXCLUDED.transaction, visible_at = EXCLUDED.visible_at, payload = EXCLUDED.payload"
     ),
-    "change_trim": "DELETE FROM outrig_changes WHERE space = %s AND seq < %s",
+    "change_trim": (  # the head is at least oldest - 1: a log trimmed empty keeps its head
+        "DELETE FROM outrig_changes WHERE space = %(0)s AND seq < %(1)s",
+        "UPDATE outrig_spaces SET change_head = greatest(change_head, %(1)s - 1) WHERE space = %(0)s",
+    ),
     "change_epoch": "UPDATE outrig_spaces SET change_epoch = %(1)s WHERE space = %(0)s",
     "change_head": "UPDATE outrig_spaces SET change_head = greatest(change_head, %(1)s) WHERE space = %(0)s",
     "subscription": (

@@ -29,10 +29,11 @@ its space for a dead-letter space another server may own:
 The change log (migration 5; the `change*` and `subscription*` records of backends/memory/
 journal.py) goes in the batch of the change it logs, fenced with it, so a change refused by the
 fence is not logged either: `change` rows are one INSERT per batch, a `change_trim` one DELETE
-of seq < oldest per space (the batch's own changes below it are never written), `change_epoch`
-and `change_head` one UPDATE of outrig_spaces, durable subscriptions one upsert and one DELETE.
-A space's log records share one key (`record_keys`), so two batches with changes of one space
-are never in flight together: the rows stay a gap-free run whatever fails.
+of seq < oldest per space (the batch's own changes below it are never written; the head is at
+least oldest - 1, kept with it), `change_epoch` and `change_head` one UPDATE of outrig_spaces,
+durable subscriptions one upsert and one DELETE. A space's log records share one key
+(`record_keys`), so two batches with changes of one space are never in flight together: the
+rows stay a gap-free run whatever fails.
 
 A change is fenced by every space it changes: a dead letter put straight into a dead-letter space
 this server owns too is one change of both spaces, written only if both are still this server's.
@@ -275,8 +276,11 @@ class Changes:
         self.log[(space, seq)] = (kind, entry_id, at, transaction, visible_at, dumped)
 
     def _change_trim(self, space: str, oldest: int) -> None:
-        """Changes of `space` below `oldest` go: those of this batch are never written."""
+        """Changes of `space` below `oldest` go: those of this batch are never written. The head
+        is at least oldest - 1, recorded with it: a log trimmed empty still knows its head, so
+        its seqs are never handed out again."""
         self.trims[space] = max(oldest, self.trims.get(space, oldest))
+        self._change_head(space, oldest - 1)
         for key in [key for key in self.log if key[0] == space and key[1] < oldest]:
             del self.log[key]
 
