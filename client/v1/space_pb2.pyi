@@ -29,6 +29,9 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ROUTING_VALUE_MISSING: _ClassVar[ErrorReason]
     CROSS_PARTITION: _ClassVar[ErrorReason]
     DELIVERY_EXPIRED: _ClassVar[ErrorReason]
+    CURSOR_COMPACTED: _ClassVar[ErrorReason]
+    SUBSCRIPTION_BUSY: _ClassVar[ErrorReason]
+    SUBSCRIPTION_NOT_FOUND: _ClassVar[ErrorReason]
 
 class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -58,6 +61,9 @@ NO_OTHER_SERVER: ErrorReason
 ROUTING_VALUE_MISSING: ErrorReason
 CROSS_PARTITION: ErrorReason
 DELIVERY_EXPIRED: ErrorReason
+CURSOR_COMPACTED: ErrorReason
+SUBSCRIPTION_BUSY: ErrorReason
+SUBSCRIPTION_NOT_FOUND: ErrorReason
 DTYPE_UNSPECIFIED: DType
 DTYPE_INT8: DType
 DTYPE_INT16: DType
