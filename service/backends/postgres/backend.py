@@ -39,15 +39,17 @@ from psycopg_pool import AsyncConnectionPool
 
 from outrig.service.backends.base import Placement, TierFigures
 from outrig.service.backends.memory.backend import MemoryBackend
+from outrig.service.backends.memory.changes import MemoryChangeFeed
 from outrig.service.backends.memory.journal import Record
 from outrig.service.backends.memory.subscription import MemorySubscription
 from outrig.service.backends.postgres import dead_letters
 from outrig.service.backends.postgres.deadlines import within
 from outrig.service.backends.postgres.journal import PgJournal
-from outrig.service.backends.postgres.loading import load_space
+from outrig.service.backends.postgres.loading import SpaceRows, load_space, log_changes
 from outrig.service.backends.postgres.ownership import LiveServer, Ownership
 from outrig.service.backends.postgres.schema import migrate
 from outrig.service.config import ServerConfig
+from outrig.service.engine.changes import Change
 from outrig.service.engine.clock import Clock
 from outrig.service.engine.inspection import SpaceDescription
 from outrig.service.engine.model import (
@@ -337,12 +339,15 @@ class PostgresBackend(MemoryBackend):
 
     async def _load_paused(self, space: str, epoch: int) -> None:
         now = self.clock.time()
+        keeps_log = self.config.space_settings(space).changes
         async with self._pool.connection() as connection:
-            rows = await load_space(connection, space, self.server_id, epoch, now)
+            rows = await load_space(connection, space, self.server_id, epoch, now, keeps_log=keeps_log)
         decoded = []
         for start in range(0, len(rows.entries), _LOAD_SLICE):
             decoded += [codec.stored_entry(row[3]) for row in rows.entries[start : start + _LOAD_SLICE]]
             await asyncio.sleep(0)
+        loaded = {row[0]: (new, row[2]) for row, new in zip(rows.entries, decoded, strict=True)}
+        changes = await log_changes(space, rows, loaded)
         if space in self._spaces:
             return
         if self.owners.epochs.get(space) != epoch:
@@ -388,12 +393,13 @@ class PostgresBackend(MemoryBackend):
             self.restore_request(request_id, space, kind, expires_at)
         for transaction in rows.aborted:
             self._ended(space, transaction, TransactionState.ABORTED)
+        self._restore_log(space, engine, rows, changes)
         self._take_in(space, rows.dead_letters, loading=True)
         self._located.pop(space, None)
         self._claimed_at[space] = time.monotonic()
         log.info(
             "space %r claimed (epoch %d): %d entries, %d registrations, %d open transactions, "
-            "%d request ids, %d dead letters loaded in %.2f s (%d expired)",
+            "%d request ids, %d dead letters, %d changes loaded in %.2f s (%d expired)",
             space,
             epoch,
             len(rows.entries),
@@ -401,9 +407,26 @@ class PostgresBackend(MemoryBackend):
             len(rows.transactions),
             len(rows.requests),
             len(rows.dead_letters),
+            len(changes),
             rows.seconds,
             rows.expired,
         )
+
+    def _restore_log(self, space: str, engine: SpaceEngine, rows: SpaceRows, changes: list[Change]) -> None:
+        """Put the space's change log back as the database holds it (its epoch, head, changes and
+        durable subscriptions), so that cursors and durable subscriptions of the last owner stay
+        valid here; a log the database holds no epoch of yet gets the engine's, recorded at once
+        (a cursor handed out before its first change stays valid across a takeover too)."""
+        log = engine.changes
+        if log is None:
+            return
+        if rows.change_epoch is None:
+            self.restore_changes(space, log.epoch, [], 0)
+            self.note([("change_epoch", space, log.epoch)])
+        else:
+            self.restore_changes(space, rows.change_epoch, changes, rows.change_head)
+        for name, position in rows.subscriptions:
+            self.restore_durable(space, name, position)
 
     async def _tend_forever(self) -> None:
         """Renew, heartbeat and claim orphans, every third of the lease."""
@@ -792,6 +815,28 @@ class PostgresBackend(MemoryBackend):
     ) -> MemorySubscription:
         await self._ensure(space)
         return await super().subscribe(space, templates, lease, resume=resume, transaction=transaction)
+
+    async def changes(
+        self,
+        space: str,
+        templates: Sequence[Template],
+        kinds: frozenset[str],
+        *,
+        since: tuple[int, int] | None,
+        durable: str = "",
+    ) -> MemoryChangeFeed:
+        """A feed of the space's log; it ends (NotOwnerError, StoreUnavailableError: UNAVAILABLE)
+        when this server drops the space, and the client resumes through the new owner."""
+        await self._ensure(space)
+        return await super().changes(space, templates, kinds, since=since, durable=durable)
+
+    async def ack_changes(self, space: str, durable: str, position: int) -> None:
+        await self._ensure(space)
+        await super().ack_changes(space, durable, position)
+
+    async def delete_subscription(self, space: str, durable: str) -> None:
+        await self._ensure(space)
+        await super().delete_subscription(space, durable)
 
     async def renew(
         self, space: str, renewals: Sequence[tuple[int, float | None]]

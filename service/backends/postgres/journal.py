@@ -723,6 +723,7 @@ class PgJournal:
     """The group committer of one owner server (see the module docstring)."""
 
     waits = True  # a server that may lose a space acknowledges only what is committed
+    keeps_changes = True  # it records the change log (migration 5, memory/journal.py)
 
     def __init__(
         self,
