@@ -192,6 +192,9 @@ _POSITIVE = frozenset(
         "default_lease",
         "max_lease",
         "partitions",
+        "changes_max_count",
+        "changes_max_age",
+        "changes_max_bytes",
     }
 )
 # Lease durations: finite ones at most the engine's maximum (inf is FOREVER).

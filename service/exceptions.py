@@ -2,7 +2,8 @@
 
     SpaceError
     ├── InvalidArgumentError      a request is malformed      -> INVALID_ARGUMENT
-    │   └── RoutingValueError     an entry of a partitioned space without its routing value
+    │   ├── RoutingValueError     an entry of a partitioned space without its routing value
+    │   └── InvalidCursorError    a change log position ahead of the log's head
     ├── LeaseNotFoundError        unknown or expired lease    -> NOT_FOUND
     │   └── TransactionNotFoundError unknown or ended transaction (its id is a lease id)
     ├── QuotaExceededError        a quota or limit is reached -> RESOURCE_EXHAUSTED
@@ -14,6 +15,10 @@
     ├── ShuttingDownError         the server is stopping      -> UNAVAILABLE
     ├── RequestConflictError      a request id reused for another call -> FAILED_PRECONDITION
     ├── RegistrationBusyError     resuming a registration another stream holds -> FAILED_PRECONDITION
+    ├── CompactedError            a change log position retention no longer holds -> OUT_OF_RANGE
+    ├── SubscriptionBusyError     a durable subscription another stream reads -> FAILED_PRECONDITION
+    ├── SubscriptionNotFoundError an unknown durable subscription -> NOT_FOUND
+    ├── ChangesOffError           Changes of a space whose log is off (changes = false) -> FAILED_PRECONDITION
     ├── UnauthenticatedError      the caller is unknown (no, or a bad, credential) -> UNAUTHENTICATED
     ├── PermissionDeniedError     the caller may not do this -> PERMISSION_DENIED
     ├── StoreError                the data dir's store
@@ -55,6 +60,10 @@ class InvalidArgumentError(SpaceError):
 
 class RoutingValueError(InvalidArgumentError):
     """An entry written to a partitioned space holds no value in the space's routing field."""
+
+
+class InvalidCursorError(InvalidArgumentError):
+    """A change log position (a cursor's, or an ack's) ahead of the log's head."""
 
 
 class DeliveryExpiredError(SpaceError):
@@ -118,6 +127,29 @@ class RequestConflictError(SpaceError):
 
 class RegistrationBusyError(SpaceError):
     """A notify registration to resume already has a stream attached."""
+
+
+class CompactedError(SpaceError):
+    """A change log position older than retention keeps, or of another epoch of the space's log
+    (its log is gone): `oldest` is the oldest position still readable (the oldest held change's
+    seq - 1) of the log's current `epoch`."""
+
+    def __init__(self, message: str, *, epoch: int, oldest: int) -> None:
+        super().__init__(message)
+        self.epoch = epoch
+        self.oldest = oldest
+
+
+class SubscriptionBusyError(SpaceError):
+    """A durable subscription already has a stream attached (at most one at once)."""
+
+
+class SubscriptionNotFoundError(SpaceError):
+    """An ack or delete of a durable subscription the space does not have."""
+
+
+class ChangesOffError(SpaceError):
+    """Changes of a space whose change log is turned off (its setting `changes = false`)."""
 
 
 class StoreError(SpaceError):

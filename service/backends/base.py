@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from outrig.service.engine.changes import Change
 from outrig.service.engine.inspection import SpaceDescription
 from outrig.service.engine.model import Delivery, LeaseGrant, NewEntry, Returned, StoredEntry, Template
 from outrig.service.exceptions import SpaceError
@@ -83,6 +84,39 @@ class Subscription(Protocol):
 
     def close(self) -> None:
         """End the registration (its listener went away)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeBatch:
+    """What a change feed read: the matching changes, in order (may be empty), and the position
+    (seq) it read through (>= the last change's seq: it may have read past changes that did not
+    match, so that a resume skips them)."""
+
+    changes: list[Change]
+    position: int
+
+
+class ChangeFeed(Protocol):
+    """An open reader of a space's change log (`SpaceBackend.changes`): iterate its batches; it
+    waits at the log's head for the next change, and ends when the backend closes or stops
+    serving the space (with the error that says why)."""
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the log it reads."""
+
+    @property
+    def start(self) -> int:
+        """The position it starts after."""
+
+    @property
+    def oldest(self) -> int:
+        """The oldest position readable now (the oldest held change's seq - 1)."""
+
+    def __aiter__(self) -> AsyncIterator[ChangeBatch]: ...
+
+    def close(self) -> None:
+        """Stop reading (the stream went away); a durable subscription is free again."""
 
 
 class SpaceBackend(Protocol):
@@ -181,6 +215,30 @@ class SpaceBackend(Protocol):
         transaction: int = 0,
     ) -> Subscription:
         """Register for an event per matching write, or attach to registration `resume`."""
+
+    async def changes(
+        self,
+        space: str,
+        templates: Sequence[Template],
+        kinds: frozenset[str],
+        *,
+        since: tuple[int, int] | None,
+        durable: str = "",
+    ) -> ChangeFeed:
+        """Read the space's change log after `since`, (epoch, position), or from its head (None),
+        the changes of `kinds` (engine/changes.py's CHANGE_KINDS) whose entry matches one of
+        `templates` (none: every entry). With `durable`, the named durable subscription's
+        position if it exists (`since` then ignored), else it is made at `since` and recorded.
+        CompactedError for a position of another epoch or older than retention keeps,
+        InvalidCursorError for one ahead of the head, SubscriptionBusyError while another stream
+        reads `durable`, ChangesOffError when the space's log is off."""
+
+    async def ack_changes(self, space: str, durable: str, position: int) -> None:
+        """Move a durable subscription forward to `position` (an older one: nothing), durably.
+        SubscriptionNotFoundError, InvalidCursorError beyond the head."""
+
+    async def delete_subscription(self, space: str, durable: str) -> None:
+        """Delete a durable subscription, durably; SubscriptionNotFoundError if it is unknown."""
 
     async def renew(
         self, space: str, renewals: Sequence[tuple[int, float | None]]

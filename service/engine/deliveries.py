@@ -87,6 +87,9 @@ class DeliveriesMixin:
         def _offer(self, stored: StoredEntry) -> bool: ...
         def _publish(self, stored: StoredEntry, writer: Transaction | None = None) -> None: ...
         def _expire(self, stored: StoredEntry) -> None: ...
+        def _log(
+            self, kind: str, stored: StoredEntry, transaction: int = 0, visible_at: float | None = None
+        ) -> None: ...
 
         _select: Callable[..., tuple[list[StoredEntry], bool]]  # (templates, limit, txn, take)
 
@@ -326,6 +329,7 @@ class DeliveriesMixin:
         """Acknowledge a pending delivery: its entry leaves the space for good (and is returned)."""
         stored = self._pending_delivery(receipt)
         self._remove(stored)
+        self._log("take", stored)
         return stored
 
     def unack(self, stored: StoredEntry) -> None:
@@ -421,6 +425,7 @@ class DeliveriesMixin:
                 self._put_back(stored)
                 raise
         self.dead_lettered += 1
+        self._log("dead", stored)
         return self.dead_letter_space
 
     # ------------------------------------------------------------------ inspection

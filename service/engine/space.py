@@ -30,6 +30,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 from outrig.service.engine.ages import PRUNE_AT, WriteTimes
+from outrig.service.engine.changes import Change, ChangeLog
 from outrig.service.engine.clock import Clock
 from outrig.service.engine.deliveries import DeliveriesMixin
 from outrig.service.engine.index import EntryIndex
@@ -87,6 +88,13 @@ class SpaceSettings:
     dead_letter: str = ""
     nack_backoff: float = 1.0
     nack_backoff_max: float = 600.0
+    # The change log (engine/changes.py, docs/notifications.md): on or off, and its retention: at
+    # most changes_max_count changes, none older than changes_max_age seconds, at most
+    # changes_max_bytes (each change counting len(payload) + 64).
+    changes: bool = True
+    changes_max_count: int = 100_000
+    changes_max_age: float = 86_400.0
+    changes_max_bytes: int = 64 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +155,16 @@ class SpaceEngine(TransactionsMixin, DeliveriesMixin):
         self.on_transaction_end: Callable[[TransactionOutcome], None] | None = None
         self._written_at = WriteTimes()  # when entries were written, to about a second
         self._init_deliveries()
+        # The change log (engine/changes.py; None: `changes = false`), and the backend's hook told
+        # of each change as it is logged, at its commit point (to record it and wake its readers).
+        self.changes: ChangeLog | None = (
+            ChangeLog(
+                settings.changes_max_count, settings.changes_max_age, settings.changes_max_bytes, space=name
+            )
+            if settings.changes
+            else None
+        )
+        self.on_change: Callable[[Change], None] | None = None
 
     # ------------------------------------------------------------------ recovery
 
@@ -320,6 +338,9 @@ class SpaceEngine(TransactionsMixin, DeliveriesMixin):
             for stored in written:
                 self._lock(stored).writer = txn
                 txn.written[stored.id] = stored
+        elif self.changes is not None:
+            for stored in written:
+                self._log("write", stored, visible_at=visible_at)
         if visible_at is None:
             for stored in written:  # the commit point is passed: these never raise
                 self._publish(stored, txn)
@@ -493,6 +514,8 @@ class SpaceEngine(TransactionsMixin, DeliveriesMixin):
             raise
         if not accepted:
             undo()  # it gave up meanwhile, and could not say so beforehand (no `wants`)
+        elif waiter.take and waiter.txn is None and waiter.ack is None:
+            self._log("take", stored)
         return accepted
 
     def _publish(self, stored: StoredEntry, writer: Transaction | None = None) -> None:
@@ -531,6 +554,8 @@ class SpaceEngine(TransactionsMixin, DeliveriesMixin):
                 stored.arrival = arrival
             self._next_id = first_id
             raise
+        for stored in back:  # back in the space: a write again (a failed batch's undo rewinds it)
+            self._log("write", stored)
         for stored in back:
             self._offer(stored)
 
@@ -585,10 +610,37 @@ class SpaceEngine(TransactionsMixin, DeliveriesMixin):
         return found, conflicted
 
     def _expire(self, stored: StoredEntry) -> None:
+        logged = self._logged(stored)
         self._remove(stored)
         self.expired += 1
+        if logged:
+            self._log("expire", stored)
         if self.on_expired is not None:
             self.on_expired(stored.id)
+
+    # ------------------------------------------------------------------ the change log
+
+    def _logged(self, stored: StoredEntry) -> bool:
+        """Whether an entry's leaving the space is a change: the log is on and its write was
+        one (not a transaction's write before the commit, which nobody else ever saw)."""
+        lock = stored.lock
+        return self.changes is not None and (lock is None or lock.writer is None)
+
+    def _log(
+        self, kind: str, stored: StoredEntry, transaction: int = 0, visible_at: float | None = None
+    ) -> None:
+        """Log a change at its commit point and tell the backend's hook. Past the commit point:
+        never raises (a hook that fails is logged; the change has happened)."""
+        changes = self.changes
+        if changes is None:
+            return
+        change = changes.append(kind, stored, self._clock.time(), transaction, visible_at)
+        hook = self.on_change
+        if hook is not None:
+            try:
+                hook(change)
+            except Exception:
+                log.exception("space %r: recording change %d failed", self.name, change.seq)
 
     def _select(
         self, templates: Sequence[Template], limit: int, txn: Transaction | None = None, take: bool = False
@@ -635,6 +687,9 @@ class SpaceEngine(TransactionsMixin, DeliveriesMixin):
                     for stored in found[:removed]:
                         self._put_back(stored)
                     raise
+                if self.changes is not None:
+                    for stored in found:
+                        self._log("take", stored)
             return found, conflicted
         undos: list[Callable[[], None]] = []
         try:
@@ -818,13 +873,17 @@ class SpaceEngine(TransactionsMixin, DeliveriesMixin):
             registration.expires_at = expires_at
         return LeaseGrant(lease_id, expires_at, granted)
 
-    def cancel(self, lease_id: int) -> StoredEntry | None:
-        """End a lease now: its entry leaves the space (and is returned), its registration ends, or
-        its transaction aborts."""
+    def cancel(self, lease_id: int, kind: str = "cancel") -> StoredEntry | None:
+        """End a lease now: its entry leaves the space (and is returned; logged as a change of
+        `kind`, "cancel" or an admin's "purge"), its registration ends, or its transaction
+        aborts."""
         now = self._clock.time()
         stored = self._entries.get(lease_id)
         if stored is not None and not self._expired(stored, now):
+            logged = self._logged(stored)
             self._remove(stored)
+            if logged:
+                self._log(kind, stored)
             return stored
         txn = self._transactions.get(lease_id)
         if txn is not None and not self._expired_transaction(txn, now):
@@ -964,6 +1023,10 @@ class SpaceEngine(TransactionsMixin, DeliveriesMixin):
         oldest = min(self._entries)  # ids grow with each write; at C speed
         self._written_at.prune(oldest)
         return self._written_at.written_at(oldest)
+
+    def stored(self, entry_id: int) -> StoredEntry | None:
+        """The entry with this id if it is in the space (expired or not)."""
+        return self._entries.get(entry_id)
 
     def snapshot(self) -> list[StoredEntry]:
         """Every entry in the space, a copy (made at C speed) for callers that walk it in slices."""

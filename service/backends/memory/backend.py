@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequenc
 from typing import Any
 
 from outrig.service.backends.base import Placement, SpaceFigures, TierFigures
+from outrig.service.backends.memory.changes import ChangesMixin
 from outrig.service.backends.memory.deliveries import DeliveringMixin, visibility_record
 from outrig.service.backends.memory.idempotency import Outcome, RequestLog
 from outrig.service.backends.memory.journal import Journal, Record
@@ -91,7 +92,7 @@ def _written_records(space: str, entries: Iterable[StoredEntry], txn: Transactio
     return [("written", space, s.id, s.arrival, s.expires_at, s.payload, txn.id) for s in entries]
 
 
-class MemoryBackend(DeliveringMixin):
+class MemoryBackend(DeliveringMixin, ChangesMixin):
     """Spaces in memory, recorded by a journal when a subclass opens one (`open_store`)."""
 
     keeps_transactions = False
@@ -117,6 +118,7 @@ class MemoryBackend(DeliveringMixin):
         self._subscriptions: dict[tuple[str, int], MemorySubscription] = {}
         self._ended_transactions: dict[tuple[str, int], TransactionState] = {}
         self._init_delivering()
+        self._init_changes()
 
     @property
     def keeps_registrations(self) -> bool:
@@ -145,6 +147,7 @@ class MemoryBackend(DeliveringMixin):
             engine.on_transaction_end = lambda outcome: self._transaction_ended(name, outcome)
             engine.on_timer = self._timer_filed
             self._watch_dead_letters(name, engine)
+            self._watch_changes(name, engine)
         return engine
 
     def _transaction_ended(self, space: str, outcome: TransactionOutcome) -> None:
@@ -173,6 +176,7 @@ class MemoryBackend(DeliveringMixin):
         subscriptions = [key for key in self._subscriptions if key[0] == name]
         for key in subscriptions:
             self._subscriptions.pop(key).end(error)
+        self._end_feeds(name, error)
         self._requests.forget_space(name)
         if self._recorder is not None:
             self._recorder.forget_space(name)
@@ -209,6 +213,7 @@ class MemoryBackend(DeliveringMixin):
                 await self._reaper
         for engine in self._spaces.values():
             engine.close()
+        self._end_feeds(None, ShuttingDownError(SHUTTING_DOWN))
 
     async def shutdown(self) -> None:
         """The server has stopped: write what is queued and close the store."""
@@ -248,6 +253,7 @@ class MemoryBackend(DeliveringMixin):
                         await asyncio.sleep(0)  # let requests run between batches
                 except Exception:  # the engine refiled what it could not reap: the next pass retries
                     log.exception("reaping space %r failed", engine.name)
+                self._trim_changes(engine)
             pruned = 0
             while (step := self._requests.prune(batch)) >= batch:
                 pruned += step
@@ -802,6 +808,12 @@ class MemoryBackend(DeliveringMixin):
         return results
 
     async def cancel(self, space: str, lease_ids: Sequence[int]) -> list[SpaceError | None]:
+        return await self._cancel(space, lease_ids)
+
+    async def _cancel(
+        self, space: str, lease_ids: Sequence[int], kind: str = "cancel"
+    ) -> list[SpaceError | None]:
+        """`cancel`; an entry removed is a change of `kind` ("purge" for an admin's Purge)."""
         engine = self.engine(space)
         self._check_store()
         results: list[SpaceError | None] = []
@@ -811,7 +823,7 @@ class MemoryBackend(DeliveringMixin):
             for lease_id in lease_ids:
                 transaction = engine.is_transaction(lease_id)
                 try:
-                    stored = engine.cancel(lease_id)
+                    stored = engine.cancel(lease_id, kind)
                 except SpaceError as err:
                     results.append(err)
                     continue
@@ -1058,7 +1070,8 @@ class MemoryBackend(DeliveringMixin):
             found, _ = engine.find_or_conflict(templates, take=False, max_entries=min(PURGE_BATCH, left))
             if not found:
                 break
-            outcomes = await self.cancel(space, [stored.id for stored in found])  # one store batch
+            # One store batch; a purge's removals are logged as such.
+            outcomes = await self._cancel(space, [stored.id for stored in found], "purge")
             done = sum(outcome is None for outcome in outcomes)
             if not done:
                 break  # nothing found could be removed: stop rather than find it again

@@ -54,6 +54,36 @@ A `request` answers a retry from its own columns for these kinds (nothing else i
               lease_expires_at: when it is visible again (None: at once)
     extend    first_id: the receipt, count 1, lease_expires_at: the new deadline
 
+The change log (engine/changes.py; memory/changes.py makes these records), recorded by a journal
+whose `keeps_changes` is true, each `change` in the same batch as the change it logs:
+
+    change(space, seq, kind, id, at, transaction, visible_at, payload)
+                                                       a change of the space's stored set: its
+                                                       seq, kind ("write", "take", "expire",
+                                                       "cancel", "purge", "dead"), the entry's
+                                                       id, when (epoch seconds), its transaction
+                                                       (0: none), a delayed write's visible_at.
+                                                       payload: None for a `write` (the entry's
+                                                       `put` or `written` row, in the same
+                                                       change, holds it), the entry's payload for
+                                                       every other kind (its row is deleted in
+                                                       the same change). At load a write's
+                                                       payload comes from the entry's row if it
+                                                       still exists, else from the later change of
+                                                       the same id that removed it (always held:
+                                                       it is newer, and trimming takes the oldest)
+    change_trim(space, oldest)                         changes with seq < oldest may go (retention;
+                                                       from the reaper's pass, when it moved)
+    change_epoch(space, epoch)                         the log's epoch, recorded once, with its
+                                                       first change
+    change_head(space, head)                           optional: the head, when the log is empty
+                                                       after a trim (the SQLite store derives it:
+                                                       oldest - 1)
+    subscription(space, name, position)                a durable subscription made or acked
+    subscription_delete(space, name)                   ... deleted
+
+A failed batch rewinds the log (`ChangeLog.rewind`) as it undoes the changes themselves.
+
 Recorded only by a backend that keeps open transactions (`keeps_transactions`: the postgres
 owner tier, so that a new owner rebuilds them; the embedded server's transactions live in memory
 until they commit, and their commit is puts and deletes):
@@ -83,6 +113,9 @@ class Journal(Protocol):
     """A group committer (see the module docstring)."""
 
     waits: bool  # callers wait for their batch (the `always` policy)
+    # A journal that records the change log's records (above) says so with an attribute
+    # `keeps_changes = True`; one without it is not given them, and its batches still tell when
+    # a change is durable (memory/changes.py reads it with getattr, so that it is optional).
     on_batch: Callable[[float, int], None] | None  # told of each commit: seconds, records
 
     def check(self) -> None:

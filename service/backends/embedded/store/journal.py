@@ -207,6 +207,57 @@ class _Writer:
             (hidden_until, receipt, deliveries, dead_letter_reason, self.space_number(space), entry_id),
         )
 
+    def _change(
+        self,
+        space: str,
+        seq: int,
+        kind: str,
+        entry_id: int,
+        at: float,
+        txn: int,
+        visible_at: float | None,
+        payload: object,
+    ) -> None:
+        """A change of the space's log (a write's payload None: its entry's row holds it)."""
+        self.connection.execute(
+            "INSERT OR REPLACE INTO changes (space, seq, kind, entry_id, at, txn, visible_at, payload) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                self.space_number(space),
+                seq,
+                kind,
+                entry_id,
+                at,
+                txn,
+                visible_at,
+                None if payload is None else self._dump(payload),
+            ),
+        )
+
+    def _change_epoch(self, space: str, epoch: int) -> None:
+        self.connection.execute(
+            "INSERT INTO change_logs (space, epoch, oldest) VALUES (?, ?, 1) "
+            "ON CONFLICT (space) DO UPDATE SET epoch = excluded.epoch",
+            (self.space_number(space), epoch),
+        )
+
+    def _change_trim(self, space: str, oldest: int) -> None:
+        number = self.space_number(space)
+        execute = self.connection.execute
+        execute("UPDATE change_logs SET oldest = max(oldest, ?) WHERE space = ?", (oldest, number))
+        execute("DELETE FROM changes WHERE space = ? AND seq < ?", (number, oldest))
+
+    def _subscription(self, space: str, name: str, position: int) -> None:
+        self.connection.execute(
+            "INSERT OR REPLACE INTO change_subscriptions (space, name, position) VALUES (?, ?, ?)",
+            (self.space_number(space), name, position),
+        )
+
+    def _subscription_delete(self, space: str, name: str) -> None:
+        self.connection.execute(
+            "DELETE FROM change_subscriptions WHERE space = ? AND name = ?", (self.space_number(space), name)
+        )
+
     def _prune_requests(self, now: float) -> None:
         self._prune_before = now  # done by commit(), on the store thread
 
@@ -269,6 +320,7 @@ class Journal:
         self._path = path
         self._dump = dump
         self.waits = wait
+        self.keeps_changes = True  # it records the change log (memory/journal.py)
         self._interval = interval
         self._probe_interval = probe_interval
         self._writer = _Writer(connection, dump)

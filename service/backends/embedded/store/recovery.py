@@ -8,6 +8,11 @@ Entries and registrations whose leases ran out while the server was down are del
 Registrations restart their sequence numbers 2**31 above the stored one, so a listener that
 resumes sees a jump and knows events may have been missed. Request ids still inside their window
 are remembered again (their results stay in the store).
+
+Each space's change log comes back with its epoch, its changes from the oldest retention kept,
+and its durable subscriptions (`_load_changes`): a write's payload is its entry's row if the entry
+is still there, else the later change that removed it. Entries that expired while the server was
+down are logged as `expire` changes, recorded in the same transaction that deletes their rows.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from typing import TYPE_CHECKING
 from google.protobuf.message import DecodeError
 
 from outrig.service.backends.embedded.store.schema import transaction
+from outrig.service.engine.changes import Change
+from outrig.service.engine.model import StoredEntry
 from outrig.service.engine.partitions import split_name
 from outrig.service.exceptions import ConfigError, SpaceError, StoreError
 from outrig.service.protocol import codec
@@ -150,6 +157,7 @@ def _recover(connection: sqlite3.Connection, backend: EmbeddedBackend, now: floa
             sequence + SEQUENCE_JUMP,
         )
         registrations += 1
+    expiries = _load_changes(connection, backend, names, now)
     requests = 0
     for request_id, space, kind, expires_at in execute(
         "SELECT id, space, kind, expires_at FROM requests WHERE expires_at > ? ORDER BY expires_at", (now,)
@@ -157,6 +165,7 @@ def _recover(connection: sqlite3.Connection, backend: EmbeddedBackend, now: floa
         backend.restore_request(request_id, space, kind, expires_at)
         requests += 1
     with transaction(connection):
+        _record_expiries(connection, backend, names, expiries)
         expired = execute("DELETE FROM entries WHERE taken_by IS NULL AND expires_at <= ?", (now,)).rowcount
         execute("DELETE FROM registrations WHERE expires_at <= ?", (now,))
         # The jump is stored at once, so a second crash before any event jumps again from here.
@@ -166,3 +175,79 @@ def _recover(connection: sqlite3.Connection, backend: EmbeddedBackend, now: floa
         )
         execute("DELETE FROM requests WHERE expires_at <= ?", (now,))
     return RecoveryReport(len(names), loaded, expired, registrations, requests, time.perf_counter() - started)
+
+
+# A write's payload: its entry's row, else the payload of the later change that removed the entry.
+_CHANGES = """
+SELECT c.space, c.seq, c.kind, c.entry_id, c.at, c.txn, c.visible_at,
+       coalesce(c.payload, e.payload, (
+           SELECT r.payload FROM changes r
+           WHERE r.space = c.space AND r.entry_id = c.entry_id AND r.seq > c.seq AND r.payload IS NOT NULL
+           ORDER BY r.seq LIMIT 1))
+FROM changes c
+LEFT JOIN entries e ON e.space = c.space AND e.id = c.entry_id
+WHERE c.seq >= coalesce((SELECT l.oldest FROM change_logs l WHERE l.space = c.space), 1)
+ORDER BY c.space, c.seq
+"""
+
+
+def _load_changes(
+    connection: sqlite3.Connection, backend: EmbeddedBackend, names: dict[int, str], now: float
+) -> list[tuple[int, Change, bytes]]:
+    """Restore each space's change log and durable subscriptions; then log the entries that
+    expired while the server was down (returned, with their space's number, to be recorded)."""
+    execute = connection.execute
+    logs = {number: (epoch, oldest) for number, epoch, oldest in execute("SELECT * FROM change_logs")}
+    loaded: dict[int, list[Change]] = {}
+    decoded: dict[int, StoredEntry] = {}  # a removed entry's payload decoded once for all its changes
+    for number, seq, kind, entry_id, at, txn, visible_at, payload in execute(_CHANGES):
+        engine = backend.engine(names[number])
+        if engine.changes is None or payload is None:  # off, or a change that cannot be shown whole
+            continue
+        stored = engine.stored(entry_id) or decoded.get(entry_id)
+        if stored is None:
+            stored = decoded[entry_id] = StoredEntry(entry_id, codec.stored_entry(payload), None)
+        loaded.setdefault(number, []).append(Change(seq, kind, stored, at, txn, visible_at))
+    for number, (epoch, oldest) in logs.items():
+        changes = loaded.get(number, [])
+        head = max(changes[-1].seq if changes else 0, oldest - 1)
+        backend.restore_changes(names[number], epoch, changes, head)
+    for number, name, position in execute("SELECT space, name, position FROM change_subscriptions"):
+        backend.restore_durable(names[number], name, position)
+    expiries: list[tuple[int, Change, bytes]] = []
+    for number, entry_id, expires_at, payload in execute(
+        "SELECT space, id, expires_at, payload FROM entries "
+        "WHERE taken_by IS NULL AND expires_at <= ? ORDER BY space, arrival",
+        (now,),
+    ):
+        log = backend.engine(names[number]).changes
+        if log is not None:
+            stored = StoredEntry(entry_id, codec.stored_entry(payload), expires_at)
+            expiries.append((number, log.append("expire", stored, now), payload))
+    return expiries
+
+
+def _record_expiries(
+    connection: sqlite3.Connection,
+    backend: EmbeddedBackend,
+    names: dict[int, str],
+    expiries: list[tuple[int, Change, bytes]],
+) -> None:
+    """Record the `expire` changes `_load_changes` logged (and the epoch of a log they begin)."""
+    execute = connection.execute
+    for number in dict.fromkeys(number for number, _, _ in expiries):
+        log = backend.engine(names[number]).changes
+        assert log is not None
+        execute(
+            "INSERT INTO change_logs (space, epoch, oldest) VALUES (?, ?, ?) ON CONFLICT (space) DO NOTHING",
+            (number, log.epoch, log.oldest),
+        )
+        backend.restore_changes(names[number], log.epoch, log.after(log.oldest - 1, log.count), log.head)
+    connection.executemany(
+        "INSERT OR REPLACE INTO changes (space, seq, kind, entry_id, at, txn, visible_at, payload) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        [
+            (number, c.seq, c.kind, c.entry.id, c.at, c.transaction, c.visible_at, payload)
+            for number, c, payload in expiries
+        ],
+    )

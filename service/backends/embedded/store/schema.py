@@ -28,6 +28,14 @@ names the space):
                                            one expiry and duration), a take's is its taken rows;
                                            a deliver's, ack's, nack's or extend's is in its
                                            columns (memory/journal.py)
+    change_logs(space, epoch, oldest)      a space's change log (engine/changes.py): its epoch,
+                                           and the oldest seq retention keeps (the head is the
+                                           last change's seq, or oldest - 1 when none is left)
+    changes(space, seq, kind, entry_id, at, txn, visible_at, payload)
+                                           the log's changes; a write's payload is NULL (its
+                                           entry's row holds it, or the later change that removed
+                                           the entry: memory/journal.py)
+    change_subscriptions(space, name, position)  durable subscriptions and their positions
 """
 
 from __future__ import annotations
@@ -49,7 +57,23 @@ APPLICATION_ID = 0x6F757472
 # 1: the first durable format.
 # 2: entries keep their delivery state (hidden_until, receipt, deliveries, dead_letter_reason);
 #    a format-1 store is migrated when a server opens it (`_MIGRATIONS`).
-FORMAT_VERSION = 2
+# 3: the change log (change_logs, changes, change_subscriptions); a format-2 store is migrated
+#    (its spaces' logs start empty, their epochs made at their first change).
+FORMAT_VERSION = 3
+
+_CHANGE_TABLES = """
+CREATE TABLE change_logs (space INTEGER PRIMARY KEY, epoch INTEGER NOT NULL, oldest INTEGER NOT NULL);
+CREATE TABLE changes (
+    space INTEGER NOT NULL, seq INTEGER NOT NULL, kind TEXT NOT NULL, entry_id INTEGER NOT NULL,
+    at REAL NOT NULL, txn INTEGER NOT NULL, visible_at REAL, payload BLOB,
+    PRIMARY KEY (space, seq)
+) WITHOUT ROWID;
+CREATE INDEX changes_by_entry ON changes (space, entry_id);
+CREATE TABLE change_subscriptions (
+    space INTEGER NOT NULL, name TEXT NOT NULL, position INTEGER NOT NULL,
+    PRIMARY KEY (space, name)
+) WITHOUT ROWID;
+"""
 
 # The statements that bring a store of format n to n + 1, run in one transaction with the version.
 _MIGRATIONS: dict[int, str] = {
@@ -59,9 +83,11 @@ ALTER TABLE entries ADD COLUMN receipt INTEGER;
 ALTER TABLE entries ADD COLUMN deliveries INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE entries ADD COLUMN dead_letter_reason TEXT;
 """,
+    2: _CHANGE_TABLES,
 }
 
-_SCHEMA = """
+_SCHEMA = (
+    """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
 CREATE TABLE spaces (no INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE, next_id INTEGER NOT NULL);
 CREATE TABLE types (
@@ -86,6 +112,8 @@ CREATE TABLE requests (
 ) WITHOUT ROWID;
 CREATE INDEX requests_by_expiry ON requests (expires_at);
 """
+    + _CHANGE_TABLES
+)
 
 
 def database_path(data_dir: Path) -> Path:

@@ -1,0 +1,249 @@
+"""A space's change log (issue 24): every change of its stored set, numbered, kept for a while.
+
+Every write, take, expiry, cancel, purge and dead-letter move of a space gets a space-wide
+sequence number `seq` (1, 2, 3 ..., gap-free, never reused within an epoch), assigned at the
+change's commit point in the engine (space.py, deliveries.py, transacting.py) and appended here.
+A reader's position is a seq: `after(seq)` gives the changes after it, in order, so replay and
+live reading are one loop over the log (the backend's feed waits at the head for the next append).
+
+Retention (SpaceSettings): at most `changes_max_count` changes, none older than
+`changes_max_age` seconds, at most `changes_max_bytes` bytes (each change counting
+len(payload) + CHANGE_OVERHEAD). The oldest go first: count and bytes are trimmed on append,
+age by `trim` (the reaper's pass). A position older than the oldest held change - 1 is
+compacted (`CompactedError`, carrying the oldest readable position); one ahead of the head is
+invalid (`InvalidCursorError`).
+
+The epoch is a random 63-bit number made with the log (a store records it with the log's first
+change, so it survives restarts; a memory-only server makes a new one per start): a position of
+another epoch is compacted, its log gone.
+
+Durable subscriptions (named, per space) are positions kept here too: `subscribe` makes or
+attaches one, at most one stream attached at once; `ack` moves it forward; `unsubscribe`
+deletes it. They do not hold back retention.
+
+Pure: no I/O; the backend records each change (its `on_change` hook) and restores the log at load.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from outrig.service.engine.model import StoredEntry
+from outrig.service.exceptions import (
+    CompactedError,
+    InvalidCursorError,
+    SubscriptionBusyError,
+    SubscriptionNotFoundError,
+)
+
+__all__ = ["CHANGE_KINDS", "CHANGE_OVERHEAD", "Change", "ChangeLog", "new_epoch"]
+
+CHANGE_KINDS = ("write", "take", "expire", "cancel", "purge", "dead")
+
+#: What a change counts for towards changes_max_bytes, beyond its entry's payload.
+CHANGE_OVERHEAD = 64
+
+
+def new_epoch() -> int:
+    """A fresh epoch: a random 63-bit number, never 0 (0 says "none" on the wire)."""
+    return secrets.randbits(63) or 1
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One change of a space's stored set: the entry as it was, when, and under which
+    transaction (0: none); a delayed write's `visible_at` (epoch seconds)."""
+
+    seq: int
+    kind: str
+    entry: StoredEntry
+    at: float
+    transaction: int = 0
+    visible_at: float | None = None
+
+    @property
+    def size(self) -> int:
+        """What the change counts for towards changes_max_bytes."""
+        return self.entry.size + CHANGE_OVERHEAD  # the size of its payload (model.py)
+
+
+class ChangeLog:
+    """The change log of one space (see the module docstring)."""
+
+    def __init__(
+        self, max_count: int, max_age: float, max_bytes: int, *, epoch: int | None = None, space: str = ""
+    ) -> None:
+        self.max_count = max_count
+        self.max_age = max_age
+        self.max_bytes = max_bytes
+        self.space = space  # for messages
+        self.epoch = new_epoch() if epoch is None else epoch
+        self.head = 0  # seq of the newest change; 0: none yet
+        # By seq, looked up by key only (never iterated from the front, where trimming deletes).
+        self._changes: dict[int, Change] = {}
+        self._oldest = 1
+        self._bytes = 0
+        self.subscriptions: dict[str, int] = {}  # durable subscription -> position
+        self.attached: set[str] = set()  # durable subscriptions a stream reads now
+
+    # ------------------------------------------------------------------ figures
+
+    @property
+    def oldest(self) -> int:
+        """The seq of the oldest held change (head + 1 when the log is empty)."""
+        return self._oldest
+
+    @property
+    def count(self) -> int:
+        return len(self._changes)
+
+    @property
+    def bytes(self) -> int:
+        return self._bytes
+
+    # ------------------------------------------------------------------ appending and reading
+
+    def append(
+        self,
+        kind: str,
+        entry: StoredEntry,
+        at: float,
+        transaction: int = 0,
+        visible_at: float | None = None,
+    ) -> Change:
+        """Log a change at the next seq, then trim to the count and bytes limits."""
+        change = Change(self.head + 1, kind, entry, at, transaction, visible_at)
+        self._changes[change.seq] = change
+        self.head = change.seq
+        self._bytes += change.size
+        if len(self._changes) > self.max_count or self._bytes > self.max_bytes:
+            self._trim_size()
+        return change
+
+    def after(self, seq: int, limit: int) -> list[Change]:
+        """Up to `limit` changes with a seq above `seq`, in order (from the oldest held, if `seq`
+        is older: the caller checks positions with `check`)."""
+        start = max(seq + 1, self._oldest)
+        stop = min(self.head, start + limit - 1)
+        changes = self._changes
+        return [changes[each] for each in range(start, stop + 1)]
+
+    def check(self, position: int, field: str = "since") -> None:
+        """Refuse a position this log cannot read after: compacted (older than the oldest held
+        change - 1) or ahead of the head."""
+        if position < self._oldest - 1:
+            raise CompactedError(
+                f"{field}: position {position} of space {self.space!r} is compacted (the oldest still "
+                f"held is {self._oldest - 1})",
+                epoch=self.epoch,
+                oldest=self._oldest - 1,
+            )
+        if position > self.head:
+            raise InvalidCursorError(
+                f"{field}: position {position} of space {self.space!r} is ahead of the log's head {self.head}"
+            )
+
+    # ------------------------------------------------------------------ retention
+
+    def _drop_oldest(self) -> None:
+        change = self._changes.pop(self._oldest)
+        self._bytes -= change.size
+        self._oldest += 1
+
+    def _trim_size(self) -> None:
+        while self._changes and (len(self._changes) > self.max_count or self._bytes > self.max_bytes):
+            self._drop_oldest()
+
+    def trim(self, now: float) -> int | None:
+        """Drop what retention no longer keeps (count, bytes, and changes older than max_age
+        seconds at `now`); the new oldest seq if it moved, else None."""
+        before = self._oldest
+        self._trim_size()
+        cutoff = now - self.max_age
+        changes = self._changes
+        while changes and changes[self._oldest].at < cutoff:
+            self._drop_oldest()
+        return self._oldest if self._oldest != before else None
+
+    def rewind(self, head: int) -> None:
+        """Undo of a failed batch: drop the changes above `head` (what they trimmed stays gone)."""
+        while self.head > head:
+            change = self._changes.pop(self.head, None)
+            if change is not None:
+                self._bytes -= change.size
+            self.head -= 1
+        self._oldest = min(self._oldest, self.head + 1)
+
+    def restore(self, epoch: int, changes: Iterable[Change], head: int) -> None:
+        """Put back a log a store recorded: its epoch, its changes (consecutive seqs, in order)
+        and its head (which may exceed the last change's seq: a log emptied by trimming). A log
+        with a gap, or whose last change is not its head, is held from after the gap (what
+        cannot be shown whole is compacted, never shown with a hole)."""
+        self.epoch = epoch
+        self._changes.clear()
+        self._bytes = 0
+        loaded = list(changes)
+        last = loaded[-1].seq if loaded else 0
+        self.head = max(head, last)
+        if last != self.head:
+            loaded = []
+        for at in range(len(loaded) - 1, 0, -1):
+            if loaded[at].seq != loaded[at - 1].seq + 1:
+                loaded = loaded[at:]
+                break
+        for change in loaded:
+            self._changes[change.seq] = change
+            self._bytes += change.size
+        self._oldest = loaded[0].seq if loaded else self.head + 1
+        self._trim_size()
+
+    # ------------------------------------------------------------------ durable subscriptions
+
+    def subscribe(self, name: str, since: int | None) -> tuple[int, bool]:
+        """Attach a stream to the durable subscription `name`: (its position, whether it was made
+        now, at `since`, None: the head). Refused while another stream is attached, and for a
+        position retention no longer holds."""
+        if name in self.attached:
+            raise SubscriptionBusyError(
+                f"durable: subscription {name!r} of space {self.space!r} already has a stream attached"
+            )
+        position = self.subscriptions.get(name)
+        made = position is None
+        if position is None:
+            position = self.head if since is None else since
+        self.check(position, "since" if made else "durable")
+        if made:
+            self.subscriptions[name] = position
+        self.attached.add(name)
+        return position, made
+
+    def release(self, name: str) -> None:
+        """The stream attached to `name` ended."""
+        self.attached.discard(name)
+
+    def ack(self, name: str, position: int) -> bool:
+        """Move `name` forward to `position` (an older one: no-op); whether it moved."""
+        current = self.subscriptions.get(name)
+        if current is None:
+            raise SubscriptionNotFoundError(
+                f"durable: subscription {name!r} of space {self.space!r} is unknown"
+            )
+        if position > self.head:
+            raise InvalidCursorError(
+                f"cursor: position {position} of space {self.space!r} is ahead of the log's head {self.head}"
+            )
+        if position <= current:
+            return False
+        self.subscriptions[name] = position
+        return True
+
+    def unsubscribe(self, name: str) -> int:
+        """Delete `name`; returns the position it held."""
+        position = self.subscriptions.pop(name, None)
+        if position is None:
+            raise SubscriptionNotFoundError(
+                f"durable: subscription {name!r} of space {self.space!r} is unknown"
+            )
+        return position
