@@ -217,7 +217,7 @@ class Failure:
         if isinstance(err, SpaceError):
             status, reason = status_for(err)
             owner = err.owner if isinstance(err, NotOwnerError) else ""
-            if isinstance(err, changes.CompactedCursor):
+            if isinstance(err, changes.CompactedCursorError):
                 return cls(status, str(err), reason, {"oldest": err.cursor})
             return cls(status, str(err), reason, {"owner": owner} if owner else None)
         if isinstance(err, grpc.aio.AioRpcError):  # a forwarded call (peers.py): as the owner ended it
@@ -252,8 +252,12 @@ def streaming(method: Streaming[R]) -> Streaming[R]:
                 async for reply in method(self, request, context):
                     yield reply
             elif isinstance(address, FanOut):
-                fanned = {"Contents": self._fan.contents, "Changes": self._fan.changes}.get(name, self._fan.notify)
-                async for encoded in fanned(request, address, context):
+                fans: dict[str, Callable[..., AsyncIterator[bytes]]] = {
+                    "Contents": self._fan.contents,
+                    "Changes": self._fan.changes,
+                    "Notify": self._fan.notify,
+                }
+                async for encoded in fans[name](request, address, context):
                     yield encoded  # type: ignore[misc]  # encoded replies, as the method's
             else:
                 async for reply in self._forwarded_stream(name, address, request, context):
@@ -585,7 +589,8 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
         whenever the feed read past changes that did not match (protocol/changes.py)."""
         space = self._space(request)
         names = (space,)
-        templates = codec.templates(request.templates, self._limits)
+        # No template: every entry (the guard then asks for notify on the space itself).
+        templates = codec.templates(request.templates, self._limits) if request.templates else ()
         kinds = changes.kinds(request)
         durable = changes.durable_name(request.durable)
         since = changes.since(request, names)
@@ -595,7 +600,7 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
             )
         except CompactedError as err:
             oldest = changes.encode_cursor(names, [(err.epoch, err.oldest)])
-            raise changes.CompactedCursor(err, oldest) from None
+            raise changes.CompactedCursorError(err, oldest) from None
         try:
             epoch = feed.epoch
             yield changes.start_reply(
@@ -613,7 +618,9 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
             feed.close()
 
     @unary
-    async def AckChanges(self, request: pb.AckChangesRequest, context: handlers.Context) -> pb.AckChangesReply:
+    async def AckChanges(
+        self, request: pb.AckChangesRequest, context: handlers.Context
+    ) -> pb.AckChangesReply:
         space = self._space(request)
         durable = changes.durable_name(request.durable, required=True)
         ((_, position),) = changes.decode_cursor(request.cursor, (space,), "cursor")

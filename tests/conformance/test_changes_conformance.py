@@ -18,7 +18,7 @@ import shutil
 import tempfile
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,6 +76,7 @@ def shape(request: pytest.FixtureRequest) -> Iterator[Shape]:
 @pytest.fixture
 def space(shape: Shape) -> Iterator[outrig.Space]:
     with shape.connect() as connected:
+        connected.take_many(Item(), max_entries=10_000, timeout=0)  # what an earlier test left
         yield connected
 
 
@@ -93,7 +94,9 @@ def _seen(changes: list[outrig.Change]) -> list[tuple[str, int | None]]:
     return [(c.kind, c.entry.n) for c in changes]  # type: ignore[union-attr]
 
 
-def _same_sequence(shape: Shape, got: list[tuple[str, int | None]], expected: list[tuple[str, int | None]]) -> None:
+def _same_sequence(
+    shape: Shape, got: Sequence[tuple[str, int | None]], expected: Sequence[tuple[str, int | None]]
+) -> None:
     """`got` is `expected`: exactly, for a space; for a partitioned one, the same changes, each
     region's in its order (partitions interleave as they happen)."""
     if shape.partitions == 1:
@@ -106,9 +109,7 @@ def _same_sequence(shape: Shape, got: list[tuple[str, int | None]], expected: li
 
 
 def _write(space: outrig.Space, numbers: range, tag: str = "a", lease: float = 600.0) -> list[outrig.Lease]:
-    return [
-        space.write(Item(region=REGIONS[n % len(REGIONS)], n=n, tag=tag), lease=lease) for n in numbers
-    ]
+    return [space.write(Item(region=REGIONS[n % len(REGIONS)], n=n, tag=tag), lease=lease) for n in numbers]
 
 
 def test_replay_then_live_has_no_gap_and_no_duplicate_at_the_seam(shape: Shape, space: outrig.Space) -> None:
@@ -139,13 +140,16 @@ def test_a_resume_from_any_cursor_gets_exactly_what_follows(shape: Shape, space:
     expected = [("write", n) for n in range(30)] + [("take", n) for n in range(10)]
     expected += [("cancel", n) for n in range(25, 30)]
     _same_sequence(shape, _seen(everything), expected)
+    markers: list[int] = []  # written after `everything`: each later resume sees them too
     for i in (0, 13, 29, 44):
         with space.changes(Item(), since=everything[i].cursor) as stream:
-            rest = _read(stream, 44 - i)
+            rest = _seen(_read(stream, 44 - i + len(markers)))
             space.write(Item(region="r1", n=500 + i))
-            marker = next(stream)
-        _same_sequence(shape, _seen(rest), _seen(everything[i + 1 :]))
-        assert (marker.kind, marker.entry.n) == ("write", 500 + i)  # type: ignore[union-attr]
+            last = _seen(_read(stream, 1))
+        _same_sequence(shape, [x for x in rest if x[1] not in markers], _seen(everything[i + 1 :]))
+        assert [x for x in rest if x[1] in markers] == [("write", n) for n in markers]
+        assert last == [("write", 500 + i)]  # and nothing else in between
+        markers.append(500 + i)
 
 
 def test_kinds_and_templates_with_matchers_choose_the_changes(shape: Shape, space: outrig.Space) -> None:
@@ -218,7 +222,9 @@ def test_a_compacted_cursor_raises_with_the_oldest_cursor_still_held(shape: Shap
         assert raised.value.oldest
         assert raised.value.code.name == "OUT_OF_RANGE"
         with small.changes(since=raised.value.oldest) as stream:
-            held = _read(stream, sum(min(SMALL, len(ns)) for ns in _by_partition(30, shape.partitions).values()))
+            held = _read(
+                stream, sum(min(SMALL, len(ns)) for ns in _by_partition(30, shape.partitions).values())
+            )
             small.write(Item(region="r0", n=1000))
             assert next(stream).entry.n == 1000  # type: ignore[union-attr]
         expected = sorted(n for ns in _by_partition(30, shape.partitions).values() for n in ns[-SMALL:])
@@ -244,7 +250,9 @@ def _cursor(*positions: tuple[str, int, int]) -> str:
 
 
 def _positions(cursor: str) -> list[pb.ChangePosition]:
-    return list(pb.ChangeCursor.FromString(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))).positions)
+    return list(
+        pb.ChangeCursor.FromString(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))).positions
+    )
 
 
 def test_bad_cursors_are_invalid_arguments_naming_since(shape: Shape, space: outrig.Space) -> None:
@@ -266,9 +274,12 @@ def test_bad_cursors_are_invalid_arguments_naming_since(shape: Shape, space: out
 
 
 def test_a_space_without_a_log_refuses_changes_naming_the_setting(shape: Shape) -> None:
-    with shape.connect("quiet") as quiet, pytest.raises(outrig.FailedPreconditionError, match="changes"):
-        with quiet.changes():
-            pass
+    with (
+        shape.connect("quiet") as quiet,
+        pytest.raises(outrig.FailedPreconditionError, match="changes"),
+        quiet.changes(),
+    ):
+        pass
 
 
 def test_describe_shows_the_change_log(shape: Shape, space: outrig.Space) -> None:
