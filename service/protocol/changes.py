@@ -20,6 +20,7 @@ import base64
 import binascii
 import zlib
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from google.protobuf.message import DecodeError
 
@@ -29,6 +30,9 @@ from outrig.service.engine.changes import CHANGE_KINDS, Change
 from outrig.service.exceptions import CompactedError, InvalidArgumentError, excerpt
 from outrig.service.protocol import wire
 from outrig.v1 import space_pb2 as pb
+
+if TYPE_CHECKING:  # until the log branch's inspection lands: a plain import then
+    from outrig.service.engine.inspection import ChangeLogView
 
 #: The kinds of change, as the engine names them and as the wire numbers them.
 KIND_NUMBERS: dict[str, int] = {
@@ -154,7 +158,9 @@ def change_reply(change: Change, cursor: str) -> bytes:
     )
     if change.visible_at is not None:
         rest.visible_at = change.visible_at
-    return bytes(change.entry.payload) + rest.SerializeToString()
+    payload = change.entry.payload
+    assert isinstance(payload, bytes)  # the servicer's stored payloads are bytes (engine/model.py)
+    return payload + rest.SerializeToString()
 
 
 def progress_reply(cursor: str) -> bytes:
@@ -180,10 +186,59 @@ def with_cursor(reply: bytes, cursor: str) -> bytes:
     return b"".join((reply, _CURSOR, varint(len(data)), data))
 
 
-class CompactedCursor(CompactedError):
+class CompactedCursorError(CompactedError):
     """A `CompactedError` with the oldest cursor still readable encoded (the ErrorInfo's
     "oldest"): the transport knows the logs' names a cursor is made of, the backend does not."""
 
     def __init__(self, err: CompactedError, cursor: str) -> None:
         super().__init__(str(err), epoch=err.epoch, oldest=err.oldest)
         self.cursor = cursor
+
+
+def change_log_figures(space: str, view: ChangeLogView) -> pb.ChangeLogFigures:
+    """DescribeSpace's figures of a space's (or a partition's) change log, with its cursors."""
+    names = (space,)
+    figures = pb.ChangeLogFigures(
+        epoch=view.epoch,
+        head=view.head,
+        oldest=view.oldest,
+        count=view.count,
+        bytes=view.bytes,
+        head_cursor=encode_cursor(names, [(view.epoch, view.head)]),
+        oldest_cursor=encode_cursor(names, [(view.epoch, view.oldest - 1)]),
+    )
+    for name, position in sorted(view.subscriptions.items()):
+        figures.subscriptions.add(
+            name=name, position=position, cursor=encode_cursor(names, [(view.epoch, position)])
+        )
+    return figures
+
+
+def merged_figures(names: Sequence[str], parts: Sequence[pb.ChangeLogFigures]) -> pb.ChangeLogFigures:
+    """A partitioned space's change log figures from its partitions' (`names`, in order): sums,
+    and cursors of every partition's positions (a subscription some partition lacks: no cursor)."""
+
+    def position(cursor: str, name: str) -> Position:
+        ((epoch, seq),) = decode_cursor(cursor, (name,), "cursor")
+        return epoch, seq
+
+    merged = pb.ChangeLogFigures(
+        head=sum(p.head for p in parts),
+        oldest=sum(p.oldest for p in parts),
+        count=sum(p.count for p in parts),
+        bytes=sum(p.bytes for p in parts),
+        head_cursor=encode_cursor(names, [position(p.head_cursor, n) for n, p in zip(names, parts, strict=True)]),
+        oldest_cursor=encode_cursor(
+            names, [position(p.oldest_cursor, n) for n, p in zip(names, parts, strict=True)]
+        ),
+    )
+    found: dict[str, dict[int, pb.SubscriptionInfo]] = {}
+    for k, part in enumerate(parts):
+        for info in part.subscriptions:
+            found.setdefault(info.name, {})[k] = info
+    for name, infos in sorted(found.items()):
+        cursor = ""
+        if len(infos) == len(parts):
+            cursor = encode_cursor(names, [position(infos[k].cursor, n) for k, n in enumerate(names)])
+        merged.subscriptions.add(name=name, position=sum(i.position for i in infos.values()), cursor=cursor)
+    return merged

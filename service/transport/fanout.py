@@ -32,8 +32,7 @@ from typing import Any, NamedTuple
 
 import grpc
 
-from outrig._protocol import error_info
-from outrig._protocol import tag, varint
+from outrig._protocol import error_info, tag, varint
 from outrig._routing import value_partition
 from outrig.service.config import ServerConfig
 from outrig.service.engine.model import StoredEntry
@@ -532,7 +531,7 @@ class Fan:
                 failed = firsts[k]
                 said = failed.details() if isinstance(failed, grpc.aio.AioRpcError) else str(failed)
                 epoch, oldest = compacted[k]
-                raise changes.CompactedCursor(
+                raise changes.CompactedCursorError(
                     CompactedError(f"partition {k} of {fan.space!r}: {said}", epoch=epoch, oldest=oldest),
                     changes.encode_cursor(names, positions),
                 )
@@ -688,6 +687,10 @@ class Fan:
         merged.transaction_list.extend(
             sorted((info for r in replies for info in r.transaction_list), key=lambda info: info.id)[:1000]
         )
+        if all(reply.HasField("change_log") for reply in replies):
+            merged.change_log.CopyFrom(
+                changes.merged_figures(self._names(fan), [reply.change_log for reply in replies])
+            )
         return merged
 
     async def browse(
@@ -724,7 +727,7 @@ def _compacted_at(outcome: object, name: str) -> changes.Position | None:
     """The oldest position of the partition `name` a failed first read says (CompactedError,
     here or forwarded from its owner with the ErrorInfo's "oldest"); None for any other outcome."""
     cursor = ""
-    if isinstance(outcome, changes.CompactedCursor):
+    if isinstance(outcome, changes.CompactedCursorError):
         cursor = outcome.cursor
     elif isinstance(outcome, grpc.aio.AioRpcError) and outcome.code() == grpc.StatusCode.OUT_OF_RANGE:
         trailing = outcome.trailing_metadata()
