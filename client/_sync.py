@@ -16,7 +16,6 @@ import grpc
 from google.protobuf.message import Message
 
 from outrig._admin import BrowsePage, SpaceDescription, browse_page_of, description_of
-from outrig._changes import ChangeFeedState, ChangeStream, delete_subscription_request
 from outrig._base import (
     ANY,
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -42,6 +41,7 @@ from outrig._base import (
     registration_of,
     rpc_errors,
 )
+from outrig._changes import ChangeFeedState, ChangeStream, delete_subscription_request
 from outrig._codec import AnyEntry, decode_entries
 from outrig._delivery import Delivery, Taking, deliveries_of
 from outrig._exceptions import CallCancelledError, DeadlineExceededError, OutrigError, UnavailableError

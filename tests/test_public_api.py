@@ -39,7 +39,8 @@ OUTRIG = {
     # takes with an acknowledgement deadline (docs/work-queues.md)
     "Delivery", "Returned", "Taking",
     # the change log (docs/notifications.md)
-    "Change", "ChangeStream", "ChangeLogFigures", "SubscriptionInfo", "CompactedError", "SubscriptionBusyError", "SubscriptionNotFoundError",
+    "Change", "ChangeStream", "ChangeLogFigures", "SubscriptionInfo", "CompactedError",
+    "SubscriptionBusyError", "SubscriptionNotFoundError",
     "__version__",
 }  # fmt: skip
 AIO = {

@@ -17,7 +17,6 @@ import grpc.aio
 from google.protobuf.message import Message
 
 from outrig._admin import BrowsePage, SpaceDescription, browse_page_of, description_of
-from outrig._changes import ChangeFeedState, delete_subscription_request
 from outrig._base import (
     ANY,
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -43,6 +42,7 @@ from outrig._base import (
     registration_of,
     rpc_errors,
 )
+from outrig._changes import ChangeFeedState, delete_subscription_request
 from outrig._codec import AnyEntry, decode_entries
 from outrig._delivery import deliveries_of
 from outrig._exceptions import CallCancelledError, DeadlineExceededError, OutrigError, UnavailableError

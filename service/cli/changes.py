@@ -44,10 +44,16 @@ def add_parser(commands: Any) -> None:
         "--kinds", nargs="+", choices=_KINDS, metavar="KIND", help=f"only these kinds ({', '.join(_KINDS)})"
     )
     changes.add_argument("--durable", metavar="NAME", help="read (and make) the durable subscription NAME")
-    changes.add_argument("--ack", action="store_true", help="acknowledge each change once printed (--durable)")
+    changes.add_argument(
+        "--ack", action="store_true", help="acknowledge each change once printed (--durable)"
+    )
     changes.add_argument("--max", type=int, default=0, metavar="N", help="stop after N changes (0: never)")
     changes.add_argument(
-        "--idle", type=float, default=0.0, metavar="S", help="stop after S seconds without a change (0: never)"
+        "--idle",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="stop after S seconds without a change (0: never)",
     )
     _connection_options(changes)
 
@@ -75,20 +81,20 @@ def run(args: argparse.Namespace) -> int:
     try:
         options = _connect_args(args)
         templates = _templates(args)
-        with outrig.connect(args.address, space=args.space, **options) as space:
-            with space.changes(templates, since=args.since, kinds=args.kinds, durable=args.durable) as stream:
-                idle = _Idle(stream, args.idle)
-                printed = 0
-                for change in stream:
-                    idle.seen()
-                    print(_line(change), flush=True)
-                    if args.ack:
-                        stream.ack(change.cursor)
-                    printed += 1
-                    if args.max and printed >= args.max:
-                        break
-                idle.stop()
-                print(f"cursor: {stream.cursor}", file=sys.stderr)
+        with (
+            outrig.connect(args.address, space=args.space, **options) as space,
+            space.changes(templates, since=args.since, kinds=args.kinds, durable=args.durable) as stream,
+        ):
+            idle = _Idle(stream, args.idle)
+            for printed, change in enumerate(stream, 1):
+                idle.seen()
+                print(_line(change), flush=True)
+                if args.ack:
+                    stream.ack(change.cursor)
+                if args.max and printed >= args.max:
+                    break
+            idle.stop()
+            print(f"cursor: {stream.cursor}", file=sys.stderr)
     except outrig.CompactedError as err:
         print(f"outrig changes: CompactedError: {err}; oldest cursor: {err.oldest}", file=sys.stderr)
         return 2

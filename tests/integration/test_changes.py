@@ -9,6 +9,7 @@ a long disconnection, and the command.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -50,7 +51,10 @@ def test_a_subscriber_away_during_10000_writes_gets_them_all_in_order_on_resume(
 def test_the_stream_starts_with_its_cursors_and_says_when_it_read_past_others(
     server: ServerProcess, space_name: str
 ) -> None:
-    with grpc.insecure_channel(server.address) as channel, outrig.connect(server.address, space=space_name) as space:
+    with (
+        grpc.insecure_channel(server.address) as channel,
+        outrig.connect(server.address, space=space_name) as space,
+    ):
         stub = SpaceStub(channel)
         request = pb.ChangesRequest(space=space_name, kinds=[pb.CHANGE_KIND_WRITE])
         encode_template_into(request.templates.add(), Task(job="wanted"))
@@ -70,7 +74,10 @@ def test_the_stream_starts_with_its_cursors_and_says_when_it_read_past_others(
         finally:
             call.cancel()
     # A resume from the progress message's cursor starts after the unwanted write.
-    with outrig.connect(server.address, space=space_name) as space, space.changes(since=progress.cursor) as stream:
+    with (
+        outrig.connect(server.address, space=space_name) as space,
+        space.changes(since=progress.cursor) as stream,
+    ):
         assert next(stream).entry == Task(job="wanted", n=2)
 
 
@@ -104,13 +111,12 @@ def test_bad_requests_are_invalid_arguments_naming_the_field(
         with pytest.raises(grpc.RpcError) as raised:
             next(call)
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert raised.value.details() is not None
-    import re
-
-    assert re.search(message, raised.value.details())
+    assert re.search(message, raised.value.details() or "")
 
 
-def test_an_ack_needs_a_subscription_and_a_cursor_of_its_space(server: ServerProcess, space_name: str) -> None:
+def test_an_ack_needs_a_subscription_and_a_cursor_of_its_space(
+    server: ServerProcess, space_name: str
+) -> None:
     with outrig.connect(server.address, space=space_name) as space:
         head = _head(space)
         with grpc.insecure_channel(server.address) as channel:
@@ -157,7 +163,9 @@ def test_the_changes_command_prints_a_json_line_per_change_and_the_cursor(
         space.write(Task(job="a", n=1))
         space.write(Task(job="b", n=2))
         assert space.take_nowait(Task(job="a")) is not None
-    done = _command(server, space_name, "--since", head, "--type", "it.Task", "--where", "job=a", "--max", "2")
+    done = _command(
+        server, space_name, "--since", head, "--type", "it.Task", "--where", "job=a", "--max", "2"
+    )
     assert done.returncode == 0, done.stderr
     lines = [json.loads(line) for line in done.stdout.splitlines()]
     assert [(d["kind"], d["entry"]["fields"]["n"]) for d in lines] == [("write", 1), ("take", 1)]
@@ -169,7 +177,9 @@ def test_the_changes_command_prints_a_json_line_per_change_and_the_cursor(
     assert bad.returncode == 2 and "InvalidArgumentError" in bad.stderr and "since" in bad.stderr
 
 
-def test_the_changes_command_acknowledges_a_durable_subscription(server: ServerProcess, space_name: str) -> None:
+def test_the_changes_command_acknowledges_a_durable_subscription(
+    server: ServerProcess, space_name: str
+) -> None:
     with outrig.connect(server.address, space=space_name) as space:
         head = _head(space)
         for n in range(3):
@@ -183,7 +193,9 @@ def test_the_changes_command_acknowledges_a_durable_subscription(server: ServerP
         space.delete_subscription("cli")
 
 
-def test_a_stream_closed_from_another_thread_ends_its_iteration(server: ServerProcess, space_name: str) -> None:
+def test_a_stream_closed_from_another_thread_ends_its_iteration(
+    server: ServerProcess, space_name: str
+) -> None:
     with outrig.connect(server.address, space=space_name) as space, space.changes() as stream:
         closer = threading.Timer(0.2, stream.close)
         closer.start()

@@ -64,7 +64,9 @@ async def test_filters_durable_acks_and_busy(server: ServerProcess, space_name: 
             await space.delete_subscription("a")
 
 
-async def test_a_compacted_cursor_raises_with_the_oldest(server_factory: Callable[..., ServerProcess], tmp_path: Path) -> None:
+async def test_a_compacted_cursor_raises_with_the_oldest(
+    server_factory: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
     config = tmp_path / "outrig.toml"
     config.write_text("[spaces.small]\nchanges_max_count = 3\n")
     small = server_factory("--config", str(config))
@@ -82,13 +84,12 @@ async def test_a_compacted_cursor_raises_with_the_oldest(server_factory: Callabl
 async def test_a_stream_resumes_across_a_restart(tmp_path: Path) -> None:
     server = Outage(ServerConfig(data_dir=tmp_path))
     try:
-        async with outrig.aio.connect(server.address, space="s") as space:
-            async with space.changes(Task()) as stream:
-                await space.write(Task(n=0))
-                assert (await anext(stream)).entry.n == 0  # type: ignore[union-attr]
-                await asyncio.to_thread(server.back_after, 0.3)
-                await asyncio.to_thread(server.wait_until_back)
-                await space.write(Task(n=1))
-                assert (await anext(stream)).entry.n == 1  # type: ignore[union-attr]
+        async with outrig.aio.connect(server.address, space="s") as space, space.changes(Task()) as stream:
+            await space.write(Task(n=0))
+            assert (await anext(stream)).entry.n == 0  # type: ignore[union-attr]
+            await asyncio.to_thread(server.back_after, 0.3)
+            await asyncio.to_thread(server.wait_until_back)
+            await space.write(Task(n=1))
+            assert (await anext(stream)).entry.n == 1  # type: ignore[union-attr]
     finally:
         server.close()

@@ -37,12 +37,14 @@ def test_a_stream_resumes_by_itself_across_a_restart_of_a_durable_server(tmp_pat
 def test_a_durable_subscription_resumes_from_its_ack_after_a_restart(tmp_path: Path) -> None:
     server = Outage(ServerConfig(data_dir=tmp_path))
     try:
-        with outrig.connect(server.address, space="s") as space:
-            with space.changes(Task(), durable="worker") as stream:
-                for n in range(6):
-                    space.write(Task(n=n))
-                seen = [next(stream) for _ in range(4)]
-                stream.ack(seen[2].cursor)  # 0, 1, 2 handled; 3 seen, not acknowledged
+        with (
+            outrig.connect(server.address, space="s") as space,
+            space.changes(Task(), durable="worker") as stream,
+        ):
+            for n in range(6):
+                space.write(Task(n=n))
+            seen = [next(stream) for _ in range(4)]
+            stream.ack(seen[2].cursor)  # 0, 1, 2 handled; 3 seen, not acknowledged
         server.stop()
         server.start()
         with outrig.connect(server.address, space="s") as space:
@@ -53,7 +55,10 @@ def test_a_durable_subscription_resumes_from_its_ack_after_a_restart(tmp_path: P
             space.delete_subscription("worker")
         server.stop()
         server.start()
-        with outrig.connect(server.address, space="s") as space, pytest.raises(outrig.SubscriptionNotFoundError):
+        with (
+            outrig.connect(server.address, space="s") as space,
+            pytest.raises(outrig.SubscriptionNotFoundError),
+        ):
             space.delete_subscription("worker")  # its deletion was recorded too
     finally:
         server.close()
