@@ -201,3 +201,26 @@ def test_a_stream_closed_from_another_thread_ends_its_iteration(
         closer.start()
         assert list(stream) == []
         closer.join()
+
+
+def test_describe_shows_the_change_log_and_its_subscriptions(server: ServerProcess, space_name: str) -> None:
+    with outrig.connect(server.address, space=space_name) as space:
+        with space.changes(durable="shown") as stream:
+            for n in range(3):
+                space.write(Task(n=n))
+            next(stream)
+            stream.ack()
+        table = subprocess.run(
+            [sys.executable, "-m", "outrig", "describe", space_name, "--address", server.address],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert table.returncode == 0, table.stderr
+        assert "change log: 3 changes held" in table.stdout and "shown at 1" in table.stdout
+        log = space.describe().change_log
+        assert log is not None and (log.head, log.oldest, log.count) == (3, 1, 3)
+        assert [(s.name, s.position) for s in log.subscriptions] == [("shown", 1)]
+        with space.changes(since=log.subscriptions[0].cursor) as replay:
+            assert [next(replay).entry.n for _ in range(2)] == [1, 2]  # type: ignore[union-attr]
+        space.delete_subscription("shown")
