@@ -227,7 +227,9 @@ def merged_figures(names: Sequence[str], parts: Sequence[pb.ChangeLogFigures]) -
         oldest=sum(p.oldest for p in parts),
         count=sum(p.count for p in parts),
         bytes=sum(p.bytes for p in parts),
-        head_cursor=encode_cursor(names, [position(p.head_cursor, n) for n, p in zip(names, parts, strict=True)]),
+        head_cursor=encode_cursor(
+            names, [position(p.head_cursor, n) for n, p in zip(names, parts, strict=True)]
+        ),
         oldest_cursor=encode_cursor(
             names, [position(p.oldest_cursor, n) for n, p in zip(names, parts, strict=True)]
         ),

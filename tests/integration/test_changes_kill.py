@@ -42,9 +42,11 @@ def test_a_change_stream_sees_every_write_once_in_order_across_sigkills(
         return server_factory("--listen", address, "--data-dir", str(tmp_path / "data"))
 
     running = [start()]
-    with outrig.connect(address, space="burst", retry_deadline=RETRY_DEADLINE) as space:
-        with space.changes() as stream:
-            head = stream.cursor
+    with (
+        outrig.connect(address, space="burst", retry_deadline=RETRY_DEADLINE) as space,
+        space.changes() as stream,
+    ):
+        head = stream.cursor
     acknowledged: list[int] = []
     seen: list[int] = []
     failures: list[BaseException] = []
