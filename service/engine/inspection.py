@@ -10,17 +10,20 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from outrig.service.engine.changes import ChangeLog
 from outrig.service.engine.model import Registration, StoredEntry, Template, Transaction, Waiter
 from outrig.service.engine.space import SpaceEngine, SpaceSettings
 
 __all__ = [
     "MAX_LISTED",
+    "ChangeLogView",
     "RegistrationView",
     "SpaceDescription",
     "Tally",
     "TransactionView",
     "TypeView",
     "WaiterGroup",
+    "change_log_view",
     "describe",
     "waiter_groups",
 ]
@@ -72,6 +75,19 @@ class TransactionView:
 
 
 @dataclass(frozen=True, slots=True)
+class ChangeLogView:
+    """A space's change log (engine/changes.py): its epoch, head and oldest held seq, the changes
+    and bytes it holds, and its durable subscriptions with their positions (by name)."""
+
+    epoch: int
+    head: int
+    oldest: int
+    count: int
+    bytes: int
+    subscriptions: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
 class SpaceDescription:
     """A space as DescribeSpace reports it (lists cut to MAX_LISTED; the counts are whole)."""
 
@@ -95,6 +111,7 @@ class SpaceDescription:
     redelivered: int = 0  # deliveries that ended unacknowledged, since the space was made
     dead_lettered: int = 0  # entries moved to the dead-letter space, since the space was made
     dead_letter: str = ""  # the space's dead-letter space
+    changes: ChangeLogView | None = None  # its change log (None: `changes = false`)
 
 
 class Tally:
@@ -160,6 +177,15 @@ def _transaction(txn: Transaction) -> TransactionView:
     )
 
 
+def change_log_view(log: ChangeLog | None) -> ChangeLogView | None:
+    """What DescribeSpace shows of a change log (durable subscriptions in name order)."""
+    if log is None:
+        return None
+    return ChangeLogView(
+        log.epoch, log.head, log.oldest, log.count, log.bytes, dict(sorted(log.subscriptions.items()))
+    )
+
+
 def describe(engine: SpaceEngine, tally: Tally, now: float, max_registrations: int) -> SpaceDescription:
     """The description of `engine`'s space, with the types `tally` was given."""
     counts = engine.type_counts()
@@ -190,4 +216,5 @@ def describe(engine: SpaceEngine, tally: Tally, now: float, max_registrations: i
         redelivered=stats.redelivered,
         dead_lettered=stats.dead_lettered,
         dead_letter=engine.dead_letter_space,
+        changes=change_log_view(engine.changes),
     )

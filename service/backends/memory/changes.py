@@ -84,6 +84,7 @@ class MemoryChangeFeed:
         self._durable = durable
         self._ended = False
         self._error: SpaceError | None = None
+        self._iterator: AsyncIterator[ChangeBatch] | None = None
 
     @property
     def epoch(self) -> int:
@@ -104,7 +105,10 @@ class MemoryChangeFeed:
         return not templates or any(template.matches(change.entry) for template in templates)
 
     def __aiter__(self) -> AsyncIterator[ChangeBatch]:
-        return self._iterate()
+        """One iterator: a loop that breaks off and iterates again goes on where it was."""
+        if self._iterator is None:
+            self._iterator = self._iterate()
+        return self._iterator
 
     async def _iterate(self) -> AsyncIterator[ChangeBatch]:
         log, backend, position = self._log, self._backend, self._start

@@ -62,14 +62,16 @@ APPLICATION_ID = 0x6F757472
 FORMAT_VERSION = 3
 
 _CHANGE_TABLES = """
-CREATE TABLE change_logs (space INTEGER PRIMARY KEY, epoch INTEGER NOT NULL, oldest INTEGER NOT NULL);
-CREATE TABLE changes (
+CREATE TABLE IF NOT EXISTS change_logs (
+    space INTEGER PRIMARY KEY, epoch INTEGER NOT NULL, oldest INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS changes (
     space INTEGER NOT NULL, seq INTEGER NOT NULL, kind TEXT NOT NULL, entry_id INTEGER NOT NULL,
     at REAL NOT NULL, txn INTEGER NOT NULL, visible_at REAL, payload BLOB,
     PRIMARY KEY (space, seq)
 ) WITHOUT ROWID;
-CREATE INDEX changes_by_entry ON changes (space, entry_id);
-CREATE TABLE change_subscriptions (
+CREATE INDEX IF NOT EXISTS changes_by_entry ON changes (space, entry_id);
+CREATE TABLE IF NOT EXISTS change_subscriptions (
     space INTEGER NOT NULL, name TEXT NOT NULL, position INTEGER NOT NULL,
     PRIMARY KEY (space, name)
 ) WITHOUT ROWID;

@@ -1,0 +1,364 @@
+"""Change feeds through the embedded backend, in memory and recorded in a real SQLite store: replay
+then live with no seam, templates and kinds, the head, compacted, foreign-epoch and ahead-of-head
+positions, a log turned off, durable subscriptions (made, busy, acked, deleted), feeds ending at
+close; and on the durable store: a restart keeps the log, its epoch, its payloads and the durable
+subscriptions, entries that expired while down are logged, age retention is recorded, a batch the
+store refuses rewinds the log (and no feed ever shows it), and a format-2 data dir is migrated."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from outrig.service.backends.embedded.backend import EmbeddedBackend
+from outrig.service.backends.embedded.store.check import check_store
+from outrig.service.backends.embedded.store.schema import FORMAT_VERSION, database_path
+from outrig.service.backends.memory.changes import MemoryChangeFeed
+from outrig.service.config import ServerConfig
+from outrig.service.engine import FakeClock, SpaceSettings, Template
+from outrig.service.engine.changes import CHANGE_KINDS, Change, ChangeLog
+from outrig.service.exceptions import (
+    ChangesOffError,
+    CompactedError,
+    InvalidCursorError,
+    ShuttingDownError,
+    StoreUnavailableError,
+    SubscriptionBusyError,
+    SubscriptionNotFoundError,
+)
+
+from ..durability.test_restart import running
+from ..polling import wait_until_async
+from .test_embedded_deliveries import JOBS, SPACE, WAIT, job
+
+ALL = frozenset(CHANGE_KINDS)
+
+
+def make_config(data_dir: Path | None, **settings: object) -> ServerConfig:
+    return ServerConfig(
+        data_dir=data_dir,
+        reap_interval=0.01,
+        spaces={SPACE: SpaceSettings(**settings)},  # type: ignore[arg-type]
+    )
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(1_000_000.0)
+
+
+@pytest.fixture(params=["memory", "durable"])
+def data_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Path | None:
+    return None if request.param == "memory" else tmp_path / "data"
+
+
+async def read(feed: MemoryChangeFeed, count: int) -> list[Change]:
+    """The next `count` changes the feed yields (failing after WAIT seconds)."""
+    got: list[Change] = []
+    async with asyncio.timeout(WAIT):
+        async for batch in feed:
+            got += batch.changes
+            if len(got) >= count:
+                return got
+    return got
+
+
+async def read_through(feed: MemoryChangeFeed, position: int) -> tuple[list[Change], int]:
+    """What the feed yields until it has read through `position`."""
+    got: list[Change] = []
+    async with asyncio.timeout(WAIT):
+        async for batch in feed:
+            got += batch.changes
+            if batch.position >= position:
+                return got, batch.position
+    raise AssertionError("the feed ended")
+
+
+def summary(changes: list[Change]) -> list[tuple[int, str, object]]:
+    return [(c.seq, c.kind, c.entry.fields["n"].data) for c in changes]
+
+
+async def take(backend: EmbeddedBackend, n: int | None = None) -> None:
+    template = JOBS if n is None else Template("Job", {"n": job(n).fields["n"]})
+    await backend.match(SPACE, [template], take=True, max_entries=1, timeout=0, if_exists=False)
+
+
+async def test_a_feed_replays_then_goes_live_without_a_seam(data_dir: Path | None, clock: FakeClock) -> None:
+    async with running(make_config(data_dir), clock) as backend:
+        await backend.write(SPACE, [job(0), job(1), job(2)], None)
+        await take(backend, 1)
+        epoch = backend.engine(SPACE).changes.epoch  # type: ignore[union-attr]
+        feed = await backend.changes(SPACE, [], ALL, since=(epoch, 0))
+        assert (feed.epoch, feed.start, feed.oldest) == (epoch, 0, 0)
+        assert summary(await read(feed, 4)) == [
+            (1, "write", 0),
+            (2, "write", 1),
+            (3, "write", 2),
+            (4, "take", 1),
+        ]
+
+        async def more() -> None:
+            await backend.write(SPACE, [job(3)], None)
+            await take(backend, 0)
+
+        writer = asyncio.create_task(more())
+        assert summary(await read(feed, 2)) == [(5, "write", 3), (6, "take", 0)]
+        await writer
+        feed.close()
+
+
+async def test_templates_and_kinds_filter_and_skipped_changes_move_the_position(
+    data_dir: Path | None, clock: FakeClock
+) -> None:
+    async with running(make_config(data_dir), clock) as backend:
+        one = Template("Job", {"n": job(1).fields["n"]})
+        feed = await backend.changes(SPACE, [one], frozenset({"take"}), since=None)
+        assert feed.start == 0
+        await backend.write(SPACE, [job(0), job(1)], None)
+        await take(backend, 0)
+        await take(backend, 1)
+        changes, position = await read_through(feed, 4)
+        assert summary(changes) == [(4, "take", 1)] and position == 4
+        feed.close()
+        feed = await backend.changes(SPACE, [], ALL, since=None)  # from the head
+        assert feed.start == 4
+        await backend.write(SPACE, [job(5)], None)
+        assert summary(await read(feed, 1)) == [(5, "write", 5)]
+        feed.close()
+
+
+async def test_compacted_foreign_and_ahead_positions_are_refused(
+    data_dir: Path | None, clock: FakeClock
+) -> None:
+    async with running(make_config(data_dir, changes_max_count=3), clock) as backend:
+        await backend.write(SPACE, [job(n) for n in range(5)], None)
+        log = backend.engine(SPACE).changes
+        assert log is not None and log.oldest == 3
+        feed = await backend.changes(SPACE, [], ALL, since=(log.epoch, 2))
+        assert summary(await read(feed, 3)) == [(3, "write", 2), (4, "write", 3), (5, "write", 4)]
+        feed.close()
+        with pytest.raises(CompactedError) as compacted:
+            await backend.changes(SPACE, [], ALL, since=(log.epoch, 1))
+        assert (compacted.value.epoch, compacted.value.oldest) == (log.epoch, 2)
+        with pytest.raises(CompactedError) as foreign:
+            await backend.changes(SPACE, [], ALL, since=(log.epoch ^ 1, 4))
+        assert foreign.value.oldest == 2 and "another epoch" in str(foreign.value)
+        with pytest.raises(InvalidCursorError, match="ahead of the log's head 5"):
+            await backend.changes(SPACE, [], ALL, since=(log.epoch, 6))
+
+
+async def test_a_reader_left_behind_by_retention_ends_compacted(clock: FakeClock) -> None:
+    async with running(make_config(None, changes_max_count=2), clock) as backend:
+        await backend.write(SPACE, [job(0)], None)
+        feed = await backend.changes(SPACE, [], ALL, since=None)
+        await backend.write(SPACE, [job(n) for n in range(1, 5)], None)  # before it reads
+        with pytest.raises(CompactedError):
+            await read(feed, 1)
+
+
+async def test_a_space_with_its_log_off_refuses_changes(clock: FakeClock) -> None:
+    async with running(make_config(None, changes=False), clock) as backend:
+        with pytest.raises(ChangesOffError, match="changes = false"):
+            await backend.changes(SPACE, [], ALL, since=None)
+
+
+async def test_durable_subscriptions_are_made_busy_acked_and_deleted(
+    data_dir: Path | None, clock: FakeClock
+) -> None:
+    config = make_config(data_dir)
+    async with running(config, clock) as backend:
+        await backend.write(SPACE, [job(0)], None)
+        feed = await backend.changes(SPACE, [], ALL, since=None, durable="billing")
+        assert feed.start == 1
+        with pytest.raises(SubscriptionBusyError, match="'billing'"):
+            await backend.changes(SPACE, [], ALL, since=None, durable="billing")
+        await backend.write(SPACE, [job(1), job(2)], None)
+        assert summary(await read(feed, 2)) == [(2, "write", 1), (3, "write", 2)]
+        await backend.ack_changes(SPACE, "billing", 2)
+        await backend.ack_changes(SPACE, "billing", 1)  # older: nothing
+        with pytest.raises(InvalidCursorError):
+            await backend.ack_changes(SPACE, "billing", 9)
+        feed.close()
+        again = await backend.changes(SPACE, [], ALL, since=(123, 0), durable="billing")  # `since` ignored
+        assert again.start == 2
+        assert summary(await read(again, 1)) == [(3, "write", 2)]
+        again.close()
+        assert (await backend.describe(SPACE)).changes.subscriptions == {"billing": 2}  # type: ignore[union-attr]
+    if data_dir is None:
+        return
+    async with running(config, clock) as backend:  # the position survives a restart
+        feed = await backend.changes(SPACE, [], ALL, since=None, durable="billing")
+        assert feed.start == 2
+        assert summary(await read(feed, 1)) == [(3, "write", 2)]
+        feed.close()
+        await backend.delete_subscription(SPACE, "billing")
+        with pytest.raises(SubscriptionNotFoundError, match="'billing'"):
+            await backend.delete_subscription(SPACE, "billing")
+        with pytest.raises(SubscriptionNotFoundError):
+            await backend.ack_changes(SPACE, "billing", 1)
+    async with running(config, clock) as backend:
+        assert backend.engine(SPACE).changes.subscriptions == {}  # type: ignore[union-attr]
+
+
+async def test_feeds_end_when_the_backend_closes(data_dir: Path | None, clock: FakeClock) -> None:
+    backend = EmbeddedBackend(make_config(data_dir), clock)
+    await backend.start()
+    feed = await backend.changes(SPACE, [], ALL, since=None, durable="d")
+    reader = asyncio.create_task(read(feed, 1))
+    await asyncio.sleep(0)
+    await backend.close()
+    with pytest.raises(ShuttingDownError):
+        await reader
+    await backend.shutdown()
+
+
+# ---------------------------------------------------------------- the durable store
+
+
+async def test_a_restart_keeps_the_log_its_epoch_and_its_payloads(tmp_path: Path, clock: FakeClock) -> None:
+    config = make_config(tmp_path / "data")
+    async with running(config, clock) as backend:
+        await backend.write(SPACE, [job(0), job(1), job(2)], None)
+        await take(backend, 1)  # its row goes: the write's payload comes from the take's change
+        await backend.write(SPACE, [job(3)], 5.0)  # expires while the server is down
+        txn = await backend.begin(SPACE, None)
+        await backend.write(SPACE, [job(4)], None, transaction=txn.id)
+        await backend.match(
+            SPACE,
+            [Template("Job", {"n": job(0).fields["n"]})],
+            take=True,
+            max_entries=1,
+            timeout=0,
+            if_exists=False,
+            transaction=txn.id,
+        )
+        await backend.commit(SPACE, txn.id)
+        before = backend.engine(SPACE).changes
+        assert before is not None
+        epoch, head = before.epoch, before.head
+    clock.advance(10)
+    async with running(config, clock) as backend:
+        log = backend.engine(SPACE).changes
+        assert log is not None and log.epoch == epoch
+        feed = await backend.changes(SPACE, [], ALL, since=(epoch, 0))
+        changes = await read(feed, head + 1)
+        assert summary(changes) == [
+            (1, "write", 0),
+            (2, "write", 1),
+            (3, "write", 2),
+            (4, "take", 1),
+            (5, "write", 3),
+            (6, "write", 4),
+            (7, "take", 0),
+            (8, "expire", 3),  # it expired while the server was down: logged at the restart
+        ]
+        assert [c.transaction for c in changes[5:7]] == [txn.id, txn.id]
+        feed.close()
+    async with running(config, clock) as backend:  # the expiry was recorded, once
+        assert backend.engine(SPACE).changes.head == 8  # type: ignore[union-attr]
+    assert check_store(tmp_path / "data").ok
+
+
+async def test_age_retention_is_recorded_and_an_emptied_log_keeps_its_head(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    config = make_config(tmp_path / "data", changes_max_age=60.0)
+    async with running(config, clock) as backend:
+        await backend.write(SPACE, [job(0), job(1)], None)
+        clock.advance(61)
+        log = backend.engine(SPACE).changes
+        assert log is not None
+        await wait_until_async(emptied(log), WAIT, what="the reaper's pass to trim the log")
+        epoch = log.epoch
+        await backend.write(SPACE, [job(2)], None)
+        await take(backend, 2)
+        clock.advance(61)
+        await wait_until_async(emptied(log), WAIT, what="the second trim")
+        await backend.write(SPACE, [job(9)], None)
+        await take(backend, 9)
+    async with running(config, clock) as backend:
+        log = backend.engine(SPACE).changes
+        assert log is not None and log.epoch == epoch and log.head == 6
+        with pytest.raises(CompactedError):
+            await backend.changes(SPACE, [], ALL, since=(epoch, 0))
+
+
+def emptied(log: ChangeLog) -> Callable[[], bool]:
+    return lambda: log.count == 0
+
+
+def _refuse_writes(path: Path) -> None:
+    """Make the store refuse the next batch that writes an entry: a real SQLite error."""
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TRIGGER refuse BEFORE INSERT ON entries BEGIN SELECT RAISE(ABORT, 'refused'); END")
+
+
+def _accept_writes(path: Path) -> None:
+    with sqlite3.connect(path) as db:
+        db.execute("DROP TRIGGER refuse")
+
+
+async def test_a_batch_the_store_refuses_rewinds_the_log_and_no_feed_shows_it(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    config = make_config(tmp_path / "data")
+    path = database_path(tmp_path / "data")
+    backend = EmbeddedBackend(config, clock)
+    await backend.start()
+    assert backend.journal is not None
+    backend.journal._probe_interval = 0.01  # type: ignore[attr-defined]
+    try:
+        await backend.write(SPACE, [job(0)], None)
+        feed = await backend.changes(SPACE, [], ALL, since=None)
+        reader = asyncio.create_task(read(feed, 1))
+        _refuse_writes(path)
+        with pytest.raises(StoreUnavailableError):
+            await backend.write(SPACE, [job(1)], None)
+        log = backend.engine(SPACE).changes
+        assert log is not None and log.head == 1  # rewound
+        _accept_writes(path)
+
+        async def accepted() -> bool:
+            try:
+                await backend.write(SPACE, [job(2)], None)
+            except StoreUnavailableError:
+                return False
+            return True
+
+        await wait_until_async(accepted, WAIT, what="the store to accept changes again")
+        assert summary(await reader) == [(2, "write", 2)]  # never the refused one
+        feed.close()
+    finally:
+        await backend.close()
+        await backend.shutdown()
+    async with running(config, clock) as backend:
+        feed = await backend.changes(SPACE, [], ALL, since=(backend.engine(SPACE).changes.epoch, 0))  # type: ignore[union-attr]
+        assert summary(await read(feed, 2)) == [(1, "write", 0), (2, "write", 2)]
+        feed.close()
+
+
+async def test_a_format_2_data_dir_is_migrated(tmp_path: Path, clock: FakeClock) -> None:
+    config = make_config(tmp_path / "data")
+    async with running(config, clock) as backend:
+        await backend.write(SPACE, [job(0)], None)
+    path = database_path(tmp_path / "data")
+    with sqlite3.connect(path) as db:  # what a format-2 server left: no change log
+        for table in ("change_logs", "changes", "change_subscriptions"):
+            db.execute(f"DROP TABLE {table}")
+        db.execute("PRAGMA user_version = 2")
+    assert check_store(tmp_path / "data").format_version == 2  # outrig check reads it as it is
+    async with running(config, clock) as backend:
+        log = backend.engine(SPACE).changes
+        assert log is not None and log.head == 0  # its log starts empty
+        await take(backend, 0)
+        epoch = log.epoch
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == FORMAT_VERSION == 3
+    async with running(config, clock) as backend:
+        log = backend.engine(SPACE).changes
+        assert log is not None and (log.epoch, log.head) == (epoch, 1)
+    assert check_store(tmp_path / "data").ok
