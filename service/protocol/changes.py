@@ -20,19 +20,16 @@ import base64
 import binascii
 import zlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from google.protobuf.message import DecodeError
 
 from outrig._protocol import tag, varint
 from outrig.service.config import SPACE_NAME
 from outrig.service.engine.changes import CHANGE_KINDS, Change
+from outrig.service.engine.inspection import ChangeLogView
 from outrig.service.exceptions import CompactedError, InvalidArgumentError, excerpt
 from outrig.service.protocol import wire
 from outrig.v1 import space_pb2 as pb
-
-if TYPE_CHECKING:  # until the log branch's inspection lands: a plain import then
-    from outrig.service.engine.inspection import ChangeLogView
 
 #: The kinds of change, as the engine names them and as the wire numbers them.
 KIND_NUMBERS: dict[str, int] = {
