@@ -276,7 +276,8 @@ def bench_fanout(root: Path, rounds: int, subscribers: int = 100, writes: int = 
         label = "Changes streams" if kind == "changes" else "notify (baseline)"
         print(
             f"  {label}: {_median(rates[kind])} events/s delivered; server CPU "
-            f"{statistics.median(cpu[kind]):.1f} us per event (min {min(cpu[kind]):.1f}, max {max(cpu[kind]):.1f})"
+            f"{statistics.median(cpu[kind]):.1f} us per event "
+            f"(min {min(cpu[kind]):.1f}, max {max(cpu[kind]):.1f})"
         )
     ratio = statistics.median(rates["changes"]) / statistics.median(rates["notify"])
     per = statistics.median(cpu["changes"]) / statistics.median(cpu["notify"])
@@ -297,9 +298,10 @@ def main() -> None:
     rounds, seconds, away = args.rounds, args.seconds, args.away
     if args.quick:
         rounds, seconds, away = 1, 1.0, 1.0
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     print(
         f"outrig change log bench: {os.cpu_count()} cores, Python {platform.python_version()}, "
-        f"grpcio {grpc.__version__}; {rounds} rounds; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
+        f"grpcio {grpc.__version__}; {rounds} rounds; load average {load}",
         flush=True,
     )
     if args.only in (None, "write"):
