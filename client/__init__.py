@@ -32,14 +32,17 @@ from outrig import aio as aio  # `import outrig` makes `outrig.aio` available
 from outrig._admin import (
     BrowsedEntry,
     BrowsePage,
+    ChangeLogFigures,
     RegistrationInfo,
     SpaceConfiguration,
     SpaceDescription,
+    SubscriptionInfo,
     TransactionInfo,
     TypeFigures,
     WaiterGroup,
 )
 from outrig._base import ANY, FOREVER, Event, LeaseResult, Location, Placement, channel_options
+from outrig._changes import Change, ChangeStream
 from outrig._codec import entry_from_bytes, entry_to_bytes
 from outrig._delivery import Delivery, Returned, Taking
 from outrig._entry import Entry, GenericEntry
@@ -47,6 +50,7 @@ from outrig._exceptions import (
     AbortedError,
     AlreadyExistsError,
     CallCancelledError,
+    CompactedError,
     CrossPartitionError,
     DataLossError,
     DeadlineExceededError,
@@ -68,6 +72,8 @@ from outrig._exceptions import (
     RoutingValueError,
     ShuttingDownError,
     StoreUnavailableError,
+    SubscriptionBusyError,
+    SubscriptionNotFoundError,
     TransactionAbortedError,
     TransactionNotFoundError,
     TypeConflictError,
@@ -115,6 +121,10 @@ __all__ = [
     "BrowsePage",
     "BrowsedEntry",
     "CallCancelledError",
+    "Change",
+    "ChangeLogFigures",
+    "ChangeStream",
+    "CompactedError",
     "CrossPartitionError",
     "DataLossError",
     "DeadlineExceededError",
@@ -158,6 +168,9 @@ __all__ = [
     "SpaceConfiguration",
     "SpaceDescription",
     "StoreUnavailableError",
+    "SubscriptionBusyError",
+    "SubscriptionInfo",
+    "SubscriptionNotFoundError",
     "Taking",
     "Transaction",
     "TransactionAbortedError",

@@ -16,9 +16,11 @@ from outrig.v1 import space_pb2 as pb
 __all__ = [
     "BrowsePage",
     "BrowsedEntry",
+    "ChangeLogFigures",
     "RegistrationInfo",
     "SpaceConfiguration",
     "SpaceDescription",
+    "SubscriptionInfo",
     "TransactionInfo",
     "TypeFigures",
     "WaiterGroup",
@@ -98,6 +100,39 @@ class SpaceConfiguration:
 
 
 @dataclass(frozen=True, slots=True)
+class SubscriptionInfo:
+    """A durable subscription of the change log: its name, its position (the sequence number
+    acknowledged; a partitioned space's: its partitions' added up) and that position's cursor."""
+
+    name: str
+    position: int
+    cursor: str
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeLogFigures:
+    """What a space's change log holds (`SpaceDescription.change_log`; docs/notifications.md).
+
+    Attributes:
+        epoch: the log's epoch (0 for a partitioned space: each partition has its own).
+        head: the sequence number of the newest change (0: none yet); ``oldest`` of the oldest
+            held (head + 1 when empty). A partitioned space's are its partitions' added up.
+        count: changes held; ``bytes`` their size as retention counts it.
+        head_cursor: a stream from it gets what comes next; ``oldest_cursor``: everything held.
+        subscriptions: the durable subscriptions, by name.
+    """
+
+    epoch: int
+    head: int
+    oldest: int
+    count: int
+    bytes: int
+    head_cursor: str
+    oldest_cursor: str
+    subscriptions: list[SubscriptionInfo]
+
+
+@dataclass(frozen=True, slots=True)
 class SpaceDescription:
     """What a space holds (`Space.describe`). The lists hold at most 1,000 items each; the counts
     beside them (``waiters``, ``registrations``, ``transactions``) are whole.
@@ -112,6 +147,7 @@ class SpaceDescription:
         redelivered: deliveries that ended unacknowledged (returned, or past their deadline)
             since the server started.
         dead_lettered: entries moved to the dead-letter space since the server started.
+        change_log: the space's change log, None when its ``changes`` setting is off.
     """
 
     space: str
@@ -132,6 +168,7 @@ class SpaceDescription:
     delayed: int = 0
     redelivered: int = 0
     dead_lettered: int = 0
+    change_log: ChangeLogFigures | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,6 +259,20 @@ def description_of(reply: pb.DescribeSpaceReply) -> SpaceDescription:
         delayed=reply.delayed,
         redelivered=reply.redelivered,
         dead_lettered=reply.dead_lettered,
+        change_log=_change_log(reply.change_log) if reply.HasField("change_log") else None,
+    )
+
+
+def _change_log(log: pb.ChangeLogFigures) -> ChangeLogFigures:
+    return ChangeLogFigures(
+        log.epoch,
+        log.head,
+        log.oldest,
+        log.count,
+        log.bytes,
+        log.head_cursor,
+        log.oldest_cursor,
+        [SubscriptionInfo(s.name, s.position, s.cursor) for s in log.subscriptions],
     )
 
 

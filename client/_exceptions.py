@@ -9,8 +9,9 @@
      │   └── RoutingValueError       an entry of a partitioned space without its routing value
      ├── DeadlineExceededError       DEADLINE_EXCEEDED
      ├── NotFoundError               NOT_FOUND
-     │   └── LeaseNotFoundError      an unknown, cancelled or expired lease
-     │       └── TransactionNotFoundError an unknown or ended transaction
+     │   ├── LeaseNotFoundError      an unknown, cancelled or expired lease
+     │   │   └── TransactionNotFoundError an unknown or ended transaction
+     │   └── SubscriptionNotFoundError an unknown durable subscription of the change log
      ├── AlreadyExistsError          ALREADY_EXISTS
      ├── PermissionDeniedError       PERMISSION_DENIED
      ├── ResourceExhaustedError      RESOURCE_EXHAUSTED
@@ -20,11 +21,13 @@
      │   ├── TransactionAbortedError a commit of an aborted transaction
      │   ├── RequestConflictError    a request id used again for another call
      │   ├── RegistrationBusyError   resuming a notify registration another stream holds
+     │   ├── SubscriptionBusyError   a durable subscription another stream reads
      │   ├── CrossPartitionError     a transaction touching a second partition
  │   ├── DeliveryExpiredError    an ack, nack or extend of a delivery no longer pending
      │   └── NoOtherServerError      moving a space or draining a server with no other server
      ├── AbortedError                ABORTED
      ├── OutOfRangeError             OUT_OF_RANGE
+     │   └── CompactedError          a change cursor older than the log holds (``.oldest``)
      ├── UnimplementedError          UNIMPLEMENTED
      ├── InternalError               INTERNAL
      ├── UnavailableError            UNAVAILABLE
@@ -61,6 +64,7 @@ __all__ = [
     "AbortedError",
     "AlreadyExistsError",
     "CallCancelledError",
+    "CompactedError",
     "CrossPartitionError",
     "DataLossError",
     "DeadlineExceededError",
@@ -82,6 +86,8 @@ __all__ = [
     "RoutingValueError",
     "ShuttingDownError",
     "StoreUnavailableError",
+    "SubscriptionBusyError",
+    "SubscriptionNotFoundError",
     "TransactionAbortedError",
     "TransactionNotFoundError",
     "TypeConflictError",
@@ -283,6 +289,34 @@ class RegistrationBusyError(FailedPreconditionError):
     _reason = pb.REGISTRATION_BUSY
 
 
+class SubscriptionBusyError(FailedPreconditionError):
+    """Another stream reads the durable subscription (at most one at once)."""
+
+    _reason = pb.SUBSCRIPTION_BUSY
+
+
+class SubscriptionNotFoundError(NotFoundError):
+    """The space has no durable subscription of that name."""
+
+    _reason = pb.SUBSCRIPTION_NOT_FOUND
+
+
+class CompactedError(OutOfRangeError):
+    """A change cursor older than the space's change log holds (retention trimmed the changes
+    after it, or the log is another: a memory-only server restarted): those changes are gone.
+
+    Attributes:
+        oldest: the oldest cursor the log can still resume from (``""`` if the server named
+            none): pass it as ``since`` to go on from there, knowing what was lost.
+    """
+
+    _reason = pb.CURSOR_COMPACTED
+
+    def __init__(self, details: str = "", *, code: Any = None, reason: str = "", oldest: str = "") -> None:
+        super().__init__(details, code=code, reason=reason)
+        self.oldest = oldest
+
+
 class NoOtherServerError(FailedPreconditionError):
     """Moving a space or draining a server needs another live server in the tier."""
 
@@ -353,6 +387,9 @@ _BY_REASON: dict[int, type[OutrigError]] = {
         TransactionAbortedError,
         RequestConflictError,
         RegistrationBusyError,
+        SubscriptionBusyError,
+        SubscriptionNotFoundError,
+        CompactedError,
         NoOtherServerError,
         ShuttingDownError,
         StoreUnavailableError,
@@ -382,6 +419,8 @@ def error_from_status(
         cls = domain
     if cls is NotOwnerError:
         return NotOwnerError(details, reason=name, owner=(metadata or {}).get("owner", ""))
+    if cls is CompactedError:
+        return CompactedError(details, reason=name, oldest=(metadata or {}).get("oldest", ""))
     return cls(details, reason=name)
 
 

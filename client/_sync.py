@@ -41,6 +41,7 @@ from outrig._base import (
     registration_of,
     rpc_errors,
 )
+from outrig._changes import ChangeFeedState, ChangeStream, delete_subscription_request
 from outrig._codec import AnyEntry, decode_entries
 from outrig._delivery import Delivery, Taking, deliveries_of
 from outrig._exceptions import CallCancelledError, DeadlineExceededError, OutrigError, UnavailableError
@@ -540,6 +541,42 @@ class Space(BaseSpace):
         the server restarts), the iteration reattaches to the registration and goes on.
         """
         return Notification(self, self._notify_request(templates, lease))
+
+    def changes(
+        self,
+        templates: Templates | None = None,
+        *,
+        since: str | None = None,
+        kinds: Iterable[str] | None = None,
+        durable: str | None = None,
+    ) -> ChangeStream:
+        """Stream the space's changes of matching entries, from a cursor, then live.
+
+        Use the result as a context manager; iterate over it for `Change` objects::
+
+            with space.changes(Task(job="resize"), since=cursor, kinds=("write", "take")) as events:
+                for change in events:
+                    ...  # change.kind, change.entry, change.cursor
+
+        ``since`` is a cursor (a `Change`'s, or a stream's ``.cursor``): the stream first gives
+        the changes the space's log holds after it, then each as it happens, with no gap and no
+        duplicate between the two; None: from now. ``templates`` (None: every entry) and
+        ``kinds`` (``"write"``, ``"take"``, ``"expire"``, ``"cancel"``, ``"purge"``, ``"dead"``;
+        None: all) choose the changes. `CompactedError` (its ``.oldest`` the oldest cursor still
+        held) when the log no longer holds the changes after ``since``. A broken stream is opened
+        again from its last cursor by itself, under the space's retry policy.
+
+        ``durable`` names a durable subscription: the server keeps its position, made at
+        ``since`` the first time and moved by `ChangeStream.ack`; a stream attached to it later
+        (even after a restart) starts there. At most one stream reads it at once
+        (`SubscriptionBusyError`). docs/notifications.md has the guarantees.
+        """
+        return ChangeStream(self, ChangeFeedState.of(self._name, templates, since, kinds, durable))
+
+    def delete_subscription(self, name: str) -> None:
+        """Delete the durable subscription ``name`` of this space (`SubscriptionNotFoundError` if
+        it has none such)."""
+        self._call(self._ops["DeleteSubscription"], delete_subscription_request(self._name, name))
 
     def renew_many(self, leases: Sequence[Lease], duration: LeaseArg) -> list[LeaseResult[Lease]]:
         """Renew several leases of this space in one call; return one `LeaseResult` per lease.

@@ -38,11 +38,14 @@ OUTRIG = {
     "RoutingValueError", "CrossPartitionError", "DeliveryExpiredError",
     # takes with an acknowledgement deadline (docs/work-queues.md)
     "Delivery", "Returned", "Taking",
+    # the change log (docs/notifications.md)
+    "Change", "ChangeStream", "ChangeLogFigures", "SubscriptionInfo", "CompactedError",
+    "SubscriptionBusyError", "SubscriptionNotFoundError",
     "__version__",
 }  # fmt: skip
 AIO = {
     "connect", "AsyncSpace", "AsyncLease", "AsyncNotification", "AsyncTransaction", "AsyncDelivery",
-    "AsyncTaking",
+    "AsyncTaking", "AsyncChangeStream",
 }  # fmt: skip
 
 
@@ -71,6 +74,9 @@ def test_domain_errors_subclass_their_status_class() -> None:
         outrig.NotOwnerError: outrig.StoreUnavailableError,
         outrig.NoOtherServerError: outrig.FailedPreconditionError,
         outrig.DeliveryExpiredError: outrig.FailedPreconditionError,
+        outrig.CompactedError: outrig.OutOfRangeError,
+        outrig.SubscriptionBusyError: outrig.FailedPreconditionError,
+        outrig.SubscriptionNotFoundError: outrig.NotFoundError,
     }
     for cls, parent in parents.items():
         assert cls.__bases__ == (parent,), cls

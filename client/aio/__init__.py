@@ -6,14 +6,16 @@
         lease = await space.write(Task(job="resize"), lease=60.0)
         task = await space.take(Task(job="resize"), timeout=5.0)
 
-Entries, templates, leases durations (`outrig.FOREVER`, `outrig.ANY`), `outrig.Event`,
+Entries, templates, leases durations (`outrig.FOREVER`, `outrig.ANY`), `outrig.Event`, `outrig.Change`,
 `outrig.LeaseResult`, `outrig.Returned` and the errors are shared with the blocking client in `outrig`.
 """
 
+from outrig.aio._changes import AsyncChangeStream
 from outrig.aio._delivery import AsyncDelivery, AsyncTaking
 from outrig.aio._space import AsyncLease, AsyncNotification, AsyncSpace, AsyncTransaction, connect
 
 __all__ = [
+    "AsyncChangeStream",
     "AsyncDelivery",
     "AsyncLease",
     "AsyncNotification",

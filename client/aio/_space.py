@@ -42,11 +42,13 @@ from outrig._base import (
     registration_of,
     rpc_errors,
 )
+from outrig._changes import ChangeFeedState, delete_subscription_request
 from outrig._codec import AnyEntry, decode_entries
 from outrig._delivery import deliveries_of
 from outrig._exceptions import CallCancelledError, DeadlineExceededError, OutrigError, UnavailableError
 from outrig._matchers import OrderBy
 from outrig._tls import TLS, channel_credentials, token_metadata
+from outrig.aio._changes import AsyncChangeStream
 from outrig.aio._delivery import AsyncDelivery, AsyncTaking
 from outrig.aio._mux import AsyncMux
 from outrig.v1 import space_pb2 as pb
@@ -443,6 +445,28 @@ class AsyncSpace(BaseSpace):
         See `outrig.Space.notify`.
         """
         return AsyncNotification(self, self._notify_request(templates, lease))
+
+    def changes(
+        self,
+        templates: Templates | None = None,
+        *,
+        since: str | None = None,
+        kinds: Iterable[str] | None = None,
+        durable: str | None = None,
+    ) -> AsyncChangeStream:
+        """Stream the space's changes of matching entries from a cursor, then live::
+
+            async with space.changes(Task(), since=cursor) as events:
+                async for change in events:
+                    ...
+
+        See `outrig.Space.changes`.
+        """
+        return AsyncChangeStream(self, ChangeFeedState.of(self._name, templates, since, kinds, durable))
+
+    async def delete_subscription(self, name: str) -> None:
+        """Delete a durable subscription; see `outrig.Space.delete_subscription`."""
+        await self._call(self._ops["DeleteSubscription"], delete_subscription_request(self._name, name))
 
     async def renew_many(
         self, leases: Sequence[AsyncLease], duration: LeaseArg

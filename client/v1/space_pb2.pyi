@@ -43,6 +43,16 @@ class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DTYPE_UINT8: _ClassVar[DType]
     DTYPE_FLOAT32: _ClassVar[DType]
     DTYPE_FLOAT64: _ClassVar[DType]
+
+class ChangeKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CHANGE_KIND_UNSPECIFIED: _ClassVar[ChangeKind]
+    CHANGE_KIND_WRITE: _ClassVar[ChangeKind]
+    CHANGE_KIND_TAKE: _ClassVar[ChangeKind]
+    CHANGE_KIND_EXPIRE: _ClassVar[ChangeKind]
+    CHANGE_KIND_CANCEL: _ClassVar[ChangeKind]
+    CHANGE_KIND_PURGE: _ClassVar[ChangeKind]
+    CHANGE_KIND_DEAD: _ClassVar[ChangeKind]
 ERROR_REASON_UNSPECIFIED: ErrorReason
 INVALID_REQUEST: ErrorReason
 LEASE_NOT_FOUND: ErrorReason
@@ -72,6 +82,13 @@ DTYPE_INT64: DType
 DTYPE_UINT8: DType
 DTYPE_FLOAT32: DType
 DTYPE_FLOAT64: DType
+CHANGE_KIND_UNSPECIFIED: ChangeKind
+CHANGE_KIND_WRITE: ChangeKind
+CHANGE_KIND_TAKE: ChangeKind
+CHANGE_KIND_EXPIRE: ChangeKind
+CHANGE_KIND_CANCEL: ChangeKind
+CHANGE_KIND_PURGE: ChangeKind
+CHANGE_KIND_DEAD: ChangeKind
 ACCESS_FIELD_NUMBER: _ClassVar[int]
 access: _descriptor.FieldDescriptor
 
@@ -514,6 +531,82 @@ class CancelLeasesReply(_message.Message):
     results: _containers.RepeatedCompositeFieldContainer[LeaseResult]
     def __init__(self, results: _Optional[_Iterable[_Union[LeaseResult, _Mapping]]] = ...) -> None: ...
 
+class ChangePosition(_message.Message):
+    __slots__ = ("space", "epoch", "seq")
+    SPACE_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    space: int
+    epoch: int
+    seq: int
+    def __init__(self, space: _Optional[int] = ..., epoch: _Optional[int] = ..., seq: _Optional[int] = ...) -> None: ...
+
+class ChangeCursor(_message.Message):
+    __slots__ = ("positions",)
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    positions: _containers.RepeatedCompositeFieldContainer[ChangePosition]
+    def __init__(self, positions: _Optional[_Iterable[_Union[ChangePosition, _Mapping]]] = ...) -> None: ...
+
+class ChangesRequest(_message.Message):
+    __slots__ = ("space", "templates", "since", "kinds", "durable")
+    SPACE_FIELD_NUMBER: _ClassVar[int]
+    TEMPLATES_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    KINDS_FIELD_NUMBER: _ClassVar[int]
+    DURABLE_FIELD_NUMBER: _ClassVar[int]
+    space: str
+    templates: _containers.RepeatedCompositeFieldContainer[Template]
+    since: str
+    kinds: _containers.RepeatedScalarFieldContainer[ChangeKind]
+    durable: str
+    def __init__(self, space: _Optional[str] = ..., templates: _Optional[_Iterable[_Union[Template, _Mapping]]] = ..., since: _Optional[str] = ..., kinds: _Optional[_Iterable[_Union[ChangeKind, str]]] = ..., durable: _Optional[str] = ...) -> None: ...
+
+class ChangesReply(_message.Message):
+    __slots__ = ("entry", "cursor", "oldest", "kind", "at", "transaction", "visible_at", "seq")
+    ENTRY_FIELD_NUMBER: _ClassVar[int]
+    CURSOR_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_FIELD_NUMBER: _ClassVar[int]
+    VISIBLE_AT_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    entry: Entry
+    cursor: str
+    oldest: str
+    kind: ChangeKind
+    at: float
+    transaction: int
+    visible_at: float
+    seq: int
+    def __init__(self, entry: _Optional[_Union[Entry, _Mapping]] = ..., cursor: _Optional[str] = ..., oldest: _Optional[str] = ..., kind: _Optional[_Union[ChangeKind, str]] = ..., at: _Optional[float] = ..., transaction: _Optional[int] = ..., visible_at: _Optional[float] = ..., seq: _Optional[int] = ...) -> None: ...
+
+class AckChangesRequest(_message.Message):
+    __slots__ = ("space", "durable", "cursor")
+    SPACE_FIELD_NUMBER: _ClassVar[int]
+    DURABLE_FIELD_NUMBER: _ClassVar[int]
+    CURSOR_FIELD_NUMBER: _ClassVar[int]
+    space: str
+    durable: str
+    cursor: str
+    def __init__(self, space: _Optional[str] = ..., durable: _Optional[str] = ..., cursor: _Optional[str] = ...) -> None: ...
+
+class AckChangesReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DeleteSubscriptionRequest(_message.Message):
+    __slots__ = ("space", "durable")
+    SPACE_FIELD_NUMBER: _ClassVar[int]
+    DURABLE_FIELD_NUMBER: _ClassVar[int]
+    space: str
+    durable: str
+    def __init__(self, space: _Optional[str] = ..., durable: _Optional[str] = ...) -> None: ...
+
+class DeleteSubscriptionReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class BeginRequest(_message.Message):
     __slots__ = ("space", "lease", "route")
     SPACE_FIELD_NUMBER: _ClassVar[int]
@@ -711,7 +804,7 @@ class SpaceConfiguration(_message.Message):
     def __init__(self, fifo: _Optional[bool] = ..., max_entries: _Optional[int] = ..., max_bytes: _Optional[int] = ..., default_lease: _Optional[float] = ..., max_lease: _Optional[float] = ..., max_registrations: _Optional[int] = ..., max_deliveries: _Optional[int] = ..., dead_letter: _Optional[str] = ...) -> None: ...
 
 class DescribeSpaceReply(_message.Message):
-    __slots__ = ("space", "entries", "bytes", "types", "waiting", "waiters", "registration_list", "registrations", "transaction_list", "transactions", "locked", "oldest_entry_age", "expired", "configuration", "in_flight", "delayed", "redelivered", "dead_lettered")
+    __slots__ = ("space", "entries", "bytes", "types", "waiting", "waiters", "registration_list", "registrations", "transaction_list", "transactions", "locked", "oldest_entry_age", "expired", "configuration", "in_flight", "delayed", "redelivered", "dead_lettered", "change_log")
     SPACE_FIELD_NUMBER: _ClassVar[int]
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -730,6 +823,7 @@ class DescribeSpaceReply(_message.Message):
     DELAYED_FIELD_NUMBER: _ClassVar[int]
     REDELIVERED_FIELD_NUMBER: _ClassVar[int]
     DEAD_LETTERED_FIELD_NUMBER: _ClassVar[int]
+    CHANGE_LOG_FIELD_NUMBER: _ClassVar[int]
     space: str
     entries: int
     bytes: int
@@ -748,7 +842,38 @@ class DescribeSpaceReply(_message.Message):
     delayed: int
     redelivered: int
     dead_lettered: int
-    def __init__(self, space: _Optional[str] = ..., entries: _Optional[int] = ..., bytes: _Optional[int] = ..., types: _Optional[_Iterable[_Union[TypeFigures, _Mapping]]] = ..., waiting: _Optional[_Iterable[_Union[WaiterGroup, _Mapping]]] = ..., waiters: _Optional[int] = ..., registration_list: _Optional[_Iterable[_Union[RegistrationInfo, _Mapping]]] = ..., registrations: _Optional[int] = ..., transaction_list: _Optional[_Iterable[_Union[TransactionInfo, _Mapping]]] = ..., transactions: _Optional[int] = ..., locked: _Optional[int] = ..., oldest_entry_age: _Optional[float] = ..., expired: _Optional[int] = ..., configuration: _Optional[_Union[SpaceConfiguration, _Mapping]] = ..., in_flight: _Optional[int] = ..., delayed: _Optional[int] = ..., redelivered: _Optional[int] = ..., dead_lettered: _Optional[int] = ...) -> None: ...
+    change_log: ChangeLogFigures
+    def __init__(self, space: _Optional[str] = ..., entries: _Optional[int] = ..., bytes: _Optional[int] = ..., types: _Optional[_Iterable[_Union[TypeFigures, _Mapping]]] = ..., waiting: _Optional[_Iterable[_Union[WaiterGroup, _Mapping]]] = ..., waiters: _Optional[int] = ..., registration_list: _Optional[_Iterable[_Union[RegistrationInfo, _Mapping]]] = ..., registrations: _Optional[int] = ..., transaction_list: _Optional[_Iterable[_Union[TransactionInfo, _Mapping]]] = ..., transactions: _Optional[int] = ..., locked: _Optional[int] = ..., oldest_entry_age: _Optional[float] = ..., expired: _Optional[int] = ..., configuration: _Optional[_Union[SpaceConfiguration, _Mapping]] = ..., in_flight: _Optional[int] = ..., delayed: _Optional[int] = ..., redelivered: _Optional[int] = ..., dead_lettered: _Optional[int] = ..., change_log: _Optional[_Union[ChangeLogFigures, _Mapping]] = ...) -> None: ...
+
+class ChangeLogFigures(_message.Message):
+    __slots__ = ("epoch", "head", "oldest", "count", "bytes", "head_cursor", "oldest_cursor", "subscriptions")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    HEAD_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    HEAD_CURSOR_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_CURSOR_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTIONS_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    head: int
+    oldest: int
+    count: int
+    bytes: int
+    head_cursor: str
+    oldest_cursor: str
+    subscriptions: _containers.RepeatedCompositeFieldContainer[SubscriptionInfo]
+    def __init__(self, epoch: _Optional[int] = ..., head: _Optional[int] = ..., oldest: _Optional[int] = ..., count: _Optional[int] = ..., bytes: _Optional[int] = ..., head_cursor: _Optional[str] = ..., oldest_cursor: _Optional[str] = ..., subscriptions: _Optional[_Iterable[_Union[SubscriptionInfo, _Mapping]]] = ...) -> None: ...
+
+class SubscriptionInfo(_message.Message):
+    __slots__ = ("name", "position", "cursor")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    CURSOR_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    position: int
+    cursor: str
+    def __init__(self, name: _Optional[str] = ..., position: _Optional[int] = ..., cursor: _Optional[str] = ...) -> None: ...
 
 class BrowseRequest(_message.Message):
     __slots__ = ("space", "templates", "after", "max_entries")
@@ -815,7 +940,7 @@ class LeaseIdRequest(_message.Message):
     def __init__(self, space: _Optional[str] = ..., id: _Optional[int] = ...) -> None: ...
 
 class MuxOp(_message.Message):
-    __slots__ = ("id", "write", "write_many", "read", "take", "read_many", "take_many", "renew_leases", "cancel_leases", "count", "begin", "commit", "abort", "locate", "list_spaces", "move_space", "drain", "describe_space", "browse", "purge", "cancel_registration", "abort_transaction", "ack", "nack", "extend", "cancel")
+    __slots__ = ("id", "write", "write_many", "read", "take", "read_many", "take_many", "renew_leases", "cancel_leases", "count", "begin", "commit", "abort", "locate", "list_spaces", "move_space", "drain", "describe_space", "browse", "purge", "cancel_registration", "abort_transaction", "ack", "nack", "extend", "ack_changes", "delete_subscription", "cancel")
     ID_FIELD_NUMBER: _ClassVar[int]
     WRITE_FIELD_NUMBER: _ClassVar[int]
     WRITE_MANY_FIELD_NUMBER: _ClassVar[int]
@@ -841,6 +966,8 @@ class MuxOp(_message.Message):
     ACK_FIELD_NUMBER: _ClassVar[int]
     NACK_FIELD_NUMBER: _ClassVar[int]
     EXTEND_FIELD_NUMBER: _ClassVar[int]
+    ACK_CHANGES_FIELD_NUMBER: _ClassVar[int]
+    DELETE_SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
     id: int
     write: WriteRequest
@@ -867,8 +994,10 @@ class MuxOp(_message.Message):
     ack: AckRequest
     nack: NackRequest
     extend: ExtendRequest
+    ack_changes: AckChangesRequest
+    delete_subscription: DeleteSubscriptionRequest
     cancel: bool
-    def __init__(self, id: _Optional[int] = ..., write: _Optional[_Union[WriteRequest, _Mapping]] = ..., write_many: _Optional[_Union[WriteManyRequest, _Mapping]] = ..., read: _Optional[_Union[MatchRequest, _Mapping]] = ..., take: _Optional[_Union[MatchRequest, _Mapping]] = ..., read_many: _Optional[_Union[MatchRequest, _Mapping]] = ..., take_many: _Optional[_Union[MatchRequest, _Mapping]] = ..., renew_leases: _Optional[_Union[RenewLeasesRequest, _Mapping]] = ..., cancel_leases: _Optional[_Union[CancelLeasesRequest, _Mapping]] = ..., count: _Optional[_Union[CountRequest, _Mapping]] = ..., begin: _Optional[_Union[BeginRequest, _Mapping]] = ..., commit: _Optional[_Union[EndRequest, _Mapping]] = ..., abort: _Optional[_Union[EndRequest, _Mapping]] = ..., locate: _Optional[_Union[LocateRequest, _Mapping]] = ..., list_spaces: _Optional[_Union[ListSpacesRequest, _Mapping]] = ..., move_space: _Optional[_Union[MoveSpaceRequest, _Mapping]] = ..., drain: _Optional[_Union[DrainRequest, _Mapping]] = ..., describe_space: _Optional[_Union[DescribeSpaceRequest, _Mapping]] = ..., browse: _Optional[_Union[BrowseRequest, _Mapping]] = ..., purge: _Optional[_Union[PurgeRequest, _Mapping]] = ..., cancel_registration: _Optional[_Union[LeaseIdRequest, _Mapping]] = ..., abort_transaction: _Optional[_Union[LeaseIdRequest, _Mapping]] = ..., ack: _Optional[_Union[AckRequest, _Mapping]] = ..., nack: _Optional[_Union[NackRequest, _Mapping]] = ..., extend: _Optional[_Union[ExtendRequest, _Mapping]] = ..., cancel: _Optional[bool] = ...) -> None: ...
+    def __init__(self, id: _Optional[int] = ..., write: _Optional[_Union[WriteRequest, _Mapping]] = ..., write_many: _Optional[_Union[WriteManyRequest, _Mapping]] = ..., read: _Optional[_Union[MatchRequest, _Mapping]] = ..., take: _Optional[_Union[MatchRequest, _Mapping]] = ..., read_many: _Optional[_Union[MatchRequest, _Mapping]] = ..., take_many: _Optional[_Union[MatchRequest, _Mapping]] = ..., renew_leases: _Optional[_Union[RenewLeasesRequest, _Mapping]] = ..., cancel_leases: _Optional[_Union[CancelLeasesRequest, _Mapping]] = ..., count: _Optional[_Union[CountRequest, _Mapping]] = ..., begin: _Optional[_Union[BeginRequest, _Mapping]] = ..., commit: _Optional[_Union[EndRequest, _Mapping]] = ..., abort: _Optional[_Union[EndRequest, _Mapping]] = ..., locate: _Optional[_Union[LocateRequest, _Mapping]] = ..., list_spaces: _Optional[_Union[ListSpacesRequest, _Mapping]] = ..., move_space: _Optional[_Union[MoveSpaceRequest, _Mapping]] = ..., drain: _Optional[_Union[DrainRequest, _Mapping]] = ..., describe_space: _Optional[_Union[DescribeSpaceRequest, _Mapping]] = ..., browse: _Optional[_Union[BrowseRequest, _Mapping]] = ..., purge: _Optional[_Union[PurgeRequest, _Mapping]] = ..., cancel_registration: _Optional[_Union[LeaseIdRequest, _Mapping]] = ..., abort_transaction: _Optional[_Union[LeaseIdRequest, _Mapping]] = ..., ack: _Optional[_Union[AckRequest, _Mapping]] = ..., nack: _Optional[_Union[NackRequest, _Mapping]] = ..., extend: _Optional[_Union[ExtendRequest, _Mapping]] = ..., ack_changes: _Optional[_Union[AckChangesRequest, _Mapping]] = ..., delete_subscription: _Optional[_Union[DeleteSubscriptionRequest, _Mapping]] = ..., cancel: _Optional[bool] = ...) -> None: ...
 
 class MuxRequest(_message.Message):
     __slots__ = ("ops",)
@@ -896,7 +1025,7 @@ class MuxError(_message.Message):
     def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., reason: _Optional[_Union[ErrorReason, str]] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class MuxResult(_message.Message):
-    __slots__ = ("id", "write", "write_many", "match", "renew_leases", "cancel_leases", "count", "begin", "end", "locate", "list_spaces", "move_space", "drain", "describe_space", "browse", "purge", "ack", "nack", "extend", "error")
+    __slots__ = ("id", "write", "write_many", "match", "renew_leases", "cancel_leases", "count", "begin", "end", "locate", "list_spaces", "move_space", "drain", "describe_space", "browse", "purge", "ack", "nack", "extend", "ack_changes", "delete_subscription", "error")
     ID_FIELD_NUMBER: _ClassVar[int]
     WRITE_FIELD_NUMBER: _ClassVar[int]
     WRITE_MANY_FIELD_NUMBER: _ClassVar[int]
@@ -916,6 +1045,8 @@ class MuxResult(_message.Message):
     ACK_FIELD_NUMBER: _ClassVar[int]
     NACK_FIELD_NUMBER: _ClassVar[int]
     EXTEND_FIELD_NUMBER: _ClassVar[int]
+    ACK_CHANGES_FIELD_NUMBER: _ClassVar[int]
+    DELETE_SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     id: int
     write: WriteReply
@@ -936,8 +1067,10 @@ class MuxResult(_message.Message):
     ack: AckReply
     nack: NackReply
     extend: ExtendReply
+    ack_changes: AckChangesReply
+    delete_subscription: DeleteSubscriptionReply
     error: MuxError
-    def __init__(self, id: _Optional[int] = ..., write: _Optional[_Union[WriteReply, _Mapping]] = ..., write_many: _Optional[_Union[WriteManyReply, _Mapping]] = ..., match: _Optional[_Union[MatchReply, _Mapping]] = ..., renew_leases: _Optional[_Union[RenewLeasesReply, _Mapping]] = ..., cancel_leases: _Optional[_Union[CancelLeasesReply, _Mapping]] = ..., count: _Optional[_Union[CountReply, _Mapping]] = ..., begin: _Optional[_Union[BeginReply, _Mapping]] = ..., end: _Optional[_Union[EndReply, _Mapping]] = ..., locate: _Optional[_Union[LocateReply, _Mapping]] = ..., list_spaces: _Optional[_Union[ListSpacesReply, _Mapping]] = ..., move_space: _Optional[_Union[MoveSpaceReply, _Mapping]] = ..., drain: _Optional[_Union[DrainReply, _Mapping]] = ..., describe_space: _Optional[_Union[DescribeSpaceReply, _Mapping]] = ..., browse: _Optional[_Union[BrowseReply, _Mapping]] = ..., purge: _Optional[_Union[PurgeReply, _Mapping]] = ..., ack: _Optional[_Union[AckReply, _Mapping]] = ..., nack: _Optional[_Union[NackReply, _Mapping]] = ..., extend: _Optional[_Union[ExtendReply, _Mapping]] = ..., error: _Optional[_Union[MuxError, _Mapping]] = ...) -> None: ...
+    def __init__(self, id: _Optional[int] = ..., write: _Optional[_Union[WriteReply, _Mapping]] = ..., write_many: _Optional[_Union[WriteManyReply, _Mapping]] = ..., match: _Optional[_Union[MatchReply, _Mapping]] = ..., renew_leases: _Optional[_Union[RenewLeasesReply, _Mapping]] = ..., cancel_leases: _Optional[_Union[CancelLeasesReply, _Mapping]] = ..., count: _Optional[_Union[CountReply, _Mapping]] = ..., begin: _Optional[_Union[BeginReply, _Mapping]] = ..., end: _Optional[_Union[EndReply, _Mapping]] = ..., locate: _Optional[_Union[LocateReply, _Mapping]] = ..., list_spaces: _Optional[_Union[ListSpacesReply, _Mapping]] = ..., move_space: _Optional[_Union[MoveSpaceReply, _Mapping]] = ..., drain: _Optional[_Union[DrainReply, _Mapping]] = ..., describe_space: _Optional[_Union[DescribeSpaceReply, _Mapping]] = ..., browse: _Optional[_Union[BrowseReply, _Mapping]] = ..., purge: _Optional[_Union[PurgeReply, _Mapping]] = ..., ack: _Optional[_Union[AckReply, _Mapping]] = ..., nack: _Optional[_Union[NackReply, _Mapping]] = ..., extend: _Optional[_Union[ExtendReply, _Mapping]] = ..., ack_changes: _Optional[_Union[AckChangesReply, _Mapping]] = ..., delete_subscription: _Optional[_Union[DeleteSubscriptionReply, _Mapping]] = ..., error: _Optional[_Union[MuxError, _Mapping]] = ...) -> None: ...
 
 class MuxReply(_message.Message):
     __slots__ = ("results",)

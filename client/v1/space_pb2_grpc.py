@@ -82,6 +82,21 @@ class SpaceStub:
                 request_serializer=outrig_dot_v1_dot_space__pb2.NotifyRequest.SerializeToString,
                 response_deserializer=outrig_dot_v1_dot_space__pb2.NotifyReply.FromString,
                 _registered_method=True)
+        self.Changes = channel.unary_stream(
+                '/outrig.v1.Space/Changes',
+                request_serializer=outrig_dot_v1_dot_space__pb2.ChangesRequest.SerializeToString,
+                response_deserializer=outrig_dot_v1_dot_space__pb2.ChangesReply.FromString,
+                _registered_method=True)
+        self.AckChanges = channel.unary_unary(
+                '/outrig.v1.Space/AckChanges',
+                request_serializer=outrig_dot_v1_dot_space__pb2.AckChangesRequest.SerializeToString,
+                response_deserializer=outrig_dot_v1_dot_space__pb2.AckChangesReply.FromString,
+                _registered_method=True)
+        self.DeleteSubscription = channel.unary_unary(
+                '/outrig.v1.Space/DeleteSubscription',
+                request_serializer=outrig_dot_v1_dot_space__pb2.DeleteSubscriptionRequest.SerializeToString,
+                response_deserializer=outrig_dot_v1_dot_space__pb2.DeleteSubscriptionReply.FromString,
+                _registered_method=True)
         self.RenewLeases = channel.unary_unary(
                 '/outrig.v1.Space/RenewLeases',
                 request_serializer=outrig_dot_v1_dot_space__pb2.RenewLeasesRequest.SerializeToString,
@@ -228,6 +243,26 @@ class SpaceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Notify(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Changes(self, request, context):
+        """The space's change log from a cursor, then live (ChangesRequest). Like notify: `notify` on
+        the templates' types. Acknowledging and deleting a durable subscription: `notify` on the space.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AckChanges(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteSubscription(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -409,6 +444,21 @@ def add_SpaceServicer_to_server(servicer, server):
                     servicer.Notify,
                     request_deserializer=outrig_dot_v1_dot_space__pb2.NotifyRequest.FromString,
                     response_serializer=outrig_dot_v1_dot_space__pb2.NotifyReply.SerializeToString,
+            ),
+            'Changes': grpc.unary_stream_rpc_method_handler(
+                    servicer.Changes,
+                    request_deserializer=outrig_dot_v1_dot_space__pb2.ChangesRequest.FromString,
+                    response_serializer=outrig_dot_v1_dot_space__pb2.ChangesReply.SerializeToString,
+            ),
+            'AckChanges': grpc.unary_unary_rpc_method_handler(
+                    servicer.AckChanges,
+                    request_deserializer=outrig_dot_v1_dot_space__pb2.AckChangesRequest.FromString,
+                    response_serializer=outrig_dot_v1_dot_space__pb2.AckChangesReply.SerializeToString,
+            ),
+            'DeleteSubscription': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteSubscription,
+                    request_deserializer=outrig_dot_v1_dot_space__pb2.DeleteSubscriptionRequest.FromString,
+                    response_serializer=outrig_dot_v1_dot_space__pb2.DeleteSubscriptionReply.SerializeToString,
             ),
             'RenewLeases': grpc.unary_unary_rpc_method_handler(
                     servicer.RenewLeases,
@@ -746,6 +796,87 @@ class Space:
             '/outrig.v1.Space/Notify',
             outrig_dot_v1_dot_space__pb2.NotifyRequest.SerializeToString,
             outrig_dot_v1_dot_space__pb2.NotifyReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Changes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/outrig.v1.Space/Changes',
+            outrig_dot_v1_dot_space__pb2.ChangesRequest.SerializeToString,
+            outrig_dot_v1_dot_space__pb2.ChangesReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AckChanges(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/outrig.v1.Space/AckChanges',
+            outrig_dot_v1_dot_space__pb2.AckChangesRequest.SerializeToString,
+            outrig_dot_v1_dot_space__pb2.AckChangesReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteSubscription(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/outrig.v1.Space/DeleteSubscription',
+            outrig_dot_v1_dot_space__pb2.DeleteSubscriptionRequest.SerializeToString,
+            outrig_dot_v1_dot_space__pb2.DeleteSubscriptionReply.FromString,
             options,
             channel_credentials,
             insecure,

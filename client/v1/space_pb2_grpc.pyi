@@ -54,6 +54,12 @@ class SpaceStub:
     Contents: _grpc.UnaryStreamMultiCallable[_space_pb2.ContentsRequest, _space_pb2.ContentsReply]
     Count: _grpc.UnaryUnaryMultiCallable[_space_pb2.CountRequest, _space_pb2.CountReply]
     Notify: _grpc.UnaryStreamMultiCallable[_space_pb2.NotifyRequest, _space_pb2.NotifyReply]
+    Changes: _grpc.UnaryStreamMultiCallable[_space_pb2.ChangesRequest, _space_pb2.ChangesReply]
+    """The space's change log from a cursor, then live (ChangesRequest). Like notify: `notify` on
+    the templates' types. Acknowledging and deleting a durable subscription: `notify` on the space.
+    """
+    AckChanges: _grpc.UnaryUnaryMultiCallable[_space_pb2.AckChangesRequest, _space_pb2.AckChangesReply]
+    DeleteSubscription: _grpc.UnaryUnaryMultiCallable[_space_pb2.DeleteSubscriptionRequest, _space_pb2.DeleteSubscriptionReply]
     RenewLeases: _grpc.UnaryUnaryMultiCallable[_space_pb2.RenewLeasesRequest, _space_pb2.RenewLeasesReply]
     CancelLeases: _grpc.UnaryUnaryMultiCallable[_space_pb2.CancelLeasesRequest, _space_pb2.CancelLeasesReply]
     Begin: _grpc.UnaryUnaryMultiCallable[_space_pb2.BeginRequest, _space_pb2.BeginReply]
@@ -112,6 +118,12 @@ class SpaceAsyncStub(SpaceStub):
     Contents: _aio.UnaryStreamMultiCallable[_space_pb2.ContentsRequest, _space_pb2.ContentsReply]  # type: ignore[assignment]
     Count: _aio.UnaryUnaryMultiCallable[_space_pb2.CountRequest, _space_pb2.CountReply]  # type: ignore[assignment]
     Notify: _aio.UnaryStreamMultiCallable[_space_pb2.NotifyRequest, _space_pb2.NotifyReply]  # type: ignore[assignment]
+    Changes: _aio.UnaryStreamMultiCallable[_space_pb2.ChangesRequest, _space_pb2.ChangesReply]  # type: ignore[assignment]
+    """The space's change log from a cursor, then live (ChangesRequest). Like notify: `notify` on
+    the templates' types. Acknowledging and deleting a durable subscription: `notify` on the space.
+    """
+    AckChanges: _aio.UnaryUnaryMultiCallable[_space_pb2.AckChangesRequest, _space_pb2.AckChangesReply]  # type: ignore[assignment]
+    DeleteSubscription: _aio.UnaryUnaryMultiCallable[_space_pb2.DeleteSubscriptionRequest, _space_pb2.DeleteSubscriptionReply]  # type: ignore[assignment]
     RenewLeases: _aio.UnaryUnaryMultiCallable[_space_pb2.RenewLeasesRequest, _space_pb2.RenewLeasesReply]  # type: ignore[assignment]
     CancelLeases: _aio.UnaryUnaryMultiCallable[_space_pb2.CancelLeasesRequest, _space_pb2.CancelLeasesReply]  # type: ignore[assignment]
     Begin: _aio.UnaryUnaryMultiCallable[_space_pb2.BeginRequest, _space_pb2.BeginReply]  # type: ignore[assignment]
@@ -212,6 +224,27 @@ class SpaceServicer:
         request: _space_pb2.NotifyRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_space_pb2.NotifyReply], _abc.AsyncIterator[_space_pb2.NotifyReply]]: ...
+
+    def Changes(
+        self,
+        request: _space_pb2.ChangesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_space_pb2.ChangesReply], _abc.AsyncIterator[_space_pb2.ChangesReply]]:
+        """The space's change log from a cursor, then live (ChangesRequest). Like notify: `notify` on
+        the templates' types. Acknowledging and deleting a durable subscription: `notify` on the space.
+        """
+
+    def AckChanges(
+        self,
+        request: _space_pb2.AckChangesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_space_pb2.AckChangesReply, _abc.Awaitable[_space_pb2.AckChangesReply]]: ...
+
+    def DeleteSubscription(
+        self,
+        request: _space_pb2.DeleteSubscriptionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_space_pb2.DeleteSubscriptionReply, _abc.Awaitable[_space_pb2.DeleteSubscriptionReply]]: ...
 
     def RenewLeases(
         self,

@@ -3,7 +3,8 @@ verify a data dir's store, also while a server is using it; `outrig health` prob
 gRPC health service (service/cli/health.py); `outrig certs dev`, `outrig keys ed25519` and `outrig
 token issue` make what TLS and tokens need (service/cli/security.py); `outrig stress` runs a
 Locust campaign (outrig.loadtest.runner); `outrig stats`, `outrig dump` and `outrig spaces` show
-what a running server holds (service/cli/admin.py)."""
+what a running server holds (service/cli/admin.py); `outrig changes` streams a space's change log
+(service/cli/changes.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from outrig.service import software_version
-from outrig.service.cli import admin, health, inspection
+from outrig.service.cli import admin, changes, health, inspection
 from outrig.service.cli import security as security_commands
 from outrig.service.exceptions import ConfigError, StoreError
 from outrig.service.logs import configure_logging
@@ -153,6 +154,7 @@ def _parser() -> argparse.ArgumentParser:
     security_commands.add_parsers(commands)
     admin.add_parsers(commands)
     inspection.add_parsers(commands)
+    changes.add_parser(commands)
     commands.add_parser(
         "stress",
         add_help=False,
@@ -230,6 +232,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return admin.run(args)
     if args.command in inspection.COMMANDS:
         return inspection.run(args)
+    if args.command == "changes":
+        return changes.run(args)
     if args.command != "serve":
         return _store_command(args)
     try:

@@ -186,6 +186,13 @@ def _describe(space: Any, args: argparse.Namespace) -> int:
         f"{described.redelivered}, dead-lettered {described.dead_lettered} ({limit}, dead letters to "
         f"{c.dead_letter or '-'})"
     )
+    log = described.change_log
+    if log is None:
+        print("change log: off")
+    else:
+        held = f"{log.count:,} changes held ({log.bytes:,} bytes), seq {log.oldest} to {log.head}"
+        subscriptions = ", ".join(f"{s.name} at {s.position}" for s in log.subscriptions) or "none"
+        print(f"change log: {held}; durable subscriptions: {subscriptions}; head cursor {log.head_cursor}")
     if described.types:
         print()
         rows: list[tuple[str, ...]] = [

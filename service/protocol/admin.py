@@ -12,7 +12,7 @@ from outrig.service.config import Limits
 from outrig.service.engine.inspection import SpaceDescription
 from outrig.service.engine.model import StoredEntry, Template
 from outrig.service.exceptions import InvalidArgumentError
-from outrig.service.protocol import codec
+from outrig.service.protocol import changes, codec
 from outrig.v1 import space_pb2 as pb
 
 __all__ = [
@@ -128,6 +128,8 @@ def describe_reply(description: SpaceDescription) -> pb.DescribeSpaceReply:
         configuration.max_lease = settings.max_lease
     configuration.max_deliveries = settings.max_deliveries
     configuration.dead_letter = d.dead_letter
+    if d.changes is not None:
+        reply.change_log.CopyFrom(changes.change_log_figures(d.space, d.changes))
     return reply
 
 

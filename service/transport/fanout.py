@@ -15,24 +15,31 @@ which): one call per partition, each renamed and served here or at its owner (th
   made per partition ("id~k"), so that a retry finishes what a failure left;
 - contents: partitions in turn (with an order: merged by it); notify: one registration per
   partition, merged into one stream (see `Fan.notify`); renew and cancel by the partitions of the
-  ids; describe, browse and purge over every partition.
+  ids; describe, browse and purge over every partition;
+- changes: one feed per partition, merged into one stream whose every cursor holds each
+  partition's position (see `Fan.changes`); a durable subscription's ack and delete go to every
+  partition, each with its own position.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, NamedTuple
 
-from outrig._protocol import tag, varint
+import grpc
+
+from outrig._protocol import error_info, tag, varint
 from outrig._routing import value_partition
 from outrig.service.config import ServerConfig
 from outrig.service.engine.model import StoredEntry
 from outrig.service.engine.ordered import in_request_order
 from outrig.service.engine.partitions import ID_STRIDE, partition_name, partition_of_id, split_name
-from outrig.service.protocol import codec, wire
+from outrig.service.exceptions import CompactedError, SubscriptionNotFoundError
+from outrig.service.protocol import changes, codec, wire
 from outrig.service.protocol.deliveries import DELIVERIES_FIELD, delivery_field
 from outrig.service.transport import handlers
 from outrig.service.transport.routing import FanOut, copy_for
@@ -46,6 +53,8 @@ Stream = Callable[[str, Any, handlers.Context], AsyncIterator[Any]]
 #: Seconds a fan-out notify's follower registrations are leased for (renewed every third of it,
 #: or of what the space grants, while their stream lasts).
 FOLLOWER_LEASE = 60.0
+#: Replies a partition's change feed may have read ahead of the merged stream (then it waits).
+CHANGES_AHEAD = 64
 #: The tag of WriteManyRequest.entries, to frame an entry's encoding into a partition's request.
 _ENTRIES = tag(pb.WriteManyRequest.DESCRIPTOR.fields_by_name["entries"])
 
@@ -484,6 +493,123 @@ class Fan:
                 task.cancel()
             await asyncio.gather(*pumps, return_exceptions=True)
 
+    # ------------------------------------------------------------------ changes
+
+    async def changes(
+        self, request: pb.ChangesRequest, fan: FanOut, context: handlers.Context
+    ) -> AsyncIterator[bytes]:
+        """One feed per partition, merged into one stream: a first message with every
+        partition's start and oldest positions, then each partition's changes as they come (in
+        each partition's order; partitions interleave as they happen), each with the cursor of
+        every partition's position after it. A partition compacted for `since` fails the whole
+        with the oldest cursor: those partitions' oldest, the others' `since` (each still valid).
+        The stream ends when any partition's does. A partition's feed reads at most
+        CHANGES_AHEAD replies ahead of the caller, then waits: no queue grows per event."""
+        names = self._names(fan)
+        since = changes.since(request, names)
+        subs = []
+        for k, n in enumerate(names):
+            sub = copy_for(request, n)
+            if since is not None:
+                sub.since = changes.encode_cursor((n,), (since[k],))
+            subs.append(sub)
+        streams = [self._stream("Changes", sub, context) for sub in subs]
+        firsts = await asyncio.gather(*(anext(stream) for stream in streams), return_exceptions=True)
+        try:
+            compacted = {
+                k: found
+                for k, outcome in enumerate(firsts)
+                if (found := _compacted_at(outcome, names[k])) is not None
+            }
+            for outcome in firsts:
+                if isinstance(outcome, BaseException) and not compacted:
+                    raise outcome
+            if compacted:
+                assert since is not None  # a stream from the head is never compacted
+                positions = [compacted.get(k, since[k]) for k in range(len(names))]
+                k = min(compacted)
+                failed = firsts[k]
+                said = failed.details() if isinstance(failed, grpc.aio.AioRpcError) else str(failed)
+                epoch, oldest = compacted[k]
+                raise changes.CompactedCursorError(
+                    CompactedError(f"partition {k} of {fan.space!r}: {said}", epoch=epoch, oldest=oldest),
+                    changes.encode_cursor(names, positions),
+                )
+            starts, oldests = [], []
+            for k, first in enumerate(firsts):
+                assert isinstance(first, bytes)
+                reply = pb.ChangesReply.FromString(first)
+                (start,) = changes.decode_cursor(reply.cursor, (names[k],), "cursor")
+                (oldest_k,) = changes.decode_cursor(reply.oldest, (names[k],), "oldest")
+                starts.append(start)
+                oldests.append(oldest_k)
+        except BaseException:
+            for stream in streams:
+                with contextlib.suppress(Exception):
+                    await stream.aclose()  # type: ignore[attr-defined]
+            raise
+        yield changes.start_reply(changes.encode_cursor(names, starts), changes.encode_cursor(names, oldests))
+        queue: asyncio.Queue[tuple[int, bytes | BaseException | None]] = asyncio.Queue(CHANGES_AHEAD)
+
+        async def pump(k: int, stream: AsyncIterator[bytes]) -> None:
+            try:
+                async for reply in stream:
+                    await queue.put((k, reply))
+                await queue.put((k, None))
+            except asyncio.CancelledError:
+                raise
+            except BaseException as err:
+                await queue.put((k, err))
+
+        pumps = [asyncio.ensure_future(pump(k, stream)) for k, stream in enumerate(streams)]
+        try:
+            positions = starts
+            while True:
+                k, item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                if item is None:
+                    return  # one partition's feed ended: so does the merged stream
+                cursor, _ = changes.reply_parts(item)
+                (positions[k],) = changes.decode_cursor(cursor, (names[k],), "cursor")
+                yield changes.with_cursor(item, changes.encode_cursor(names, positions))
+        finally:
+            for task in pumps:
+                task.cancel()
+            await asyncio.gather(*pumps, return_exceptions=True)
+
+    async def ack_changes(
+        self, request: pb.AckChangesRequest, fan: FanOut, context: handlers.Context
+    ) -> pb.AckChangesReply:
+        """Each partition's subscription acknowledged up to its own position in the cursor."""
+        names = self._names(fan)
+        positions = changes.decode_cursor(request.cursor, names, "cursor")
+        subs = [
+            copy_for(request, n, cursor=changes.encode_cursor((n,), (position,)))
+            for n, position in zip(names, positions, strict=True)
+        ]
+        await self._each("AckChanges", subs, context)
+        return pb.AckChangesReply()
+
+    async def delete_subscription(
+        self, request: pb.DeleteSubscriptionRequest, fan: FanOut, context: handlers.Context
+    ) -> pb.DeleteSubscriptionReply:
+        """Deleted in every partition that has it; SubscriptionNotFoundError if none has."""
+        tasks = [
+            asyncio.ensure_future(self._call("DeleteSubscription", copy_for(request, n), context))
+            for n in self._names(fan)
+        ]
+        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        missing = [o for o in outcomes if _not_found(o)]
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException) and not _not_found(outcome):
+                raise outcome
+        if len(missing) == len(outcomes):
+            raise SubscriptionNotFoundError(
+                f"durable: space {fan.space!r} has no durable subscription {request.durable!r}"
+            )
+        return pb.DeleteSubscriptionReply()
+
     # ------------------------------------------------------------------ leases
 
     async def leases(self, name: str, request: Any, fan: FanOut, context: handlers.Context) -> Any:
@@ -561,6 +687,10 @@ class Fan:
         merged.transaction_list.extend(
             sorted((info for r in replies for info in r.transaction_list), key=lambda info: info.id)[:1000]
         )
+        if all(reply.HasField("change_log") for reply in replies):
+            merged.change_log.CopyFrom(
+                changes.merged_figures(self._names(fan), [reply.change_log for reply in replies])
+            )
         return merged
 
     async def browse(
@@ -591,3 +721,26 @@ class Fan:
             if request.max_entries and removed >= request.max_entries:
                 break
         return pb.PurgeReply(count=removed)
+
+
+def _compacted_at(outcome: object, name: str) -> changes.Position | None:
+    """The oldest position of the partition `name` a failed first read says (CompactedError,
+    here or forwarded from its owner with the ErrorInfo's "oldest"); None for any other outcome."""
+    cursor = ""
+    if isinstance(outcome, changes.CompactedCursorError):
+        cursor = outcome.cursor
+    elif isinstance(outcome, grpc.aio.AioRpcError) and outcome.code() == grpc.StatusCode.OUT_OF_RANGE:
+        trailing = outcome.trailing_metadata()
+        _, metadata = error_info(None if trailing is None else [(key, value) for key, value in trailing])
+        cursor = (metadata or {}).get("oldest", "")
+    if not cursor:
+        return None
+    ((epoch, seq),) = changes.decode_cursor(cursor, (name,), "oldest")
+    return epoch, seq
+
+
+def _not_found(outcome: object) -> bool:
+    """Whether a partition's DeleteSubscription found no such subscription (here or forwarded)."""
+    if isinstance(outcome, SubscriptionNotFoundError):
+        return True
+    return isinstance(outcome, grpc.aio.AioRpcError) and outcome.code() == grpc.StatusCode.NOT_FOUND

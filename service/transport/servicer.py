@@ -30,6 +30,8 @@ from outrig.service.config import Limits, ServerConfig
 from outrig.service.engine.model import StoredEntry
 from outrig.service.engine.partitions import split_name
 from outrig.service.exceptions import (
+    ChangesOffError,
+    CompactedError,
     ConfigError,
     CrossPartitionError,
     DeliveryExpiredError,
@@ -45,6 +47,8 @@ from outrig.service.exceptions import (
     ShuttingDownError,
     SpaceError,
     StoreUnavailableError,
+    SubscriptionBusyError,
+    SubscriptionNotFoundError,
     TransactionAbortedError,
     TransactionNotFoundError,
     TypeConflictError,
@@ -52,7 +56,7 @@ from outrig.service.exceptions import (
     UnsupportedError,
 )
 from outrig.service.logs import Throttle
-from outrig.service.protocol import admin, codec, deliveries, wire
+from outrig.service.protocol import admin, changes, codec, deliveries, wire
 from outrig.service.security.access import ACCESS
 from outrig.service.security.guard import Authenticator, Guard
 from outrig.service.transport import handlers
@@ -89,6 +93,10 @@ STATUS_BY_ERROR: dict[type[SpaceError], tuple[grpc.StatusCode, pb.ErrorReason]] 
     UnauthenticatedError: (grpc.StatusCode.UNAUTHENTICATED, pb.UNAUTHENTICATED),
     PermissionDeniedError: (grpc.StatusCode.PERMISSION_DENIED, pb.PERMISSION_DENIED),
     ConfigError: (grpc.StatusCode.INTERNAL, pb.ERROR_REASON_UNSPECIFIED),
+    CompactedError: (grpc.StatusCode.OUT_OF_RANGE, pb.CURSOR_COMPACTED),  # ErrorInfo metadata "oldest"
+    SubscriptionBusyError: (grpc.StatusCode.FAILED_PRECONDITION, pb.SUBSCRIPTION_BUSY),
+    SubscriptionNotFoundError: (grpc.StatusCode.NOT_FOUND, pb.SUBSCRIPTION_NOT_FOUND),
+    ChangesOffError: (grpc.StatusCode.FAILED_PRECONDITION, pb.ERROR_REASON_UNSPECIFIED),
 }
 
 
@@ -209,6 +217,8 @@ class Failure:
         if isinstance(err, SpaceError):
             status, reason = status_for(err)
             owner = err.owner if isinstance(err, NotOwnerError) else ""
+            if isinstance(err, changes.CompactedCursorError):
+                return cls(status, str(err), reason, {"oldest": err.cursor})
             return cls(status, str(err), reason, {"owner": owner} if owner else None)
         if isinstance(err, grpc.aio.AioRpcError):  # a forwarded call (peers.py): as the owner ended it
             return cls.forwarded(err)
@@ -242,8 +252,12 @@ def streaming(method: Streaming[R]) -> Streaming[R]:
                 async for reply in method(self, request, context):
                     yield reply
             elif isinstance(address, FanOut):
-                fanned = self._fan.contents if name == "Contents" else self._fan.notify
-                async for encoded in fanned(request, address, context):
+                fans: dict[str, Callable[..., AsyncIterator[bytes]]] = {
+                    "Contents": self._fan.contents,
+                    "Changes": self._fan.changes,
+                    "Notify": self._fan.notify,
+                }
+                async for encoded in fans[name](request, address, context):
                     yield encoded  # type: ignore[misc]  # encoded replies, as the method's
             else:
                 async for reply in self._forwarded_stream(name, address, request, context):
@@ -390,6 +404,8 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
             "DescribeSpace": self._fan.describe,
             "Browse": self._fan.browse,
             "Purge": self._fan.purge,
+            "AckChanges": self._fan.ack_changes,
+            "DeleteSubscription": self._fan.delete_subscription,
         }.get(name)
         if run is None:
             raise AssertionError(f"{name}: routed to several partitions, which it cannot be")
@@ -563,6 +579,61 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
                 yield wire.event_reply(event.sequence, event.entry.payload)  # type: ignore[arg-type]
         finally:
             subscription.close()
+
+    @streaming
+    async def Changes(  # type: ignore[override]  # an encoded reply
+        self, request: pb.ChangesRequest, context: handlers.Context
+    ) -> AsyncIterator[bytes]:
+        """The space's change log after `since` (or its head), then live: a first message with
+        the start and oldest cursors, then a message per matching change, and a cursor-only one
+        whenever the feed read past changes that did not match (protocol/changes.py)."""
+        space = self._space(request)
+        names = (space,)
+        # No template: every entry (the guard then asks for notify on the space itself).
+        templates = codec.templates(request.templates, self._limits) if request.templates else ()
+        kinds = changes.kinds(request)
+        durable = changes.durable_name(request.durable)
+        since = changes.since(request, names)
+        try:
+            feed = await self._backend.changes(
+                space, templates, kinds, since=None if since is None else since[0], durable=durable
+            )
+        except CompactedError as err:
+            oldest = changes.encode_cursor(names, [(err.epoch, err.oldest)])
+            raise changes.CompactedCursorError(err, oldest) from None
+        try:
+            epoch = feed.epoch
+            yield changes.start_reply(
+                changes.encode_cursor(names, [(epoch, feed.start)]),
+                changes.encode_cursor(names, [(epoch, feed.oldest)]),
+            )
+            async for batch in feed:
+                last = None
+                for change in batch.changes:
+                    last = change.seq
+                    yield changes.change_reply(change, changes.encode_cursor(names, [(epoch, last)]))
+                if batch.position != last:
+                    yield changes.progress_reply(changes.encode_cursor(names, [(epoch, batch.position)]))
+        finally:
+            feed.close()
+
+    @unary
+    async def AckChanges(
+        self, request: pb.AckChangesRequest, context: handlers.Context
+    ) -> pb.AckChangesReply:
+        space = self._space(request)
+        durable = changes.durable_name(request.durable, required=True)
+        ((_, position),) = changes.decode_cursor(request.cursor, (space,), "cursor")
+        await self._backend.ack_changes(space, durable, position)
+        return pb.AckChangesReply()
+
+    @unary
+    async def DeleteSubscription(
+        self, request: pb.DeleteSubscriptionRequest, context: handlers.Context
+    ) -> pb.DeleteSubscriptionReply:
+        space = self._space(request)
+        await self._backend.delete_subscription(space, changes.durable_name(request.durable, required=True))
+        return pb.DeleteSubscriptionReply()
 
     @unary
     async def RenewLeases(

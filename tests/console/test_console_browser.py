@@ -153,6 +153,7 @@ def test_the_console_shows_deliveries_in_flight_and_delayed_entries(
         page.goto(console.url + "/spaces/shop")
         expect(page.locator("#deliveries")).to_contain_text("1 in flight")
         expect(page.locator("#deliveries")).to_contain_text("1 delayed")
+        expect(page.locator("#change-log")).to_contain_text("changes held")  # the space's change log
         page.goto(console.url + "/spaces/shop/browse?type=console.Order")
         row = page.locator("#entries tr.entry", has_text='{"n": 1,')
         expect(row).to_contain_text(f"in flight: delivery 1, receipt {held.receipt}")

@@ -164,6 +164,7 @@ OPERATIONS: dict[str, Callable[[outrig.Space, type[Task | Public]], object]] = {
     "read_many": lambda space, kind: space.read_many(kind(), max_entries=5, timeout=0),
     "take": lambda space, kind: space.take_nowait(kind()),
     "notify": lambda space, kind: space.notify(kind(), lease=5).__enter__().close(),
+    "changes": lambda space, kind: space.changes(kind()).__enter__().close(),
 }
 
 # (principal, token groups, operation, space, type) -> allowed
@@ -194,6 +195,11 @@ MATRIX = [
     ("bob", (), "write", "jobs", Public, False),
     ("bob", (), "notify", "jobs", Public, False),
     ("bob", (), "count", "elsewhere", Public, True),
+    # the change log is read with the notify action (docs/notifications.md)
+    ("alice", (), "changes", "jobs", Task, True),
+    ("carol", (), "changes", "jobs", Task, False),  # carol may take there, not notify
+    ("carol", (), "changes", "ops", Task, True),
+    ("bob", (), "changes", "jobs", Public, False),
 ]
 
 
@@ -220,6 +226,19 @@ def test_authorization_matrix(
             with pytest.raises(outrig.PermissionDeniedError) as info:
                 OPERATIONS[operation](space, kind)
             assert principal in str(info.value) and f"outrig://{space_name}/sec." in str(info.value)
+
+
+def test_a_durable_subscriptions_ack_and_delete_need_notify_on_the_space(
+    token_server: ServerProcess, pki: Pki
+) -> None:
+    with _as(token_server, pki, "alice", "jobs") as alice, _as(token_server, pki, "carol", "jobs") as carol:
+        with alice.changes(Task(), durable="sec-audit") as stream:
+            alice.write(Task(n=9), lease=60)
+            next(stream)
+            stream.ack()
+        with pytest.raises(outrig.PermissionDeniedError, match=r"notify outrig://jobs"):
+            carol.delete_subscription("sec-audit")
+        alice.delete_subscription("sec-audit")
 
 
 def test_renew_and_cancel_need_a_grant_over_the_whole_space(token_server: ServerProcess, pki: Pki) -> None:

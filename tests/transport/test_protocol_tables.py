@@ -63,6 +63,10 @@ OLD_METHODS: dict[str, tuple[str, Any, bool]] = {
     "Ack": ("unary", pb.AckRequest, False),
     "Nack": ("unary", pb.NackRequest, False),
     "Extend": ("unary", pb.ExtendRequest, False),
+    # Added with the change log (docs/notifications.md): a stream, and its subscriptions' calls.
+    "Changes": ("stream", pb.ChangesRequest, True),
+    "AckChanges": ("unary", pb.AckChangesRequest, False),
+    "DeleteSubscription": ("unary", pb.DeleteSubscriptionRequest, False),
 }
 OLD_RECEIVED = {"Write", "WriteMany"}
 OLD_OPERATIONS: dict[int, tuple[str, type[Any], int]] = {
@@ -90,6 +94,8 @@ OLD_OPERATIONS: dict[int, tuple[str, type[Any], int]] = {
     24: ("Ack", pb.AckRequest, 18),
     25: ("Nack", pb.NackRequest, 19),
     26: ("Extend", pb.ExtendRequest, 20),
+    27: ("AckChanges", pb.AckChangesRequest, 21),
+    28: ("DeleteSubscription", pb.DeleteSubscriptionRequest, 22),
 }
 OLD_ACCESS = {
     "Write": ("write", ENTRIES),
@@ -118,6 +124,9 @@ OLD_ACCESS = {
     "Ack": ("take", SPACE),
     "Nack": ("take", SPACE),
     "Extend": ("take", SPACE),
+    "Changes": ("notify", TEMPLATES),
+    "AckChanges": ("notify", SPACE),
+    "DeleteSubscription": ("notify", SPACE),
 }
 
 SPACE_SERVICE = pb.DESCRIPTOR.services_by_name["Space"]
