@@ -4,7 +4,9 @@
 - `sqlite`: one server with a data dir (the embedded SQLite store, `durability = always`);
 - `partitioned` and `partitioned-sqlite`: "items" in 3 partitions by "region" on one server
   (in memory, and on SQLite): one feed per partition, merged, every cursor holding each
-  partition's position.
+  partition's position;
+- `postgres` and `partitioned-postgres`: the PostgreSQL owner tier (one server of it, on a fresh
+  database of the session's PostgreSQL), the log recorded in PostgreSQL.
 
 A test starts from the space's head (`_head`): a shape's server is shared by its tests. Across
 partitions the merged stream keeps each partition's order, not one order of all (docs/
@@ -14,6 +16,7 @@ notifications.md), so the partitioned shapes compare each region's sequence and 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import shutil
 import tempfile
 import threading
@@ -31,6 +34,8 @@ from outrig.service.config import ServerConfig
 from outrig.service.engine import SpaceSettings
 from outrig.testing import LocalServer
 from outrig.v1 import space_pb2 as pb
+
+from ..postgres_server import PostgresServer
 
 REGIONS = ("r0", "r1", "r2", "r3", "r4", "r5")
 #: The retention of the "small" space, per partition: its cursors are soon compacted.
@@ -54,7 +59,10 @@ class Shape:
         return outrig.connect(self.address, space=space, **options)  # type: ignore[arg-type]
 
 
-@pytest.fixture(scope="module", params=["memory", "sqlite", "partitioned", "partitioned-sqlite"])
+@pytest.fixture(
+    scope="module",
+    params=["memory", "sqlite", "partitioned", "partitioned-sqlite", "postgres", "partitioned-postgres"],
+)
 def shape(request: pytest.FixtureRequest) -> Iterator[Shape]:
     partitions = 3 if request.param.startswith("partitioned") else 1
     split = {"partition_by": "region", "partitions": partitions} if partitions > 1 else {}
@@ -66,6 +74,10 @@ def shape(request: pytest.FixtureRequest) -> Iterator[Shape]:
     data_dir = tempfile.mkdtemp(prefix="outrig-changes-") if request.param.endswith("sqlite") else None
     try:
         config = ServerConfig(spaces=spaces, data_dir=Path(data_dir) if data_dir else None)
+        if request.param.endswith("postgres"):
+            postgres: PostgresServer = request.getfixturevalue("postgres")
+            dsn = postgres.dsn(postgres.new_database("chg"))
+            config = dataclasses.replace(config, backend="postgres", dsn=dsn)
         with LocalServer(config) as server:
             yield Shape(request.param, server.address, partitions)
     finally:
