@@ -271,3 +271,20 @@ async def test_a_space_whose_log_is_off_keeps_no_rows(database: str) -> None:
     finally:
         await backend.close()
         await backend.shutdown()
+
+
+async def test_a_moved_space_keeps_its_log_and_the_old_owners_feeds_end(database: str) -> None:
+    async with tier(database, 2) as (a, b):
+        feed = await a.changes("s", [], ALL, since=None)
+        reader = Reader(feed)
+        await a.write("s", [entry(n=i) for i in range(3)], 600.0)
+        seen = await reader.through(head(a, "s"))
+        assert await a.move("s", "server-1:7480") == "server-1:7480"
+        with pytest.raises(NotOwnerError) as ended:
+            await reader.through(reader.position + 1)
+        assert ended.value.owner == "server-1:7480"  # the client is told where to resume
+        await b.write("s", [entry(n=3)], 600.0)
+        resumed = await b.changes("s", [], ALL, since=(feed.epoch, seen[0].seq))
+        after = await read(resumed, head(b, "s"))
+        assert summary(after[:2]) == summary(seen[1:])
+        assert [(c.seq, n(c)) for c in after[2:]] == [(4, 3)]
