@@ -26,6 +26,11 @@ c. Takeover: one space holding --entries entries, 3 servers, clients doing pairs
 d. Forwarded vs direct: latency (median, p99) of a write+take pair and of a read by one blocking
    client, through a non-owner server vs on the owner, and CPU per operation of the client and of
    the servers (both servers for the forwarded path).
+e. The change log's write cost (issue 24): pairs/s of one space on one owner server with the log
+   on (the default) against off (`changes = false`, the baseline), 1 blocking client and 10
+   asyncio tasks; the ratio off / on of the time per pair (target <= 1.1), server and PostgreSQL
+   CPU and WAL bytes per pair, and the log's bytes per change in the database
+   (pg_total_relation_size of outrig_changes, its index with it, over its rows).
 
 Rounds are interleaved, figures are medians over rounds, ratios are against a baseline in the
 same run. Prints the core count and load average: servers, PostgreSQL and clients share this
@@ -166,10 +171,18 @@ class Tier:
     """Servers of the owner backend on one fresh database, by slot (a killed one is restarted in
     its slot, on a new port)."""
 
-    def __init__(self, postgres: PostgresServer, workdir: Path, size: int, owner_lease: float | None) -> None:
+    def __init__(
+        self,
+        postgres: PostgresServer,
+        workdir: Path,
+        size: int,
+        owner_lease: float | None,
+        flags: tuple[str, ...] = (),
+    ) -> None:
         self.dsn = postgres.dsn(postgres.new_database("b"))
         self.workdir = workdir
         self.owner_lease = owner_lease
+        self.flags = flags
         self.starts = 0
         self.servers: list[ServerProcess] = []
         for slot in range(size):
@@ -180,7 +193,7 @@ class Tier:
         lease = [] if self.owner_lease is None else ["--owner-lease", str(self.owner_lease)]
         return start_outrig_with(
             self.workdir,
-            "--backend", "postgres", "--dsn", self.dsn, *lease, "--log-level", "INFO",
+            "--backend", "postgres", "--dsn", self.dsn, *lease, "--log-level", "INFO", *self.flags,
             name=f"pg{slot}-{self.starts}",
         )  # fmt: skip
 
@@ -345,6 +358,18 @@ def _us(seconds: float) -> str:
     return f"{seconds * 1e6:,.0f}"
 
 
+def _one_space(address: str, clients: int, sources: dict[str, CpuSource], settings: Settings) -> Run:
+    """Pairs on the space "bench" at `address`: one blocking client, or `clients` asyncio tasks
+    sharing a connection; metered from `sources`."""
+
+    def meter() -> Meter:
+        return Meter(settings.warmup, settings.seconds, sources)
+
+    if clients == 1:
+        return _pairs_sync(address, "bench", meter)
+    return settings.runner.run(_pairs_async([(address, "bench", clients)], meter))
+
+
 # ---------------------------------------------------------------- part a
 
 
@@ -371,15 +396,8 @@ def part_a(postgres: PostgresServer, root: Path, settings: Settings) -> None:
                         _wal_counter(postgres, 1),
                     )
                 sources["server"] = server.cpu_seconds
-
-                def meter() -> Meter:
-                    return Meter(settings.warmup, settings.seconds, sources)  # noqa: B023
-
                 try:
-                    if clients == 1:
-                        run = _pairs_sync(server.address, "bench", meter)
-                    else:
-                        run = settings.runner.run(_pairs_async([(server.address, "bench", clients)], meter))
+                    run = _one_space(server.address, clients, sources, settings)
                 finally:
                     stop()
                 results[(name, clients)].append(run)
@@ -774,11 +792,79 @@ def part_d(postgres: PostgresServer, root: Path, settings: Settings) -> None:
 
 # ---------------------------------------------------------------- main
 
+# ---------------------------------------------------------------- part e
+
+
+def _log_bytes_per_change(dsn: str) -> float:
+    """The change log's size in the database (table, TOAST and index) over its rows."""
+    with psycopg.connect(dsn, autocommit=True) as connection:
+        row = connection.execute(
+            "SELECT pg_total_relation_size('outrig_changes'), (SELECT count(*) FROM outrig_changes)"
+        ).fetchone()
+    assert row is not None
+    return row[0] / row[1] if row[1] else float("nan")
+
+
+def part_e(postgres: PostgresServer, root: Path, settings: Settings) -> None:
+    print("## e. the change log's write cost: one space on one owner server, log off (baseline) vs on")
+    configurations = ["off", "on"]
+    results: dict[tuple[str, int], list[Run]] = collections.defaultdict(list)
+    log_bytes: list[float] = []
+    for round_number in range(settings.rounds):
+        order = configurations[round_number % 2 :] + configurations[: round_number % 2]
+        for name in order:
+            for clients in (1, 10):
+                workdir = Path(tempfile.mkdtemp(dir=root))
+                config = workdir / "outrig.toml"
+                config.write_text(f"[space_defaults]\nchanges = {'true' if name == 'on' else 'false'}\n")
+                tier = Tier(postgres, workdir, 1, settings.owner_lease, ("--config", str(config)))
+                server = tier.servers[0]
+                sources: dict[str, CpuSource] = {
+                    "server": server.cpu_seconds,
+                    "postgres": PostgresCpu(postgres.port).seconds,
+                    "wal_bytes": _wal_counter(postgres, 1),
+                }
+                try:
+                    run = _one_space(server.address, clients, sources, settings)
+                    if name == "on":
+                        log_bytes.append(_log_bytes_per_change(tier.dsn))
+                finally:
+                    tier.stop()
+                results[(name, clients)].append(run)
+                print(f"  round {round_number + 1} log {name} {clients} client(s): {run.rate:,.0f} pairs/s")
+    print()
+    print("| log | clients | pairs/s (median) | min | max | time per pair vs off | server CPU us/pair | "
+          "PostgreSQL CPU us/pair | WAL bytes/pair |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
+    ratios = {}
+    for clients in (1, 10):
+        base = _median([r.rate for r in results[("off", clients)]])
+        for name in configurations:
+            runs = results[(name, clients)]
+            rate = _median([r.rate for r in runs])
+            ratios[(name, clients)] = base / rate
+            print(
+                f"| {name} | {clients} | {rate:,.0f} | {min(r.rate for r in runs):,.0f} | "
+                f"{max(r.rate for r in runs):,.0f} | {base / rate:.2f} | "
+                f"{_us(_median([r.cpu['server'] for r in runs]))} | "
+                f"{_us(_median([r.cpu['postgres'] for r in runs]))} | "
+                f"{_median([r.cpu['wal_bytes'] for r in runs]):,.0f} |"
+            )
+    print()
+    print(
+        f"ratios (time per pair, log on / off; target <= 1.1): 1 client {ratios[('on', 1)]:.2f}, "
+        f"10 clients {ratios[('on', 10)]:.2f}; log bytes per change in PostgreSQL (median over "
+        f"runs): {_median(log_bytes):,.0f}"
+    )
+    print()
+
+
 PARTS: dict[str, Callable[[PostgresServer, Path, Settings], None]] = {
     "a": part_a,
     "b": part_b,
     "c": part_c,
     "d": part_d,
+    "e": part_e,
 }
 
 

@@ -15,7 +15,6 @@ import dataclasses
 import time
 from typing import Any
 
-import psycopg
 import pytest
 
 from outrig.service.backends.base import ChangeFeed
@@ -28,6 +27,7 @@ from outrig.service.exceptions import ChangesOffError, NotOwnerError
 from ..conformance.test_backend_conformance import entry, template
 from ..polling import wait_until_async
 from ..postgres_server import PostgresServer
+from .test_deliveries_tier import rows
 from .test_owners import CONFIG, owner_is, silence, tier
 
 ALL = frozenset(CHANGE_KINDS)
@@ -36,12 +36,6 @@ ALL = frozenset(CHANGE_KINDS)
 @pytest.fixture
 async def database(postgres: PostgresServer) -> str:
     return postgres.dsn(postgres.new_database("c"))
-
-
-async def rows(dsn: str, sql: str, *parameters: Any) -> list[tuple[Any, ...]]:
-    async with await psycopg.AsyncConnection.connect(dsn) as connection:
-        cursor = await connection.execute(sql, parameters)
-        return list(await cursor.fetchall())
 
 
 def head(backend: PostgresBackend, space: str) -> int:
