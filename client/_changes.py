@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Final
 from outrig._base import Templates, _fill_templates
 from outrig._codec import AnyEntry, decode_entry
 from outrig._exceptions import InternalError
+from outrig._protocol import CHANGE_KIND_NUMBERS
 from outrig._streams import ResumableStream
 from outrig.v1 import space_pb2 as pb
 
@@ -30,15 +31,8 @@ if TYPE_CHECKING:
 __all__ = ["CHANGE_KINDS", "Change", "ChangeFeedState", "ChangeStream"]
 
 #: The kinds of change, in the words `Change.kind` uses.
-CHANGE_KINDS: Final = ("write", "take", "expire", "cancel", "purge", "dead")
-_KIND_NUMBERS: Final = {
-    "write": pb.CHANGE_KIND_WRITE,
-    "take": pb.CHANGE_KIND_TAKE,
-    "expire": pb.CHANGE_KIND_EXPIRE,
-    "cancel": pb.CHANGE_KIND_CANCEL,
-    "purge": pb.CHANGE_KIND_PURGE,
-    "dead": pb.CHANGE_KIND_DEAD,
-}
+CHANGE_KINDS: Final = tuple(CHANGE_KIND_NUMBERS)
+_KIND_NUMBERS: Final = CHANGE_KIND_NUMBERS
 _KIND_NAMES: Final = {number: name for name, number in _KIND_NUMBERS.items()}
 
 
