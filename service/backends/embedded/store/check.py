@@ -63,12 +63,13 @@ class CheckReport:
     def lines(self) -> list[str]:
         wal = f" (+ {self.wal_bytes:,} bytes of WAL)" if self.wal_bytes else ""
         lines = [f"{self.path}: store format {self.format_version}, {self.file_bytes:,} bytes{wal}"]
-        lines += [
-            f"space {space.name!r}: {space.entries} entries ({space.expired} expired, not yet deleted), "
-            f"{space.registrations} registrations"
-            + (f", {space.changes} changes logged" if space.changes else "")
-            for space in self.spaces
-        ]
+        for space in self.spaces:
+            lines.append(
+                f"space {space.name!r}: {space.entries} entries ({space.expired} expired, not yet deleted), "
+                f"{space.registrations} registrations"
+            )
+            if space.changes:
+                lines.append(f"space {space.name!r}: {space.changes} changes logged")
         lines.append(f"request ids: {self.requests} ({self.taken} taken entries kept for their retries)")
         lines += [f"problem: {problem}" for problem in self.problems]
         lines.append(self.verdict)
