@@ -514,8 +514,7 @@ class SpaceEngine(TransactionsMixin, DeliveriesMixin):
             raise
         if not accepted:
             undo()  # it gave up meanwhile, and could not say so beforehand (no `wants`)
-        elif waiter.take and waiter.txn is None and waiter.ack is None:
-            self._log("take", stored)
+        # A plain take handed an entry is logged by its call (`log_taken`), when it records it.
         return accepted
 
     def _publish(self, stored: StoredEntry, writer: Transaction | None = None) -> None:
@@ -535,9 +534,20 @@ class SpaceEngine(TransactionsMixin, DeliveriesMixin):
         except Exception:
             log.exception("space %r: telling registrations of entry %d failed", self.name, stored.id)
 
-    def restore(self, entries: Iterable[StoredEntry]) -> None:
+    def log_taken(self, entries: Iterable[StoredEntry]) -> None:
+        """Log the plain take of entries a parked take was handed (`_hand` does not): its call
+        logs it as it records it, so that the change is recorded in the batch of the take's own
+        records, not of the write that handed the entries over (a crash between the two must
+        not leave the log saying taken what the store still holds). Nobody else sees the
+        entries meanwhile, so no order a reader can tell is changed."""
+        for stored in entries:
+            self._log("take", stored)
+
+    def restore(self, entries: Iterable[StoredEntry], *, logged: bool = True) -> None:
         """Put back entries taken for a reply that could not be delivered (a cancelled call), all
-        or nothing, at the back of the space's order; then offer them to waiters."""
+        or nothing, at the back of the space's order; then offer them to waiters. `logged`:
+        their take was logged, so their return is logged as a write (a parked take's, not yet:
+        see `log_taken`)."""
         now = self._clock.time()
         back = [s for s in entries if s.id not in self._entries and not self._expired(s, now)]
         first_id, arrivals = self._next_id, [stored.arrival for stored in back]
@@ -554,7 +564,7 @@ class SpaceEngine(TransactionsMixin, DeliveriesMixin):
                 stored.arrival = arrival
             self._next_id = first_id
             raise
-        for stored in back:  # back in the space: a write again (a failed batch's undo rewinds it)
+        for stored in back if logged else ():  # a write again (a failed batch's undo rewinds it)
             self._log("write", stored)
         for stored in back:
             self._offer(stored)

@@ -65,7 +65,7 @@ def test_reads_renewals_and_deliveries_are_not_changes() -> None:
     assert kinds(space) == [("write", grant.id)]
 
 
-def test_a_blocked_take_is_logged_when_it_is_handed_the_entry() -> None:
+def test_a_blocked_take_is_logged_by_its_call_not_by_the_write_that_hands_it_over() -> None:
     space = make()
     handed: list[StoredEntry] = []
 
@@ -76,6 +76,8 @@ def test_a_blocked_take_is_logged_when_it_is_handed_the_entry() -> None:
     space.park(Waiter(space.new_waiter_seq(), (tpl("T"),), True, deliver))
     (grant,) = space.write([new("T", n=1)], FOREVER)
     assert [stored.id for stored in handed] == [grant.id]
+    assert kinds(space) == [("write", grant.id)]
+    space.log_taken(handed)
     assert kinds(space) == [("write", grant.id), ("take", grant.id)]
 
 
@@ -164,6 +166,9 @@ def test_entries_put_back_after_a_cancelled_call_are_written_again() -> None:
     taken = find(space, [tpl("T")], take=True)
     space.restore(taken)
     assert kinds(space) == [("write", grant.id), ("take", grant.id), ("write", grant.id)]
+    again = find(space, [tpl("T")], take=True)
+    space.restore(again, logged=False)  # a parked take's, not logged yet: nothing to say
+    assert kinds(space, 3) == [("take", grant.id)]
 
 
 def test_a_space_with_changes_off_has_no_log() -> None:

@@ -294,3 +294,36 @@ def test_bad_deliveries_settings_are_named(toml: Path, text: str, named: str) ->
     toml.write_text(text)
     with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
         load_config(toml, environ={})
+
+
+def test_change_log_settings_per_space_and_their_defaults(toml: Path) -> None:
+    toml.write_text(
+        "[space_defaults]\nchanges_max_age = 3600\n"
+        "[spaces.audit]\nchanges_max_count = 500\nchanges_max_bytes = 1048576\n"
+        "[spaces.scratch]\nchanges = false\n"
+    )
+    config = load_config(toml, environ={})
+    audit, scratch, other = (config.space_settings(name) for name in ("audit", "scratch", "other"))
+    assert (audit.changes, audit.changes_max_count, audit.changes_max_age, audit.changes_max_bytes) == (
+        True,
+        500,
+        3600.0,
+        1 << 20,
+    )
+    assert scratch.changes is False
+    assert (other.changes_max_count, other.changes_max_bytes) == (100_000, 64 << 20)
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("[spaces.jobs]\nchanges_max_count = 0\n", "spaces.jobs.changes_max_count"),
+        ("[space_defaults]\nchanges_max_age = -1\n", "space_defaults.changes_max_age"),
+        ("[spaces.jobs]\nchanges_max_bytes = 0\n", "spaces.jobs.changes_max_bytes"),
+        ('[spaces.jobs]\nchanges = "sometimes"\n', "spaces.jobs.changes"),
+    ],
+)
+def test_bad_change_log_settings_are_named(toml: Path, text: str, named: str) -> None:
+    toml.write_text(text)
+    with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
+        load_config(toml, environ={})

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -362,3 +363,68 @@ async def test_a_format_2_data_dir_is_migrated(tmp_path: Path, clock: FakeClock)
         log = backend.engine(SPACE).changes
         assert log is not None and (log.epoch, log.head) == (epoch, 1)
     assert check_store(tmp_path / "data").ok
+
+
+async def test_a_blocked_take_is_logged_after_the_write_that_hands_it_over(
+    data_dir: Path | None, clock: FakeClock
+) -> None:
+    config = make_config(data_dir)
+    async with running(config, clock) as backend:
+        taker = asyncio.create_task(
+            backend.match(SPACE, [JOBS], take=True, max_entries=1, timeout=WAIT, if_exists=False)
+        )
+        await wait_until_async(lambda: backend.engine(SPACE).waiting == 1, WAIT, what="the take to park")
+        await backend.write(SPACE, [job(7)], None)
+        assert [s.fields["n"].data for s in await taker] == [7]
+        feed = await backend.changes(SPACE, [], ALL, since=(backend.engine(SPACE).changes.epoch, 0))  # type: ignore[union-attr]
+        assert summary(await read(feed, 2)) == [(1, "write", 7), (2, "take", 7)]
+        feed.close()
+    if data_dir is not None:
+        async with running(config, clock) as backend:
+            log = backend.engine(SPACE).changes
+            assert log is not None
+            assert summary(log.after(0, 10)) == [(1, "write", 7), (2, "take", 7)]
+
+
+async def test_under_always_a_feed_shows_a_change_only_once_its_batch_is_durable(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    async with running(make_config(tmp_path / "data"), clock) as backend:
+        journal = backend.journal
+        assert journal is not None and journal.waits
+        feed = await backend.changes(SPACE, [], ALL, since=None)
+        reader = asyncio.create_task(read(feed, 1))
+        held = threading.Event()
+        # The store's one thread is busy: the write's COMMIT (and fsync) waits behind this.
+        journal._executor.submit(held.wait, WAIT)  # type: ignore[attr-defined]
+        writer = asyncio.create_task(backend.write(SPACE, [job(1)], None))
+        log = backend.engine(SPACE).changes
+        assert log is not None
+        await wait_until_async(lambda: log.head == 1, WAIT, what="the write to be applied in memory")
+        for _ in range(20):  # the loop turns; the change is in memory, not durable: not shown
+            await asyncio.sleep(0)
+        assert not reader.done() and not writer.done()
+        assert backend.readable(SPACE, log) == 0
+        held.set()
+        assert summary(await reader) == [(1, "write", 1)]
+        await writer
+        feed.close()
+
+
+async def test_check_counts_the_log_and_names_a_gap_and_a_write_without_its_payload(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    async with running(make_config(tmp_path / "data"), clock) as backend:
+        await backend.write(SPACE, [job(0), job(1), job(2)], None)
+        await take(backend, 0)
+    report = check_store(tmp_path / "data")
+    assert report.ok and report.spaces[0].changes == 4
+    assert "4 changes logged" in str(report)
+    with sqlite3.connect(database_path(tmp_path / "data")) as db:
+        db.execute("DELETE FROM changes WHERE seq = 2")  # a hole in the log
+        db.execute("UPDATE changes SET payload = NULL WHERE seq = 4")  # the take that held entry 0's payload
+        db.execute("DELETE FROM entries WHERE id = 3")  # and entry 2's row, without a change
+    problems = "\n".join(check_store(tmp_path / "data").problems)
+    assert "change 3 where 2 was due" in problems
+    assert "change 3 is a write whose entry is gone" in problems
+    assert "change 1 is a write whose entry is gone" in problems

@@ -177,6 +177,7 @@ class MemoryBackend(DeliveringMixin, ChangesMixin):
         for key in subscriptions:
             self._subscriptions.pop(key).end(error)
         self._end_feeds(name, error)
+        self._forget_changes(name)
         self._requests.forget_space(name)
         if self._recorder is not None:
             self._recorder.forget_space(name)
@@ -607,10 +608,10 @@ class MemoryBackend(DeliveringMixin, ChangesMixin):
         parked.add(future)
         try:
             async with asyncio.timeout(timeout):
-                return await future
+                found = await future
         except TimeoutError:
             # A delivery may have landed just as the deadline fired: it is ours, return it.
-            return future.result() if future.done() and not future.cancelled() else []
+            found = future.result() if future.done() and not future.cancelled() else []
         except asyncio.CancelledError:
             delivered = future.done() and not future.cancelled() and future.exception() is None
             if take and delivered:  # the caller is gone: put the entries back
@@ -618,13 +619,16 @@ class MemoryBackend(DeliveringMixin, ChangesMixin):
                     back = engine.undeliver(engine.delivery_of(s) for s in future.result() if s.receipt)
                     self.note([visibility_record(engine.name, s) for s in back])
                 elif txn is None:
-                    engine.restore(future.result())
+                    engine.restore(future.result(), logged=False)  # its take was not logged yet
                 elif txn.active:
                     engine.untake(txn, future.result())
             raise
         finally:
             engine.unpark(waiter)
             parked.discard(future)
+        if take and ack is None and txn is None:
+            engine.log_taken(found)  # recorded with the take's own records (engine.log_taken)
+        return found
 
     async def contents(
         self, space: str, templates: Sequence[Template], max_entries: int, transaction: int = 0
