@@ -250,7 +250,7 @@ async def _fanout(address: str, kind: str, subscribers: int, writes: int) -> tup
         for consumer in consumers:
             consumer.cancel()
         for stream in streams:
-            await stream.close()  # type: ignore[attr-defined]
+            await stream.close()
         return subscribers * writes / elapsed, elapsed
     finally:
         for space in spaces:

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final
 
-from outrig._base import Templates, _fill_templates, rpc_errors
+from outrig._base import Templates, _fill_templates
 from outrig._codec import AnyEntry, decode_entry
-from outrig._exceptions import CallCancelledError, InternalError, UnavailableError
+from outrig._exceptions import InternalError
+from outrig._protocol import CHANGE_KIND_NUMBERS
+from outrig._streams import ResumableStream
 from outrig.v1 import space_pb2 as pb
 
 if TYPE_CHECKING:
@@ -30,15 +31,8 @@ if TYPE_CHECKING:
 __all__ = ["CHANGE_KINDS", "Change", "ChangeFeedState", "ChangeStream"]
 
 #: The kinds of change, in the words `Change.kind` uses.
-CHANGE_KINDS: Final = ("write", "take", "expire", "cancel", "purge", "dead")
-_KIND_NUMBERS: Final = {
-    "write": pb.CHANGE_KIND_WRITE,
-    "take": pb.CHANGE_KIND_TAKE,
-    "expire": pb.CHANGE_KIND_EXPIRE,
-    "cancel": pb.CHANGE_KIND_CANCEL,
-    "purge": pb.CHANGE_KIND_PURGE,
-    "dead": pb.CHANGE_KIND_DEAD,
-}
+CHANGE_KINDS: Final = tuple(CHANGE_KIND_NUMBERS)
+_KIND_NUMBERS: Final = CHANGE_KIND_NUMBERS
 _KIND_NAMES: Final = {number: name for name, number in _KIND_NUMBERS.items()}
 
 
@@ -171,7 +165,7 @@ def delete_subscription_request(space_name: str, name: object) -> pb.DeleteSubsc
     return pb.DeleteSubscriptionRequest(space=space_name, durable=name)
 
 
-class ChangeStream:
+class ChangeStream(ResumableStream[Change]):
     """A stream of a space's changes: a context manager, and an iterator of `Change` objects
     (`Space.changes`).
 
@@ -181,12 +175,11 @@ class ChangeStream:
     goes on. `CompactedError` if the log no longer holds the changes after the cursor.
     """
 
+    _what = "change stream"
+
     def __init__(self, space: Space, state: ChangeFeedState) -> None:
-        self._space = space
+        super().__init__(space)
         self._state = state
-        self._call: Any = None
-        self._closed = False
-        self._used: str | None = None  # where the stream went (None: home), for `reroute`
 
     @property
     def cursor(self) -> str:
@@ -198,73 +191,20 @@ class ChangeStream:
         """The oldest cursor the space's log held when the stream (last) started."""
         return self._state.oldest
 
-    def __enter__(self) -> ChangeStream:
-        self._start()
-        return self
+    def _method(self, stub: Any) -> Any:
+        return stub.Changes
 
-    def __exit__(
-        self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
+    def _first_request(self) -> pb.ChangesRequest:
+        return self._state.request
 
-    def _start(self) -> None:
-        if self._call is not None:
-            return
-        if self._closed:
-            raise RuntimeError("the change stream is closed")
-        try:
-            self._state.started(self._space._call(self._open, self._state.request))
-        except BaseException:
-            self.close()
-            raise
-
-    def _open(self, request: pb.ChangesRequest) -> pb.ChangesReply | None:
-        """Open a Changes stream and return its first message, which carries its cursors."""
-        space = self._space
-        self._used = space._connection.route_of(space.name)
-        self._call = call = space._stub.Changes(request)
-        if self._closed:  # close() from another thread may have cancelled the previous call only
-            call.cancel()
-        try:
-            return next(call, None)
-        except BaseException:
-            call.cancel()
-            raise
-
-    def __iter__(self) -> ChangeStream:
-        return self
-
-    def __next__(self) -> Change:
-        self._start()
-        while not self._closed:
-            try:
-                with rpc_errors:
-                    reply: pb.ChangesReply | None = next(self._call, None)
-            except CallCancelledError:
-                if self._closed:  # close() from another thread ends the iteration quietly
-                    break
-                raise
-            except UnavailableError as err:
-                self._space._connection.reroute(self._space.name, self._used, err)
-                if not self._space._may_reattach():
-                    raise
-                self._resume()
-                continue
-            if reply is None:
-                break
-            change = self._state.read(reply)
-            if change is not None:
-                return change
-        raise StopIteration
-
-    def _resume(self) -> None:
-        try:
-            first = self._space._call(self._open, self._state.resume_request())
-        except CallCancelledError:
-            if self._closed:
-                return
-            raise
+    def _started(self, first: pb.ChangesReply | None) -> None:
         self._state.started(first)
+
+    def _resume_request(self) -> pb.ChangesRequest:
+        return self._state.resume_request()
+
+    def _item(self, reply: pb.ChangesReply) -> Change | None:
+        return self._state.read(reply)
 
     def ack(self, cursor: str | None = None) -> None:
         """Move the durable subscription's position forward to `cursor` (default: this stream's
@@ -276,6 +216,4 @@ class ChangeStream:
     def close(self) -> None:
         """Stop reading by cancelling the stream (safe to call from another thread); a durable
         subscription is free for another stream then."""
-        self._closed = True
-        if self._call is not None:
-            self._call.cancel()
+        super().close()

@@ -27,6 +27,7 @@ from outrig.v1 import space_pb2 as pb
 __all__ = [
     "BATCH_BYTES",
     "BATCH_OPS",
+    "CHANGE_KIND_NUMBERS",
     "DEFAULT_LIMIT",
     "DETAILS_KEY",
     "DIRECT_KEY",
@@ -47,6 +48,16 @@ __all__ = [
     "tag",
     "varint",
 ]
+
+#: The change log's kinds of change (docs/notifications.md) by name, as the wire numbers them.
+CHANGE_KIND_NUMBERS: Final[dict[str, int]] = {
+    "write": pb.CHANGE_KIND_WRITE,
+    "take": pb.CHANGE_KIND_TAKE,
+    "expire": pb.CHANGE_KIND_EXPIRE,
+    "cancel": pb.CHANGE_KIND_CANCEL,
+    "purge": pb.CHANGE_KIND_PURGE,
+    "dead": pb.CHANGE_KIND_DEAD,
+}
 
 #: The full name of the service.
 SERVICE: Final = pb.DESCRIPTOR.services_by_name["Space"].full_name

@@ -44,9 +44,10 @@ from outrig._base import (
 from outrig._changes import ChangeFeedState, ChangeStream, delete_subscription_request
 from outrig._codec import AnyEntry, decode_entries
 from outrig._delivery import Delivery, Taking, deliveries_of
-from outrig._exceptions import CallCancelledError, DeadlineExceededError, OutrigError, UnavailableError
+from outrig._exceptions import DeadlineExceededError, OutrigError, UnavailableError
 from outrig._matchers import OrderBy
 from outrig._mux import Mux
+from outrig._streams import ResumableStream
 from outrig._tls import TLS, channel_credentials, token_metadata
 from outrig.v1 import space_pb2 as pb
 
@@ -700,7 +701,7 @@ class Lease(BaseLease):
             raise result.error
 
 
-class Notification:
+class Notification(ResumableStream[Event]):
     """A notify registration: a context manager, and an iterator of `Event` objects.
 
     Entering it starts the registration and waits for the server to grant its `lease`. Iteration
@@ -714,13 +715,12 @@ class Notification:
     missed meanwhile. If the registration is gone, `NotFoundError` is raised.
     """
 
+    _what = "notification"
+
     def __init__(self, space: Space, request: pb.NotifyRequest) -> None:
-        self._space = space
+        super().__init__(space)
         self._request = request
-        self._call: Any = None
         self._lease: Lease | None = None
-        self._closed = False
-        self._used: str | None = None  # where the stream went (None: home), for `reroute`
 
     @property
     def lease(self) -> Lease:
@@ -729,79 +729,24 @@ class Notification:
             raise RuntimeError("the notification has not started: use it in a with block first")
         return self._lease
 
-    def __enter__(self) -> Notification:
-        self._start()
-        return self
+    def _method(self, stub: Any) -> Any:
+        return stub.Notify
 
-    def __exit__(
-        self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
+    def _first_request(self) -> pb.NotifyRequest:
+        return self._request
 
-    def _start(self) -> None:
-        if self._call is not None:
-            return
-        if self._closed:
-            raise RuntimeError("the notification is closed")
-        try:
-            first = self._space._call(self._open, self._request)
-            self._lease = Lease(self._space, registration_of(first))
-        except BaseException:
-            self.close()
-            raise
+    def _started(self, first: pb.NotifyReply | None) -> None:
+        self._lease = Lease(self._space, registration_of(first))
 
-    def _open(self, request: pb.NotifyRequest) -> pb.NotifyReply | None:
-        """Open a notify stream and return its first message, which carries the registration."""
-        space = self._space
-        self._used = space._connection.route_of(space.name)
-        self._call = call = space._stub.Notify(request)
-        if self._closed:  # close() from another thread may have cancelled the previous call only
-            call.cancel()
-        try:
-            return next(call, None)
-        except BaseException:
-            call.cancel()
-            raise
-
-    def __iter__(self) -> Notification:
-        return self
-
-    def __next__(self) -> Event:
-        self._start()
-        while not self._closed:
-            try:
-                with rpc_errors:
-                    reply: pb.NotifyReply | None = next(self._call, None)
-            except CallCancelledError:
-                if self._closed:  # close() from another thread ends the iteration quietly
-                    break
-                raise
-            except UnavailableError as err:
-                self._space._connection.reroute(self._space.name, self._used, err)
-                if not self._space._may_reattach():
-                    raise
-                self._resume()
-                continue
-            if reply is None:
-                break
-            return event_of(reply)
-        raise StopIteration
-
-    def _resume(self) -> None:
+    def _resume_request(self) -> pb.NotifyRequest:
         """Attach a new stream to the registration (NotFoundError if it has ended meanwhile)."""
-        try:
-            first = self._space._call(self._open, self._space._resume_request(self.lease))
-        except CallCancelledError:
-            if self._closed:
-                return
-            raise
+        return self._space._resume_request(self.lease)
+
+    def _resumed(self, first: pb.NotifyReply | None) -> None:
         self.lease._update(registration_of(first))
 
-    def close(self) -> None:
-        """Stop receiving events by cancelling the stream (safe to call from another thread)."""
-        self._closed = True
-        if self._call is not None:
-            self._call.cancel()
+    def _item(self, reply: pb.NotifyReply) -> Event:
+        return event_of(reply)
 
 
 class Transaction:

@@ -45,12 +45,13 @@ from outrig._base import (
 from outrig._changes import ChangeFeedState, delete_subscription_request
 from outrig._codec import AnyEntry, decode_entries
 from outrig._delivery import deliveries_of
-from outrig._exceptions import CallCancelledError, DeadlineExceededError, OutrigError, UnavailableError
+from outrig._exceptions import DeadlineExceededError, OutrigError, UnavailableError
 from outrig._matchers import OrderBy
 from outrig._tls import TLS, channel_credentials, token_metadata
 from outrig.aio._changes import AsyncChangeStream
 from outrig.aio._delivery import AsyncDelivery, AsyncTaking
 from outrig.aio._mux import AsyncMux
+from outrig.aio._streams import AsyncResumableStream
 from outrig.v1 import space_pb2 as pb
 
 __all__ = ["AsyncLease", "AsyncNotification", "AsyncSpace", "connect"]
@@ -574,7 +575,7 @@ class AsyncLease(BaseLease):
             raise result.error
 
 
-class AsyncNotification:
+class AsyncNotification(AsyncResumableStream[Event]):
     """A notify registration: an async context manager and async iterator of `Event` objects.
 
     The twin of `outrig.Notification`: entering it waits for the registration's `lease`, the
@@ -582,13 +583,12 @@ class AsyncNotification:
     with `UnavailableError` are retried as there.
     """
 
+    _what = "notification"
+
     def __init__(self, space: AsyncSpace, request: pb.NotifyRequest) -> None:
-        self._space = space
+        super().__init__(space)
         self._request = request
-        self._call: Any = None
         self._lease: AsyncLease | None = None
-        self._closed = False
-        self._used: str | None = None  # where the stream went (None: home), for `reroute`
 
     @property
     def lease(self) -> AsyncLease:
@@ -597,87 +597,24 @@ class AsyncNotification:
             raise RuntimeError("the notification has not started: use it in an async with block first")
         return self._lease
 
-    async def __aenter__(self) -> AsyncNotification:
-        await self._start()
-        return self
+    def _method(self, stub: Any) -> Any:
+        return stub.Notify
 
-    async def __aexit__(
-        self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
+    def _first_request(self) -> pb.NotifyRequest:
+        return self._request
 
-    async def _start(self) -> None:
-        if self._call is not None:
-            return
-        if self._closed:
-            raise RuntimeError("the notification is closed")
-        try:
-            first = await self._space._call(self._open, self._request)
-            self._lease = AsyncLease(self._space, registration_of(first))
-        except BaseException:
-            await self.close()
-            raise
+    def _started(self, first: pb.NotifyReply | None) -> None:
+        self._lease = AsyncLease(self._space, registration_of(first))
 
-    async def _open(self, request: pb.NotifyRequest) -> pb.NotifyReply | None:
-        """Open a notify stream and return its first message, which carries the registration."""
-        if self._closed:  # close() from another task while a retry slept
-            raise CallCancelledError("the notification was closed")
-        space = self._space
-        self._used = space._connection.route_of(space.name)
-        self._call = call = space._stub.Notify(request)
-        try:
-            first = await call.read()
-        except BaseException:
-            call.cancel()
-            raise
-        return None if first is grpc.aio.EOF else first
-
-    def __aiter__(self) -> AsyncNotification:
-        return self
-
-    async def __anext__(self) -> Event:
-        await self._start()
-        while not self._closed:
-            try:
-                with rpc_errors:
-                    reply = await self._call.read()
-            except (CallCancelledError, asyncio.CancelledError):
-                # close() from another task cancels the call under us: end quietly, unless it is
-                # this task that is being cancelled.
-                if self._closed and not _being_cancelled():
-                    break
-                raise
-            except UnavailableError as err:
-                self._space._connection.reroute(self._space.name, self._used, err)
-                if not self._space._may_reattach():
-                    raise
-                await self._resume()
-                continue
-            if reply is grpc.aio.EOF:
-                break
-            return event_of(reply)
-        raise StopAsyncIteration
-
-    async def _resume(self) -> None:
+    def _resume_request(self) -> pb.NotifyRequest:
         """Attach a new stream to the registration (NotFoundError if it has ended meanwhile)."""
-        try:
-            first = await self._space._call(self._open, self._space._resume_request(self.lease))
-        except (CallCancelledError, asyncio.CancelledError):
-            if self._closed and not _being_cancelled():
-                return
-            raise
+        return self._space._resume_request(self.lease)
+
+    def _resumed(self, first: pb.NotifyReply | None) -> None:
         self.lease._update(registration_of(first))
 
-    async def close(self) -> None:
-        """Stop receiving events by cancelling the stream."""
-        self._closed = True
-        if self._call is not None:
-            self._call.cancel()
-
-
-def _being_cancelled() -> bool:
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
+    def _item(self, reply: pb.NotifyReply) -> Event:
+        return event_of(reply)
 
 
 class AsyncTransaction:

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 from google.protobuf.message import DecodeError
 
-from outrig._protocol import tag, varint
+from outrig._protocol import CHANGE_KIND_NUMBERS, tag, varint
 from outrig.service.config import SPACE_NAME
 from outrig.service.engine.changes import CHANGE_KINDS, Change
 from outrig.service.engine.inspection import ChangeLogView
@@ -32,14 +32,7 @@ from outrig.service.protocol import wire
 from outrig.v1 import space_pb2 as pb
 
 #: The kinds of change, as the engine names them and as the wire numbers them.
-KIND_NUMBERS: dict[str, int] = {
-    "write": pb.CHANGE_KIND_WRITE,
-    "take": pb.CHANGE_KIND_TAKE,
-    "expire": pb.CHANGE_KIND_EXPIRE,
-    "cancel": pb.CHANGE_KIND_CANCEL,
-    "purge": pb.CHANGE_KIND_PURGE,
-    "dead": pb.CHANGE_KIND_DEAD,
-}
+KIND_NUMBERS: dict[str, int] = CHANGE_KIND_NUMBERS
 KIND_NAMES: dict[int, str] = {number: name for name, number in KIND_NUMBERS.items()}
 if set(KIND_NUMBERS) != set(CHANGE_KINDS):
     raise AssertionError("the wire's ChangeKind and the engine's CHANGE_KINDS differ")

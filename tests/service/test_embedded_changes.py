@@ -409,3 +409,22 @@ async def test_under_always_a_feed_shows_a_change_only_once_its_batch_is_durable
         assert summary(await reader) == [(1, "write", 1)]
         await writer
         feed.close()
+
+
+async def test_check_counts_the_log_and_names_a_gap_and_a_write_without_its_payload(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    async with running(make_config(tmp_path / "data"), clock) as backend:
+        await backend.write(SPACE, [job(0), job(1), job(2)], None)
+        await take(backend, 0)
+    report = check_store(tmp_path / "data")
+    assert report.ok and report.spaces[0].changes == 4
+    assert "4 changes logged" in str(report)
+    with sqlite3.connect(database_path(tmp_path / "data")) as db:
+        db.execute("DELETE FROM changes WHERE seq = 2")  # a hole in the log
+        db.execute("UPDATE changes SET payload = NULL WHERE seq = 4")  # the take that held entry 0's payload
+        db.execute("DELETE FROM entries WHERE id = 3")  # and entry 2's row, without a change
+    problems = "\n".join(check_store(tmp_path / "data").problems)
+    assert "change 3 where 2 was due" in problems
+    assert "change 3 is a write whose entry is gone" in problems
+    assert "change 1 is a write whose entry is gone" in problems

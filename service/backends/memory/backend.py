@@ -177,6 +177,7 @@ class MemoryBackend(DeliveringMixin, ChangesMixin):
         for key in subscriptions:
             self._subscriptions.pop(key).end(error)
         self._end_feeds(name, error)
+        self._forget_changes(name)
         self._requests.forget_space(name)
         if self._recorder is not None:
             self._recorder.forget_space(name)

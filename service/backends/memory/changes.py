@@ -291,6 +291,14 @@ class ChangesMixin:
         if feed.durable and engine is not None and engine.changes is not None:
             engine.changes.release(feed.durable)
 
+    def _forget_changes(self, space: str) -> None:
+        """`space` is no longer served here: what this backend knew of its log's recording goes
+        (whoever serves it next loads the log from the store: `restore_changes`)."""
+        for known in (self._durable_through, self._change_batches, self._trim_recorded):
+            known.pop(space, None)
+        self._epoch_recorded.discard(space)
+        self.wake_feeds(space)
+
     def _end_feeds(self, space: str | None, error: SpaceError | None) -> None:
         """End the feeds of `space` (None: of every space)."""
         spaces = list(self._feeds) if space is None else [space]

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from outrig.service.backends.embedded.store.schema import DB_NAME, check_format, database_path
+from outrig.service.engine.changes import CHANGE_KINDS
 from outrig.service.exceptions import IncompatibleStoreError, StoreError
 from outrig.service.protocol import codec
 
@@ -30,6 +31,7 @@ class SpaceReport:
     entries: int
     expired: int  # entries whose lease has run out but that the server has not deleted yet
     registrations: int
+    changes: int = 0  # changes its change log holds (format 3)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,11 +63,13 @@ class CheckReport:
     def lines(self) -> list[str]:
         wal = f" (+ {self.wal_bytes:,} bytes of WAL)" if self.wal_bytes else ""
         lines = [f"{self.path}: store format {self.format_version}, {self.file_bytes:,} bytes{wal}"]
-        lines += [
-            f"space {space.name!r}: {space.entries} entries ({space.expired} expired, not yet deleted), "
-            f"{space.registrations} registrations"
-            for space in self.spaces
-        ]
+        for space in self.spaces:
+            lines.append(
+                f"space {space.name!r}: {space.entries} entries ({space.expired} expired, not yet deleted), "
+                f"{space.registrations} registrations"
+            )
+            if space.changes:
+                lines.append(f"space {space.name!r}: {space.changes} changes logged")
         lines.append(f"request ids: {self.requests} ({self.taken} taken entries kept for their retries)")
         lines += [f"problem: {problem}" for problem in self.problems]
         lines.append(self.verdict)
@@ -160,7 +164,7 @@ def check_store(data_dir: Path, *, now: float | None = None) -> CheckReport:
         file_bytes=path.stat().st_size,
         wal_bytes=wal.stat().st_size if wal.exists() else 0,
         spaces=tuple(
-            SpaceReport(tally.name, tally.entries, tally.expired, tally.registrations)
+            SpaceReport(tally.name, tally.entries, tally.expired, tally.registrations, tally.changes)
             for tally in sorted(checker.spaces.values(), key=lambda tally: tally.name)
         ),
         requests=checker.requests,
@@ -177,6 +181,7 @@ class _SpaceTally:
     entries: int = 0
     expired: int = 0
     registrations: int = 0
+    changes: int = 0
     max_entry_id: int = 0
     max_registration_id: int = 0
 
@@ -216,7 +221,9 @@ class _Checker:
     `spaces`; each space's next_id is above every entry id and registration id in it (or a
     restarted server would hand out an id twice, a pending delivery's receipt included); every
     taken entry belongs to a request; every
-    type's supertypes are a JSON list of names.
+    type's supertypes are a JSON list of names; (format 3) each space's change log runs gap-free
+    from its oldest seq, under an epoch, of known kinds, and every logged write's payload can be
+    found (its entry's row, or the later change that removed the entry).
     """
 
     def __init__(self, connection: sqlite3.Connection, now: float) -> None:
@@ -236,6 +243,7 @@ class _Checker:
             ("table registrations could not be read to the end", self._scan_registrations),
             ("table requests could not be read", self._scan_requests),
             ("taken entries could not be read to the end", self._scan_taken_entries),
+            ("the change log could not be read to the end", self._scan_changes),
         ]
         for failure, scan in passes:
             try:
@@ -332,6 +340,44 @@ class _Checker:
                 "taken entries without their request",
                 f"entry {entry_id} of space number {number} was taken by request {request_id!r}, "
                 "which has no requests row",
+            )
+
+    def _scan_changes(self) -> None:
+        tables = {name for (name,) in self.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "changes" not in tables:
+            return  # format 1 or 2: no change log yet
+        oldest = dict(self.execute("SELECT space, oldest FROM change_logs").fetchall())
+        last: dict[int, int] = {}
+        for number, seq, kind in self.execute("SELECT space, seq, kind FROM changes ORDER BY space, seq"):
+            tally = self._space(number, f"change {seq}")
+            if tally is None:
+                continue
+            tally.changes += 1
+            expected = last.get(number, oldest.get(number, 1) - 1) + 1
+            if number not in oldest and number not in last:
+                self.problems.add(
+                    "change logs without their epoch", f"space {tally.name!r}: changes but no change_logs row"
+                )
+            if seq != expected:
+                self.problems.add(
+                    "gaps in change logs", f"space {tally.name!r}: change {seq} where {expected} was due"
+                )
+            last[number] = seq
+            if kind not in CHANGE_KINDS:
+                self.problems.add(
+                    "changes of unknown kinds", f"space {tally.name!r}: change {seq} is {kind!r}"
+                )
+        for number, seq in self.execute(
+            "SELECT c.space, c.seq FROM changes AS c WHERE c.kind = 'write' AND c.payload IS NULL "
+            "AND NOT EXISTS (SELECT 1 FROM entries AS e WHERE e.space = c.space AND e.id = c.entry_id) "
+            "AND NOT EXISTS (SELECT 1 FROM changes AS r WHERE r.space = c.space AND r.entry_id = c.entry_id "
+            "AND r.seq > c.seq AND r.payload IS NOT NULL)"
+        ):
+            tally = self.spaces.get(number)
+            self.problems.add(
+                "logged writes without their payload",
+                f"space {tally.name if tally else number!r}: change {seq} is a write whose entry is gone "
+                "and no later change holds it",
             )
 
     def _check_next_ids(self) -> None:
