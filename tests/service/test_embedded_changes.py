@@ -428,3 +428,14 @@ async def test_check_counts_the_log_and_names_a_gap_and_a_write_without_its_payl
     assert "change 3 where 2 was due" in problems
     assert "change 3 is a write whose entry is gone" in problems
     assert "change 1 is a write whose entry is gone" in problems
+
+
+async def test_a_memory_only_server_makes_a_new_epoch_at_each_start(clock: FakeClock) -> None:
+    epochs = []
+    for _ in range(2):
+        async with running(make_config(None), clock) as backend:
+            await backend.write(SPACE, [job(0)], None)
+            log = backend.engine(SPACE).changes
+            assert log is not None and log.head == 1
+            epochs.append(log.epoch)
+    assert epochs[0] != epochs[1]  # a cursor of the first process is compacted in the second
