@@ -37,12 +37,12 @@ OUTRIG = {
     "ShuttingDownError", "StoreUnavailableError", "NotOwnerError", "NoOtherServerError",
     "RoutingValueError", "CrossPartitionError", "DeliveryExpiredError",
     # takes with an acknowledgement deadline (docs/work-queues.md)
-    "Delivery", "Returned", "Taking",
+    "Delivery", "Returned", "Taking", "Deliveries",
     "__version__",
 }  # fmt: skip
 AIO = {
     "connect", "AsyncSpace", "AsyncLease", "AsyncNotification", "AsyncTransaction", "AsyncDelivery",
-    "AsyncTaking",
+    "AsyncTaking", "AsyncDeliveries",
 }  # fmt: skip
 
 
@@ -85,7 +85,9 @@ def test_nowait_never_waits_and_if_exists_names_its_lock_wait(space: type) -> No
         parameters = inspect.signature(getattr(space, name)).parameters
         # A space's take_nowait may deliver (ack=); a transaction's may not (not under one).
         acked = (
-            ["ack", "max_deliveries"] if name == "take_nowait" and "Transaction" not in space.__name__ else []
+            ["ack", "max_deliveries", "settle"]
+            if name == "take_nowait" and "Transaction" not in space.__name__
+            else []
         )
         assert list(parameters) == ["self", "templates", "order_by", *acked], name
         for keyword in ("order_by", *acked):

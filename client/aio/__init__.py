@@ -10,10 +10,11 @@ Entries, templates, leases durations (`outrig.FOREVER`, `outrig.ANY`), `outrig.E
 `outrig.LeaseResult`, `outrig.Returned` and the errors are shared with the blocking client in `outrig`.
 """
 
-from outrig.aio._delivery import AsyncDelivery, AsyncTaking
+from outrig.aio._delivery import AsyncDeliveries, AsyncDelivery, AsyncTaking
 from outrig.aio._space import AsyncLease, AsyncNotification, AsyncSpace, AsyncTransaction, connect
 
 __all__ = [
+    "AsyncDeliveries",
     "AsyncDelivery",
     "AsyncLease",
     "AsyncNotification",

@@ -43,11 +43,11 @@ from outrig._base import (
     rpc_errors,
 )
 from outrig._codec import AnyEntry, decode_entries
-from outrig._delivery import deliveries_of
+from outrig._delivery import Settle, ack_many_request, acked_many, check_ack, deliveries_of, mark_settled
 from outrig._exceptions import CallCancelledError, DeadlineExceededError, OutrigError, UnavailableError
 from outrig._matchers import OrderBy
 from outrig._tls import TLS, channel_credentials, token_metadata
-from outrig.aio._delivery import AsyncDelivery, AsyncTaking
+from outrig.aio._delivery import AsyncDeliveries, AsyncDelivery, AsyncTaking
 from outrig.aio._mux import AsyncMux
 from outrig.v1 import space_pb2 as pb
 
@@ -211,6 +211,7 @@ class AsyncSpace(BaseSpace):
         order_by: OrderBy = None,
         ack: float,
         max_deliveries: int = 0,
+        settle: Settle = None,
     ) -> AsyncDelivery | None: ...
     async def take(
         self,
@@ -220,6 +221,7 @@ class AsyncSpace(BaseSpace):
         order_by: OrderBy = None,
         ack: float | None = None,
         max_deliveries: int = 0,
+        settle: Settle = None,
     ) -> AnyEntry | AsyncDelivery | None:
         """Remove and return a matching entry, waiting up to ``timeout`` seconds (None: no limit).
 
@@ -227,9 +229,9 @@ class AsyncSpace(BaseSpace):
         `AsyncDelivery` (see `outrig.Space.take`).
         """
         request = self._take_request(
-            templates, timeout, order_by=order_by, ack=ack, max_deliveries=max_deliveries
+            templates, timeout, order_by=order_by, ack=ack, max_deliveries=max_deliveries, settle=settle
         )
-        return self._taken_one(request, await self._call(self._ops["Take"], request))
+        return self._taken_one(request, await self._call(self._ops["Take"], request), settle)
 
     @overload
     async def take_nowait(
@@ -237,7 +239,13 @@ class AsyncSpace(BaseSpace):
     ) -> AnyEntry | None: ...
     @overload
     async def take_nowait(
-        self, templates: Templates, *, order_by: OrderBy = None, ack: float, max_deliveries: int = 0
+        self,
+        templates: Templates,
+        *,
+        order_by: OrderBy = None,
+        ack: float,
+        max_deliveries: int = 0,
+        settle: Settle = None,
     ) -> AsyncDelivery | None: ...
     async def take_nowait(
         self,
@@ -246,12 +254,19 @@ class AsyncSpace(BaseSpace):
         order_by: OrderBy = None,
         ack: float | None = None,
         max_deliveries: int = 0,
+        settle: Settle = None,
     ) -> AnyEntry | AsyncDelivery | None:
         """Remove and return an entry that matches now, or None; never waits. ``ack``: deliver it."""
         request = self._take_request(
-            templates, 0.0, if_exists=True, order_by=order_by, ack=ack, max_deliveries=max_deliveries
+            templates,
+            0.0,
+            if_exists=True,
+            order_by=order_by,
+            ack=ack,
+            max_deliveries=max_deliveries,
+            settle=settle,
         )
-        return self._taken_one(request, await self._call(self._ops["Take"], request))
+        return self._taken_one(request, await self._call(self._ops["Take"], request), settle)
 
     async def take_if_exists(
         self, templates: Templates, *, lock_timeout: float | None, order_by: OrderBy = None
@@ -287,9 +302,12 @@ class AsyncSpace(BaseSpace):
     def _delivered(self, reply: pb.MatchReply) -> list[AsyncDelivery]:
         return deliveries_of(reply, lambda entry, message: AsyncDelivery(self, entry, message))
 
-    def _taken_one(self, request: pb.MatchRequest, reply: pb.MatchReply) -> AnyEntry | AsyncDelivery | None:
+    def _taken_one(
+        self, request: pb.MatchRequest, reply: pb.MatchReply, settle: Settle = None
+    ) -> AnyEntry | AsyncDelivery | None:
         if not request.HasField("ack"):
             return first_entry(reply)
+        mark_settled(request, settle)
         found = self._delivered(reply)
         return found[0] if found else None
 
@@ -326,6 +344,7 @@ class AsyncSpace(BaseSpace):
         order_by: OrderBy = None,
         ack: float,
         max_deliveries: int = 0,
+        settle: Settle = None,
     ) -> list[AsyncDelivery]: ...
     async def take_many(
         self,
@@ -336,6 +355,7 @@ class AsyncSpace(BaseSpace):
         order_by: OrderBy = None,
         ack: float | None = None,
         max_deliveries: int = 0,
+        settle: Settle = None,
     ) -> list[AnyEntry] | list[AsyncDelivery]:
         """Remove and return up to ``max_entries`` matching entries; see `outrig.Space.take_many`
         (and its ``ack``)."""
@@ -346,9 +366,61 @@ class AsyncSpace(BaseSpace):
             order_by=order_by,
             ack=ack,
             max_deliveries=max_deliveries,
+            settle=settle,
         )
         reply: pb.MatchReply = await self._call(self._ops["TakeMany"], request)
-        return self._delivered(reply) if ack is not None else decode_entries(reply.entries)
+        if ack is None:
+            return decode_entries(reply.entries)
+        mark_settled(request, settle)
+        return self._delivered(reply)
+
+    async def ack_many(self, deliveries: Sequence[AsyncDelivery]) -> list[OutrigError | None]:
+        """Acknowledge several deliveries of this space (a `take_many`'s list, say) in one call
+        and one durable change; return one outcome per delivery, in order: None (acknowledged,
+        and marked settled) or the error that left it alone (`DeliveryExpiredError`: its
+        delivery had ended), so that one late receipt does not fail the others."""
+        deliveries = list(deliveries)
+        if not deliveries:
+            return []
+        request = ack_many_request(self.name, deliveries, self._request_id())
+        reply: pb.AckReply = await self._call(self._ops["Ack"], request)
+        return acked_many(deliveries, reply)
+
+    def deliveries(
+        self,
+        templates: Templates,
+        timeout: float | None = None,
+        *,
+        ack: float = 30.0,
+        order_by: OrderBy = None,
+        max_deliveries: int = 0,
+    ) -> AsyncDeliveries:
+        """A worker loop of takes with an acknowledgement deadline, each settling the last::
+
+            async with space.deliveries(Job(), ack=30.0, timeout=60.0) as jobs:
+                async for delivery in jobs:
+                    run(delivery.entry)
+
+        Each step takes the next delivery (waiting up to ``timeout`` seconds; the loop ends when
+        none came in time, None: it never ends) and, in the same call, acknowledges the one
+        before if the body left it unsettled: two calls per job (its write and its take). The
+        body may `ack` or `nack` a delivery itself, or `extend` it. When the block ends normally
+        its last delivery is acknowledged; when it raises, that delivery is returned (`nack`,
+        with the space's backoff) and the exception goes on. A delivery whose deadline passed
+        before the next take could settle it is counted in ``late`` (it is delivered again) and
+        the loop goes on.
+        """
+        check_ack(ack, max_deliveries)
+
+        async def take(previous: AsyncDelivery | None) -> AsyncDelivery | None:
+            request = self._take_request(
+                templates, timeout, order_by=order_by, ack=ack, max_deliveries=max_deliveries, settle=previous
+            )
+            found = self._delivered(await self._call(self._ops["Take"], request))
+            mark_settled(request, previous)
+            return found[0] if found else None
+
+        return AsyncDeliveries(take)
 
     def contents(
         self, templates: Templates, *, max_entries: int = 0, order_by: OrderBy = None

@@ -61,6 +61,7 @@ from outrig.service.engine.model import (
 )
 from outrig.service.engine.space import SpaceEngine
 from outrig.service.exceptions import (
+    DeliveryExpiredError,
     InvalidArgumentError,
     NoOtherServerError,
     NotOwnerError,
@@ -735,6 +736,7 @@ class PostgresBackend(MemoryBackend):
         ack: float,
         max_deliveries: int = 0,
         request_id: str = "",
+        settle: Sequence[int] = (),
     ) -> list[Delivery]:
         await self._ensure(space)
         return await super().deliver(
@@ -745,11 +747,18 @@ class PostgresBackend(MemoryBackend):
             ack=ack,
             max_deliveries=max_deliveries,
             request_id=request_id,
+            settle=settle,
         )
 
     async def ack(self, space: str, receipt: int, *, request_id: str = "") -> None:
         await self._ensure(space)
         await super().ack(space, receipt, request_id=request_id)
+
+    async def ack_many(
+        self, space: str, receipts: Sequence[int], *, request_id: str = ""
+    ) -> list[DeliveryExpiredError | None]:
+        await self._ensure(space)
+        return await super().ack_many(space, receipts, request_id=request_id)
 
     async def nack(self, space: str, receipt: int, delay: float | None, *, request_id: str = "") -> Returned:
         await self._ensure(space)
