@@ -91,13 +91,18 @@ def test_the_worker_loop_settles_each_delivery_with_the_next_take(served: Served
     assert space.browse().entries == []  # all acknowledged, the last by the take that timed out
 
 
+def _fail_at(space: outrig.Space, n: int) -> None:
+    with space.deliveries(Job(region="eu"), ack=30.0) as jobs:
+        for delivery in jobs:
+            if numbers([delivery.entry]) == [n]:
+                raise KeyError("n")
+
+
 def test_the_worker_loop_nacks_on_an_exception_and_acks_the_last_on_exit(served: Served) -> None:
     space = served.space
     space.write_many([Job(region="eu", n=n) for n in range(3)])
-    with pytest.raises(KeyError), space.deliveries(Job(region="eu"), ack=30.0) as jobs:
-        for delivery in jobs:
-            if numbers([delivery.entry]) == [1]:
-                raise KeyError("n")
+    with pytest.raises(KeyError):
+        _fail_at(space, 1)
     # 0 was settled by the take of 1; 1 was returned (with the space's backoff), 2 untouched.
     (browsed_1,) = [b for b in space.browse().entries if b.entry == Job(region="eu", n=1)]
     assert browsed_1.deliveries == 1 and browsed_1.receipt is None

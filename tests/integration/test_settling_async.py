@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 import outrig
+import outrig.aio
 
 from .test_deliveries import Job, numbers
 from .test_deliveries_async import AsyncServed, served
@@ -31,16 +32,20 @@ async def test_async_settles_and_batch_acks(served: AsyncServed) -> None:
     assert (await space.browse()).entries == []
 
 
+async def _work(space: outrig.aio.AsyncSpace, seen: list[int | None], fail_at: int) -> None:
+    async with space.deliveries(Job(region="eu"), ack=30.0, timeout=0.5) as jobs:
+        async for delivery in jobs:
+            seen.extend(numbers([delivery.entry]))
+            if seen[-1] == fail_at:
+                raise KeyError("n")  # returned, with the space's backoff
+
+
 async def test_async_worker_loop(served: AsyncServed) -> None:
     space = served.space
     await space.write_many([Job(region="eu", n=n) for n in range(4)])
     seen: list[int | None] = []
     with pytest.raises(KeyError):
-        async with space.deliveries(Job(region="eu"), ack=30.0, timeout=0.5) as jobs:
-            async for delivery in jobs:
-                seen.extend(numbers([delivery.entry]))
-                if seen[-1] == 2:
-                    raise KeyError("n")  # returned, with the space's backoff
+        await _work(space, seen, fail_at=2)
     async with space.deliveries(Job(region="eu"), ack=30.0, timeout=0.5) as jobs:
         async for delivery in jobs:
             seen.extend(numbers([delivery.entry]))
