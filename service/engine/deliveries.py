@@ -125,6 +125,11 @@ class DeliveriesMixin:
             return None
         return self._leases.next_expiry()
 
+    def take_limit(self, receipt: int | None) -> int:
+        """The max_deliveries of the take that made the pending delivery `receipt` (0: none of
+        its own, the space's applies), which the store keeps with the entry's delivery state."""
+        return 0 if receipt is None else self._take_limits.get(receipt, 0)
+
     def hidden_entries(self) -> list[StoredEntry]:
         """Every hidden entry (pending deliveries, then delayed ones), a copy."""
         return [*self._pending.values(), *self._delayed.values()]

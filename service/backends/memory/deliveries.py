@@ -35,8 +35,9 @@ from outrig.service.exceptions import DeliveryExpiredError, SpaceError
 __all__ = ["DeliveringMixin", "visibility_record"]
 
 
-def visibility_record(space: str, stored: StoredEntry) -> Record:
-    """An entry's delivery state as it is now (memory/journal.py)."""
+def visibility_record(space: str, stored: StoredEntry, max_deliveries: int = 0) -> Record:
+    """An entry's delivery state as it is now (memory/journal.py), with its pending delivery's
+    take's own `max_deliveries` (`SpaceEngine.take_limit`; 0: none)."""
     return (
         "visibility",
         space,
@@ -45,6 +46,7 @@ def visibility_record(space: str, stored: StoredEntry) -> Record:
         stored.receipt,
         stored.deliveries,
         stored.dead_letter_reason or None,
+        max_deliveries,
     )
 
 
@@ -200,7 +202,7 @@ class DeliveringMixin:
             _unsettle(engine, settled)
             raise
         records: list[Record] = [("delete", space, stored.id) for stored in settled]
-        records += [visibility_record(space, d.entry) for d in deliveries]
+        records += [visibility_record(space, d.entry, engine.take_limit(d.receipt)) for d in deliveries]
         records += self._recorder.id_records(space, engine)  # receipts are ids of the space
         if outcome is not None and not deliveries:
             records.append((*Recorder.request_head(outcome), *_SETTLED_ONLY))
@@ -317,7 +319,8 @@ class DeliveringMixin:
             deadline = engine.extend(receipt, seconds)
             assert before is not None  # engine.extend raised otherwise
             if self._recorder is not None:
-                records: list[Record] = [visibility_record(space, before.entry)]
+                limit = engine.take_limit(receipt)
+                records: list[Record] = [visibility_record(space, before.entry, limit)]
                 if outcome is not None:
                     records.append((*Recorder.request_head(outcome), receipt, 1, deadline, None))
                 await self._commit(records, lambda: engine.restore_delivery(before), outcome=outcome)

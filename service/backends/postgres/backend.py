@@ -354,7 +354,7 @@ class PostgresBackend(MemoryBackend):
         for name, supertypes in rows.types:
             engine.declare(name, tuple(supertypes))
         for row, new in zip(rows.entries, decoded, strict=True):
-            entry_id, arrival, expires_at, _, _, hidden_until, receipt, deliveries, reason = row
+            entry_id, arrival, expires_at, _, _, hidden_until, receipt, deliveries, reason, limit = row
             engine.load(
                 entry_id,
                 arrival,
@@ -364,6 +364,7 @@ class PostgresBackend(MemoryBackend):
                 receipt=receipt,
                 deliveries=deliveries,
                 dead_letter_reason=reason or "",
+                max_deliveries=limit,
             )
         # Open transactions, as their last owner left them: their writes, takes and read locks.
         transactions = {
@@ -544,7 +545,7 @@ class PostgresBackend(MemoryBackend):
         (stored,), _ = engine.write_entries([entry], lease, carried=(deliveries, reason))
         records: list[Record] = [
             ("put", dead, stored.id, stored.arrival, stored.expires_at, stored.payload),
-            ("visibility", dead, stored.id, None, None, deliveries, reason),
+            ("visibility", dead, stored.id, None, None, deliveries, reason, 0),
         ]
         records += [
             ("type", dead, name, json.dumps(list(parents))) for name, parents in engine.declared.items()

@@ -304,6 +304,14 @@ MIGRATIONS: Final[tuple[tuple[int, str], ...]] = (
         CREATE INDEX outrig_dead_letters_dead_space ON outrig_dead_letters (dead_space, moved_at);
         """,
     ),
+    (
+        5,
+        """
+        -- A pending delivery's take's own max_deliveries (0: none, the space's setting applies),
+        -- so that it still applies after a restart or a takeover.
+        ALTER TABLE outrig_entries ADD COLUMN max_deliveries integer NOT NULL DEFAULT 0;
+        """,
+    ),
 )
 
 SCHEMA_VERSION: Final = MIGRATIONS[-1][0]
