@@ -57,7 +57,7 @@ async def test_a_takes_max_deliveries_survives_a_restart(
 
         await wait_until_async(reaped, what="the lapsed deliveries to end")
         assert (await backend.nack(SPACE, nacked.receipt, 0.0)).dead_letter == "jobs.dead"
-        assert sorted(await dead_letters(backend)) == sorted(numbers([nacked, lapsing]))
+        assert set(await dead_letters(backend)) == set(numbers([nacked, lapsing]))
     assert check_store(durable.data_dir).ok  # type: ignore[arg-type]
 
 
