@@ -375,15 +375,14 @@ class AsyncSpace(BaseSpace):
         return self._delivered(reply)
 
     async def ack_many(self, deliveries: Sequence[AsyncDelivery]) -> list[OutrigError | None]:
-        """Acknowledge several deliveries of this space (a `take_many`'s list, say) in one call
-        and one durable change; return one outcome per delivery, in order: None (acknowledged,
-        and marked settled) or the error that left it alone (`DeliveryExpiredError`: its
-        delivery had ended), so that one late receipt does not fail the others."""
+        """Acknowledge several deliveries in one call; per-delivery errors are returned, not
+        raised (see `outrig.Space.ack_many`)."""
         deliveries = list(deliveries)
         if not deliveries:
             return []
-        request = ack_many_request(self.name, deliveries, self._request_id())
-        reply: pb.AckReply = await self._call(self._ops["Ack"], request)
+        reply = await self._call(
+            self._ops["Ack"], ack_many_request(self.name, deliveries, self._request_id())
+        )
         return acked_many(deliveries, reply)
 
     def deliveries(
@@ -395,21 +394,9 @@ class AsyncSpace(BaseSpace):
         order_by: OrderBy = None,
         max_deliveries: int = 0,
     ) -> AsyncDeliveries:
-        """A worker loop of takes with an acknowledgement deadline, each settling the last::
-
-            async with space.deliveries(Job(), ack=30.0, timeout=60.0) as jobs:
-                async for delivery in jobs:
-                    run(delivery.entry)
-
-        Each step takes the next delivery (waiting up to ``timeout`` seconds; the loop ends when
-        none came in time, None: it never ends) and, in the same call, acknowledges the one
-        before if the body left it unsettled: two calls per job (its write and its take). The
-        body may `ack` or `nack` a delivery itself, or `extend` it. When the block ends normally
-        its last delivery is acknowledged; when it raises, that delivery is returned (`nack`,
-        with the space's backoff) and the exception goes on. A delivery whose deadline passed
-        before the next take could settle it is counted in ``late`` (it is delivered again) and
-        the loop goes on.
-        """
+        """A worker loop of takes with an acknowledgement deadline, each settling the delivery
+        before it: ``async with space.deliveries(Job(), ack=30.0, timeout=60.0) as jobs:`` then
+        ``async for delivery in jobs:``; see `outrig.Space.deliveries`."""
         check_ack(ack, max_deliveries)
 
         async def take(previous: AsyncDelivery | None) -> AsyncDelivery | None:
