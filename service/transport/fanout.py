@@ -34,7 +34,7 @@ from outrig.service.engine.ordered import in_request_order
 from outrig.service.engine.partitions import ID_STRIDE, partition_name, partition_of_id, split_name
 from outrig.service.exceptions import DeliveryExpiredError
 from outrig.service.protocol import codec, wire
-from outrig.service.protocol.deliveries import DELIVERIES_FIELD, delivery_field
+from outrig.service.protocol.deliveries import DELIVERIES_FIELD, delivery_field, settle_receipts
 from outrig.service.transport import handlers
 from outrig.service.transport.routing import FanOut, copy_for
 from outrig.v1 import space_pb2 as pb
@@ -194,6 +194,8 @@ class Fan:
         # answers its own request id with its deliveries still pending, and an entry delivered
         # beyond what the caller wants is not lost: it is visible again at its deadline.
         delivered: dict[int, bytes] | None = {} if request.HasField("ack") else None
+        if request.settle:  # the checks the servicer makes of one partition's take
+            settle_receipts(request, self._limits, request.ack if take and delivered is not None else None)
         if take and request.settle:
             await self._settle(request, fan, context)
             request = copy_for(request, request.space)

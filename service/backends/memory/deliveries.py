@@ -130,7 +130,11 @@ class DeliveringMixin:
                 self._find, engine, templates, True, max_entries, ack=ack, max_deliveries=max_deliveries
             )
             if settled:
-                found = await find(0, False)  # the step that can fail after the acks: none waits
+                try:
+                    found = await find(0, False)  # none waits: the acks are recorded with it
+                except BaseException:
+                    _unsettle(engine, settled)
+                    raise
                 if not found and timeout != 0:
                     # An ack that precedes a take that waits is durable before the take waits.
                     await self._commit_settled(space, engine, settled, outcome)
