@@ -44,7 +44,7 @@ from outrig._admin import (
 from outrig._base import ANY, FOREVER, Event, LeaseResult, Location, Placement, channel_options
 from outrig._changes import Change, ChangeStream
 from outrig._codec import entry_from_bytes, entry_to_bytes
-from outrig._delivery import Delivery, Returned, Taking
+from outrig._delivery import Deliveries, Delivery, Returned, Taking
 from outrig._entry import Entry, GenericEntry
 from outrig._exceptions import (
     AbortedError,
@@ -128,6 +128,7 @@ __all__ = [
     "CrossPartitionError",
     "DataLossError",
     "DeadlineExceededError",
+    "Deliveries",
     "Delivery",
     "DeliveryExpiredError",
     "Entry",

@@ -29,7 +29,7 @@ from outrig._codec import (
     encode_value,
     iter_templates,
 )
-from outrig._delivery import check_ack, fill_ack, fill_visibility
+from outrig._delivery import Settle, check_ack, fill_ack, fill_settle, fill_visibility, settle_list
 from outrig._exceptions import (
     InternalError,
     NotOwnerError,
@@ -718,16 +718,21 @@ class BaseSpace:
         order_by: OrderBy = None,
         ack: float | None = None,
         max_deliveries: int = 0,
+        settle: Settle = None,
     ) -> pb.MatchRequest:
         # A take changes the space, so a retry must not take a second entry: the id lets the
         # server answer it with the entry the first attempt took.
         checked = check_ack(ack, max_deliveries)
+        settled = settle_list(self._name, settle)
         request = self._match_request(
             templates, timeout, if_exists=if_exists, max_entries=max_entries, order_by=order_by
         )
         request.request_id = self._request_id()
         if checked is not None:  # a take with an acknowledgement deadline (outrig._delivery)
             fill_ack(request, checked, max_deliveries)
+            fill_settle(request, settled)
+        elif settled:
+            raise TypeError("settle needs ack: a take with ack= settles earlier deliveries")
         return request
 
     def _contents_request(

@@ -20,25 +20,33 @@ import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from outrig._codec import AnyEntry, decode_entry
-from outrig._exceptions import InternalError, OutrigError
+from outrig._exceptions import DeliveryExpiredError, InternalError, OutrigError, error_from_code
 from outrig.v1 import space_pb2 as pb
 
 if TYPE_CHECKING:
     from outrig._sync import Space
 
 __all__ = [
+    "BaseDeliveries",
     "BaseDelivery",
+    "Deliveries",
     "Delivery",
     "Returned",
+    "Settle",
     "Taking",
+    "ack_many_request",
+    "acked_many",
     "check_ack",
     "deliveries_of",
     "fill_ack",
+    "fill_settle",
     "fill_visibility",
+    "mark_settled",
     "returned_of",
+    "settle_list",
     "settlement",
 ]
 
@@ -189,6 +197,68 @@ class BaseDelivery:
         )
 
 
+#: What a take's ``settle=`` takes: one delivery, several, or None (none).
+Settle = BaseDelivery | Sequence[BaseDelivery] | None
+
+
+def settle_list(space_name: str, settle: object) -> list[BaseDelivery]:
+    """A take's ``settle=`` as a list: deliveries of this space, none settled by this client."""
+    if settle is None:
+        return []
+    given = [settle] if isinstance(settle, BaseDelivery) else settle
+    if not isinstance(given, Sequence) or isinstance(given, str | bytes):
+        raise TypeError(f"settle must be a Delivery or a list of them, got {type(settle).__name__}")
+    found: list[BaseDelivery] = []
+    for delivery in given:
+        if not isinstance(delivery, BaseDelivery):
+            raise TypeError(f"settle must hold deliveries, got {type(delivery).__name__}")
+        delivery._own(space_name)
+        if delivery.settled:
+            raise ValueError(f"{delivery!r} is settled already (acknowledged or returned)")
+        found.append(delivery)
+    return found
+
+
+def fill_settle(request: pb.MatchRequest, deliveries: Sequence[BaseDelivery]) -> None:
+    """Have a take with ack acknowledge these deliveries before it takes."""
+    request.settle.extend(delivery.receipt for delivery in deliveries)
+
+
+def mark_settled(request: pb.MatchRequest, settle: Settle) -> None:
+    """A take that settled deliveries answered (so it acknowledged them all)."""
+    if not request.settle or settle is None:
+        return
+    for delivery in [settle] if isinstance(settle, BaseDelivery) else settle:
+        delivery._settled = True
+
+
+def ack_many_request(space_name: str, deliveries: Sequence[BaseDelivery], request_id: str) -> pb.AckRequest:
+    """One Ack of a batch of deliveries of this space."""
+    for delivery in deliveries:
+        if not isinstance(delivery, BaseDelivery):
+            raise TypeError(f"ack_many takes deliveries, got {type(delivery).__name__}")
+        delivery._own(space_name)
+    return pb.AckRequest(
+        space=space_name, receipts=[delivery.receipt for delivery in deliveries], request_id=request_id
+    )
+
+
+def acked_many(deliveries: Sequence[BaseDelivery], reply: pb.AckReply) -> list[OutrigError | None]:
+    """Per delivery, None (acknowledged: marked settled) or the error that left it alone."""
+    if len(reply.results) != len(deliveries):
+        raise InternalError(
+            f"the server answered an ack of {len(deliveries)} deliveries with {len(reply.results)} results"
+        )
+    outcomes: list[OutrigError | None] = []
+    for delivery, result in zip(deliveries, reply.results, strict=True):
+        if result.error_code:
+            outcomes.append(error_from_code(result.error_code, result.error_message, result.error_reason))
+        else:
+            delivery._settled = True
+            outcomes.append(None)
+    return outcomes
+
+
 def returned_of(reply: pb.NackReply) -> Returned:
     return Returned(reply.visible_at or None, reply.dead_letter)
 
@@ -275,6 +345,90 @@ class Taking:
         elif delivery is not None and settle == "nack":
             # The block's own error matters more; if the nack fails, the deadline returns the entry.
             with contextlib.suppress(OutrigError):
+                delivery.nack()
+
+
+class BaseDeliveries(Generic[D]):
+    """The state of a worker loop (`Space.deliveries`), shared by `Deliveries` and
+    `AsyncDeliveries`: the current delivery, what the next take settles, and the count of
+    deliveries whose deadline passed before the loop could settle them."""
+
+    __slots__ = ("_current", "_done", "late")
+
+    def __init__(self) -> None:
+        self._current: D | None = None
+        self._done = False
+        #: Deliveries the loop found past their deadline when it settled them (each was, or will
+        #: be, delivered again: a job that outran its ``ack``); the loop went on without them.
+        self.late = 0
+
+    @property
+    def current(self) -> D | None:
+        """The delivery the loop body is working on (None before the first, after the last)."""
+        return self._current
+
+    def _to_settle(self) -> D | None:
+        """The current delivery, if the body left it unsettled (the next take acknowledges it)."""
+        current = self._current
+        return current if current is not None and not current.settled else None
+
+    def _passed(self, previous: D | None, err: DeliveryExpiredError) -> None:
+        """The next take's settle of `previous` failed (its deadline had passed): go on without."""
+        if previous is None:
+            raise err
+        self.late += 1
+        self._current = None
+
+    def _advanced(self, delivery: D | None) -> bool:
+        """The next take answered: whether the loop goes on (a delivery) or ends (its timeout)."""
+        self._current = delivery
+        self._done = delivery is None
+        return not self._done
+
+    def _ending(self, kind: type[BaseException] | None) -> tuple[D | None, str | None]:
+        """The loop ends: its unsettled delivery, if any, and what to do with it (`settlement`)."""
+        delivery, self._current, self._done = self._to_settle(), None, True
+        return delivery, settlement(delivery, kind)
+
+
+class Deliveries(BaseDeliveries[Delivery]):
+    """``with space.deliveries(template, ack=30.0, timeout=5.0) as jobs:`` ``for delivery in jobs:``
+    (see `Space.deliveries`)."""
+
+    __slots__ = ("_take",)
+
+    def __init__(self, take: Callable[[Delivery | None], Delivery | None]) -> None:
+        super().__init__()
+        self._take = take
+
+    def __enter__(self) -> Deliveries:
+        return self
+
+    def __iter__(self) -> Deliveries:
+        return self
+
+    def __next__(self) -> Delivery:
+        if self._done:
+            raise StopIteration
+        previous = self._to_settle()
+        try:
+            delivery = self._take(previous)
+        except DeliveryExpiredError as err:
+            self._passed(previous, err)
+            delivery = self._take(None)
+        if not self._advanced(delivery):
+            raise StopIteration
+        assert delivery is not None
+        return delivery
+
+    def __exit__(
+        self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        delivery, settle = self._ending(kind)
+        if delivery is not None and settle == "ack":
+            delivery.ack()
+        elif delivery is not None and settle == "nack":
+            with contextlib.suppress(OutrigError):  # the body's error matters more
                 delivery.nack()
 
 

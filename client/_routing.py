@@ -98,6 +98,9 @@ def request_partition(request: Any, field: str, count: int) -> int | None:
     kind = type(request)
     if kind is pb.WriteRequest:  # the usual calls first, of one entry or template
         return _entry_partition(request.entry, field, count)
+    if kind is pb.MatchRequest and request.settle:  # a take that also acks: one partition for all
+        k = _one(_template_partition(template, field, count) for template in request.templates)
+        return _one([k, *(int(receipt) % ID_STRIDE for receipt in request.settle)])
     if kind is pb.MatchRequest or kind is pb.CountRequest:
         templates = request.templates
         if len(templates) == 1:
@@ -112,6 +115,8 @@ def request_partition(request: Any, field: str, count: int) -> int | None:
     if kind is pb.RenewLeasesRequest:
         ids = [renewal.id % ID_STRIDE for renewal in request.renewals]
         return _one(ids) if ids else None
+    if kind is pb.AckRequest and request.receipts:  # a batch: one partition's, or the space's
+        return _one(int(receipt) % ID_STRIDE for receipt in request.receipts)
     if kind is pb.AckRequest or kind is pb.NackRequest or kind is pb.ExtendRequest:
         return int(request.receipt) % ID_STRIDE  # a receipt is an id of its partition
     if kind is pb.BeginRequest:

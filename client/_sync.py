@@ -43,7 +43,17 @@ from outrig._base import (
 )
 from outrig._changes import ChangeFeedState, ChangeStream, delete_subscription_request
 from outrig._codec import AnyEntry, decode_entries
-from outrig._delivery import Delivery, Taking, deliveries_of
+from outrig._delivery import (
+    Deliveries,
+    Delivery,
+    Settle,
+    Taking,
+    ack_many_request,
+    acked_many,
+    check_ack,
+    deliveries_of,
+    mark_settled,
+)
 from outrig._exceptions import DeadlineExceededError, OutrigError, UnavailableError
 from outrig._matchers import OrderBy
 from outrig._mux import Mux
@@ -268,6 +278,7 @@ class Space(BaseSpace):
         order_by: OrderBy = None,
         ack: float,
         max_deliveries: int = 0,
+        settle: Settle = None,
     ) -> Delivery | None: ...
     def take(
         self,
@@ -277,6 +288,7 @@ class Space(BaseSpace):
         order_by: OrderBy = None,
         ack: float | None = None,
         max_deliveries: int = 0,
+        settle: Settle = None,
     ) -> AnyEntry | Delivery | None:
         """Remove and return a matching entry, waiting up to ``timeout`` seconds for one.
 
@@ -292,9 +304,9 @@ class Space(BaseSpace):
         transaction. See docs/work-queues.md.
         """
         request = self._take_request(
-            templates, timeout, order_by=order_by, ack=ack, max_deliveries=max_deliveries
+            templates, timeout, order_by=order_by, ack=ack, max_deliveries=max_deliveries, settle=settle
         )
-        return self._taken_one(request, self._call(self._ops["Take"], request))
+        return self._taken_one(request, self._call(self._ops["Take"], request), settle)
 
     @overload
     def take_nowait(
@@ -302,7 +314,13 @@ class Space(BaseSpace):
     ) -> AnyEntry | None: ...
     @overload
     def take_nowait(
-        self, templates: Templates, *, order_by: OrderBy = None, ack: float, max_deliveries: int = 0
+        self,
+        templates: Templates,
+        *,
+        order_by: OrderBy = None,
+        ack: float,
+        max_deliveries: int = 0,
+        settle: Settle = None,
     ) -> Delivery | None: ...
     def take_nowait(
         self,
@@ -311,13 +329,20 @@ class Space(BaseSpace):
         order_by: OrderBy = None,
         ack: float | None = None,
         max_deliveries: int = 0,
+        settle: Settle = None,
     ) -> AnyEntry | Delivery | None:
         """Remove and return an entry that matches now, or None; never waits (see `read_nowait`).
         ``ack``: deliver it instead, as `take` does."""
         request = self._take_request(
-            templates, 0.0, if_exists=True, order_by=order_by, ack=ack, max_deliveries=max_deliveries
+            templates,
+            0.0,
+            if_exists=True,
+            order_by=order_by,
+            ack=ack,
+            max_deliveries=max_deliveries,
+            settle=settle,
         )
-        return self._taken_one(request, self._call(self._ops["Take"], request))
+        return self._taken_one(request, self._call(self._ops["Take"], request), settle)
 
     def take_if_exists(
         self, templates: Templates, *, lock_timeout: float | None, order_by: OrderBy = None
@@ -361,10 +386,13 @@ class Space(BaseSpace):
     def _delivered(self, reply: pb.MatchReply) -> list[Delivery]:
         return deliveries_of(reply, lambda entry, message: Delivery(self, entry, message))
 
-    def _taken_one(self, request: pb.MatchRequest, reply: pb.MatchReply) -> AnyEntry | Delivery | None:
+    def _taken_one(
+        self, request: pb.MatchRequest, reply: pb.MatchReply, settle: Settle = None
+    ) -> AnyEntry | Delivery | None:
         """A take's entry, or a take with ack's delivery; None if nothing matched in time."""
         if not request.HasField("ack"):
             return first_entry(reply)
+        mark_settled(request, settle)
         found = self._delivered(reply)
         return found[0] if found else None
 
@@ -405,6 +433,7 @@ class Space(BaseSpace):
         order_by: OrderBy = None,
         ack: float,
         max_deliveries: int = 0,
+        settle: Settle = None,
     ) -> list[Delivery]: ...
     def take_many(
         self,
@@ -415,6 +444,7 @@ class Space(BaseSpace):
         order_by: OrderBy = None,
         ack: float | None = None,
         max_deliveries: int = 0,
+        settle: Settle = None,
     ) -> list[AnyEntry] | list[Delivery]:
         """Remove and return up to ``max_entries`` matching entries (at least one if any exist).
 
@@ -429,9 +459,61 @@ class Space(BaseSpace):
             order_by=order_by,
             ack=ack,
             max_deliveries=max_deliveries,
+            settle=settle,
         )
         reply: pb.MatchReply = self._call(self._ops["TakeMany"], request)
-        return self._delivered(reply) if ack is not None else decode_entries(reply.entries)
+        if ack is None:
+            return decode_entries(reply.entries)
+        mark_settled(request, settle)
+        return self._delivered(reply)
+
+    def ack_many(self, deliveries: Sequence[Delivery]) -> list[OutrigError | None]:
+        """Acknowledge several deliveries of this space (a `take_many`'s list, say) in one call
+        and one durable change; return one outcome per delivery, in order: None (acknowledged,
+        and marked settled) or the error that left it alone (`DeliveryExpiredError`: its
+        delivery had ended), so that one late receipt does not fail the others."""
+        deliveries = list(deliveries)
+        if not deliveries:
+            return []
+        request = ack_many_request(self.name, deliveries, self._request_id())
+        reply: pb.AckReply = self._call(self._ops["Ack"], request)
+        return acked_many(deliveries, reply)
+
+    def deliveries(
+        self,
+        templates: Templates,
+        timeout: float | None = None,
+        *,
+        ack: float = 30.0,
+        order_by: OrderBy = None,
+        max_deliveries: int = 0,
+    ) -> Deliveries:
+        """A worker loop of takes with an acknowledgement deadline, each settling the last::
+
+            with space.deliveries(Job(), ack=30.0, timeout=60.0) as jobs:
+                for delivery in jobs:
+                    run(delivery.entry)
+
+        Each step takes the next delivery (waiting up to ``timeout`` seconds; the loop ends when
+        none came in time, None: it never ends) and, in the same call, acknowledges the one
+        before if the body left it unsettled: two calls per job (its write and its take). The
+        body may `ack` or `nack` a delivery itself, or `extend` it. When the block ends normally
+        its last delivery is acknowledged; when it raises, that delivery is returned (`nack`,
+        with the space's backoff) and the exception goes on. A delivery whose deadline passed
+        before the next take could settle it is counted in ``late`` (it is delivered again) and
+        the loop goes on.
+        """
+        check_ack(ack, max_deliveries)
+
+        def take(previous: Delivery | None) -> Delivery | None:
+            request = self._take_request(
+                templates, timeout, order_by=order_by, ack=ack, max_deliveries=max_deliveries, settle=previous
+            )
+            found = self._delivered(self._call(self._ops["Take"], request))
+            mark_settled(request, previous)
+            return found[0] if found else None
+
+        return Deliveries(take)
 
     def contents(
         self, templates: Templates, *, max_entries: int = 0, order_by: OrderBy = None

@@ -62,6 +62,7 @@ class Limits:
     contents_chunk: int = 256  # entries per contents message
     max_stream_ops: int = 1024  # operations in flight on one Mux stream
     max_ack: float = 43_200.0  # longest acknowledgement deadline of a take (seconds), and extension
+    max_receipts: int = 1000  # receipts per batch ack, or settled by one take
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +190,7 @@ _POSITIVE = frozenset(
         "contents_chunk",
         "max_stream_ops",
         "max_ack",
+        "max_receipts",
         "default_lease",
         "max_lease",
         "partitions",

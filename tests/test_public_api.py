@@ -37,7 +37,7 @@ OUTRIG = {
     "ShuttingDownError", "StoreUnavailableError", "NotOwnerError", "NoOtherServerError",
     "RoutingValueError", "CrossPartitionError", "DeliveryExpiredError",
     # takes with an acknowledgement deadline (docs/work-queues.md)
-    "Delivery", "Returned", "Taking",
+    "Delivery", "Returned", "Taking", "Deliveries",
     # the change log (docs/notifications.md)
     "Change", "ChangeStream", "ChangeLogFigures", "SubscriptionInfo", "CompactedError",
     "SubscriptionBusyError", "SubscriptionNotFoundError",
@@ -45,7 +45,7 @@ OUTRIG = {
 }  # fmt: skip
 AIO = {
     "connect", "AsyncSpace", "AsyncLease", "AsyncNotification", "AsyncTransaction", "AsyncDelivery",
-    "AsyncTaking", "AsyncChangeStream",
+    "AsyncTaking", "AsyncChangeStream", "AsyncDeliveries",
 }  # fmt: skip
 
 
@@ -91,7 +91,9 @@ def test_nowait_never_waits_and_if_exists_names_its_lock_wait(space: type) -> No
         parameters = inspect.signature(getattr(space, name)).parameters
         # A space's take_nowait may deliver (ack=); a transaction's may not (not under one).
         acked = (
-            ["ack", "max_deliveries"] if name == "take_nowait" and "Transaction" not in space.__name__ else []
+            ["ack", "max_deliveries", "settle"]
+            if name == "take_nowait" and "Transaction" not in space.__name__
+            else []
         )
         assert list(parameters) == ["self", "templates", "order_by", *acked], name
         for keyword in ("order_by", *acked):

@@ -11,11 +11,12 @@ Entries, templates, leases durations (`outrig.FOREVER`, `outrig.ANY`), `outrig.E
 """
 
 from outrig.aio._changes import AsyncChangeStream
-from outrig.aio._delivery import AsyncDelivery, AsyncTaking
+from outrig.aio._delivery import AsyncDeliveries, AsyncDelivery, AsyncTaking
 from outrig.aio._space import AsyncLease, AsyncNotification, AsyncSpace, AsyncTransaction, connect
 
 __all__ = [
     "AsyncChangeStream",
+    "AsyncDeliveries",
     "AsyncDelivery",
     "AsyncLease",
     "AsyncNotification",

@@ -9,14 +9,14 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from outrig._codec import AnyEntry
-from outrig._delivery import BaseDelivery, Returned, settlement
-from outrig._exceptions import OutrigError
+from outrig._delivery import BaseDeliveries, BaseDelivery, Returned, settlement
+from outrig._exceptions import DeliveryExpiredError, OutrigError
 from outrig.v1 import space_pb2 as pb
 
 if TYPE_CHECKING:
     from outrig.aio._space import AsyncSpace
 
-__all__ = ["AsyncDelivery", "AsyncTaking"]
+__all__ = ["AsyncDeliveries", "AsyncDelivery", "AsyncTaking"]
 
 
 class AsyncDelivery(BaseDelivery):
@@ -77,4 +77,45 @@ class AsyncTaking:
             await delivery.ack()
         else:  # the block raised: its error goes on whether or not the nack gets through
             with contextlib.suppress(OutrigError):
+                await delivery.nack()
+
+
+class AsyncDeliveries(BaseDeliveries[AsyncDelivery]):
+    """``async with space.deliveries(template, ack=30.0, timeout=5.0) as jobs:``
+    ``async for delivery in jobs:`` (see `outrig.Space.deliveries`)."""
+
+    __slots__ = ("_take",)
+
+    def __init__(self, take: Callable[[AsyncDelivery | None], Awaitable[AsyncDelivery | None]]) -> None:
+        super().__init__()
+        self._take = take
+
+    async def __aenter__(self) -> AsyncDeliveries:
+        return self
+
+    def __aiter__(self) -> AsyncDeliveries:
+        return self
+
+    async def __anext__(self) -> AsyncDelivery:
+        if self._done:
+            raise StopAsyncIteration
+        previous = self._to_settle()
+        try:
+            delivery = await self._take(previous)
+        except DeliveryExpiredError as err:
+            self._passed(previous, err)
+            delivery = await self._take(None)
+        if not self._advanced(delivery):
+            raise StopAsyncIteration
+        assert delivery is not None
+        return delivery
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        delivery, settle = self._ending(kind)
+        if delivery is not None and settle == "ack":
+            await delivery.ack()
+        elif delivery is not None and settle == "nack":
+            with contextlib.suppress(OutrigError):  # the body's error matters more
                 await delivery.nack()

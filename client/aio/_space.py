@@ -44,12 +44,12 @@ from outrig._base import (
 )
 from outrig._changes import ChangeFeedState, delete_subscription_request
 from outrig._codec import AnyEntry, decode_entries
-from outrig._delivery import deliveries_of
+from outrig._delivery import Settle, ack_many_request, acked_many, check_ack, deliveries_of, mark_settled
 from outrig._exceptions import DeadlineExceededError, OutrigError, UnavailableError
 from outrig._matchers import OrderBy
 from outrig._tls import TLS, channel_credentials, token_metadata
 from outrig.aio._changes import AsyncChangeStream
-from outrig.aio._delivery import AsyncDelivery, AsyncTaking
+from outrig.aio._delivery import AsyncDeliveries, AsyncDelivery, AsyncTaking
 from outrig.aio._mux import AsyncMux
 from outrig.aio._streams import AsyncResumableStream
 from outrig.v1 import space_pb2 as pb
@@ -214,6 +214,7 @@ class AsyncSpace(BaseSpace):
         order_by: OrderBy = None,
         ack: float,
         max_deliveries: int = 0,
+        settle: Settle = None,
     ) -> AsyncDelivery | None: ...
     async def take(
         self,
@@ -223,6 +224,7 @@ class AsyncSpace(BaseSpace):
         order_by: OrderBy = None,
         ack: float | None = None,
         max_deliveries: int = 0,
+        settle: Settle = None,
     ) -> AnyEntry | AsyncDelivery | None:
         """Remove and return a matching entry, waiting up to ``timeout`` seconds (None: no limit).
 
@@ -230,9 +232,9 @@ class AsyncSpace(BaseSpace):
         `AsyncDelivery` (see `outrig.Space.take`).
         """
         request = self._take_request(
-            templates, timeout, order_by=order_by, ack=ack, max_deliveries=max_deliveries
+            templates, timeout, order_by=order_by, ack=ack, max_deliveries=max_deliveries, settle=settle
         )
-        return self._taken_one(request, await self._call(self._ops["Take"], request))
+        return self._taken_one(request, await self._call(self._ops["Take"], request), settle)
 
     @overload
     async def take_nowait(
@@ -240,7 +242,13 @@ class AsyncSpace(BaseSpace):
     ) -> AnyEntry | None: ...
     @overload
     async def take_nowait(
-        self, templates: Templates, *, order_by: OrderBy = None, ack: float, max_deliveries: int = 0
+        self,
+        templates: Templates,
+        *,
+        order_by: OrderBy = None,
+        ack: float,
+        max_deliveries: int = 0,
+        settle: Settle = None,
     ) -> AsyncDelivery | None: ...
     async def take_nowait(
         self,
@@ -249,12 +257,19 @@ class AsyncSpace(BaseSpace):
         order_by: OrderBy = None,
         ack: float | None = None,
         max_deliveries: int = 0,
+        settle: Settle = None,
     ) -> AnyEntry | AsyncDelivery | None:
         """Remove and return an entry that matches now, or None; never waits. ``ack``: deliver it."""
         request = self._take_request(
-            templates, 0.0, if_exists=True, order_by=order_by, ack=ack, max_deliveries=max_deliveries
+            templates,
+            0.0,
+            if_exists=True,
+            order_by=order_by,
+            ack=ack,
+            max_deliveries=max_deliveries,
+            settle=settle,
         )
-        return self._taken_one(request, await self._call(self._ops["Take"], request))
+        return self._taken_one(request, await self._call(self._ops["Take"], request), settle)
 
     async def take_if_exists(
         self, templates: Templates, *, lock_timeout: float | None, order_by: OrderBy = None
@@ -290,9 +305,12 @@ class AsyncSpace(BaseSpace):
     def _delivered(self, reply: pb.MatchReply) -> list[AsyncDelivery]:
         return deliveries_of(reply, lambda entry, message: AsyncDelivery(self, entry, message))
 
-    def _taken_one(self, request: pb.MatchRequest, reply: pb.MatchReply) -> AnyEntry | AsyncDelivery | None:
+    def _taken_one(
+        self, request: pb.MatchRequest, reply: pb.MatchReply, settle: Settle = None
+    ) -> AnyEntry | AsyncDelivery | None:
         if not request.HasField("ack"):
             return first_entry(reply)
+        mark_settled(request, settle)
         found = self._delivered(reply)
         return found[0] if found else None
 
@@ -329,6 +347,7 @@ class AsyncSpace(BaseSpace):
         order_by: OrderBy = None,
         ack: float,
         max_deliveries: int = 0,
+        settle: Settle = None,
     ) -> list[AsyncDelivery]: ...
     async def take_many(
         self,
@@ -339,6 +358,7 @@ class AsyncSpace(BaseSpace):
         order_by: OrderBy = None,
         ack: float | None = None,
         max_deliveries: int = 0,
+        settle: Settle = None,
     ) -> list[AnyEntry] | list[AsyncDelivery]:
         """Remove and return up to ``max_entries`` matching entries; see `outrig.Space.take_many`
         (and its ``ack``)."""
@@ -349,9 +369,48 @@ class AsyncSpace(BaseSpace):
             order_by=order_by,
             ack=ack,
             max_deliveries=max_deliveries,
+            settle=settle,
         )
         reply: pb.MatchReply = await self._call(self._ops["TakeMany"], request)
-        return self._delivered(reply) if ack is not None else decode_entries(reply.entries)
+        if ack is None:
+            return decode_entries(reply.entries)
+        mark_settled(request, settle)
+        return self._delivered(reply)
+
+    async def ack_many(self, deliveries: Sequence[AsyncDelivery]) -> list[OutrigError | None]:
+        """Acknowledge several deliveries in one call; per-delivery errors are returned, not
+        raised (see `outrig.Space.ack_many`)."""
+        deliveries = list(deliveries)
+        if not deliveries:
+            return []
+        reply = await self._call(
+            self._ops["Ack"], ack_many_request(self.name, deliveries, self._request_id())
+        )
+        return acked_many(deliveries, reply)
+
+    def deliveries(
+        self,
+        templates: Templates,
+        timeout: float | None = None,
+        *,
+        ack: float = 30.0,
+        order_by: OrderBy = None,
+        max_deliveries: int = 0,
+    ) -> AsyncDeliveries:
+        """A worker loop of takes with an acknowledgement deadline, each settling the delivery
+        before it: ``async with space.deliveries(Job(), ack=30.0, timeout=60.0) as jobs:`` then
+        ``async for delivery in jobs:``; see `outrig.Space.deliveries`."""
+        check_ack(ack, max_deliveries)
+
+        async def take(previous: AsyncDelivery | None) -> AsyncDelivery | None:
+            request = self._take_request(
+                templates, timeout, order_by=order_by, ack=ack, max_deliveries=max_deliveries, settle=previous
+            )
+            found = self._delivered(await self._call(self._ops["Take"], request))
+            mark_settled(request, previous)
+            return found[0] if found else None
+
+        return AsyncDeliveries(take)
 
     def contents(
         self, templates: Templates, *, max_entries: int = 0, order_by: OrderBy = None

@@ -324,7 +324,7 @@ class WriteManyReply(_message.Message):
     def __init__(self, leases: _Optional[_Iterable[_Union[Lease, _Mapping]]] = ...) -> None: ...
 
 class MatchRequest(_message.Message):
-    __slots__ = ("space", "templates", "timeout", "if_exists", "max_entries", "request_id", "transaction", "order_by", "replay_only", "ack", "max_deliveries")
+    __slots__ = ("space", "templates", "timeout", "if_exists", "max_entries", "request_id", "transaction", "order_by", "replay_only", "ack", "max_deliveries", "settle")
     SPACE_FIELD_NUMBER: _ClassVar[int]
     TEMPLATES_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_FIELD_NUMBER: _ClassVar[int]
@@ -336,6 +336,7 @@ class MatchRequest(_message.Message):
     REPLAY_ONLY_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
     MAX_DELIVERIES_FIELD_NUMBER: _ClassVar[int]
+    SETTLE_FIELD_NUMBER: _ClassVar[int]
     space: str
     templates: _containers.RepeatedCompositeFieldContainer[Template]
     timeout: float
@@ -347,7 +348,8 @@ class MatchRequest(_message.Message):
     replay_only: bool
     ack: float
     max_deliveries: int
-    def __init__(self, space: _Optional[str] = ..., templates: _Optional[_Iterable[_Union[Template, _Mapping]]] = ..., timeout: _Optional[float] = ..., if_exists: _Optional[bool] = ..., max_entries: _Optional[int] = ..., request_id: _Optional[str] = ..., transaction: _Optional[int] = ..., order_by: _Optional[_Iterable[_Union[OrderKey, _Mapping]]] = ..., replay_only: _Optional[bool] = ..., ack: _Optional[float] = ..., max_deliveries: _Optional[int] = ...) -> None: ...
+    settle: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, space: _Optional[str] = ..., templates: _Optional[_Iterable[_Union[Template, _Mapping]]] = ..., timeout: _Optional[float] = ..., if_exists: _Optional[bool] = ..., max_entries: _Optional[int] = ..., request_id: _Optional[str] = ..., transaction: _Optional[int] = ..., order_by: _Optional[_Iterable[_Union[OrderKey, _Mapping]]] = ..., replay_only: _Optional[bool] = ..., ack: _Optional[float] = ..., max_deliveries: _Optional[int] = ..., settle: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class MatchReply(_message.Message):
     __slots__ = ("entries", "deliveries")
@@ -370,18 +372,34 @@ class Delivery(_message.Message):
     def __init__(self, receipt: _Optional[int] = ..., deliveries: _Optional[int] = ..., deadline: _Optional[float] = ..., dead_letter_reason: _Optional[str] = ...) -> None: ...
 
 class AckRequest(_message.Message):
-    __slots__ = ("space", "receipt", "request_id")
+    __slots__ = ("space", "receipt", "request_id", "receipts")
     SPACE_FIELD_NUMBER: _ClassVar[int]
     RECEIPT_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    RECEIPTS_FIELD_NUMBER: _ClassVar[int]
     space: str
     receipt: int
     request_id: str
-    def __init__(self, space: _Optional[str] = ..., receipt: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+    receipts: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, space: _Optional[str] = ..., receipt: _Optional[int] = ..., request_id: _Optional[str] = ..., receipts: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class AckReply(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[AckResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[AckResult, _Mapping]]] = ...) -> None: ...
+
+class AckResult(_message.Message):
+    __slots__ = ("receipt", "error_code", "error_message", "error_reason")
+    RECEIPT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_REASON_FIELD_NUMBER: _ClassVar[int]
+    receipt: int
+    error_code: int
+    error_message: str
+    error_reason: ErrorReason
+    def __init__(self, receipt: _Optional[int] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ..., error_reason: _Optional[_Union[ErrorReason, str]] = ...) -> None: ...
 
 class NackRequest(_message.Message):
     __slots__ = ("space", "receipt", "delay", "request_id")

@@ -16,7 +16,7 @@ from typing import Protocol
 from outrig.service.engine.changes import Change
 from outrig.service.engine.inspection import SpaceDescription
 from outrig.service.engine.model import Delivery, LeaseGrant, NewEntry, Returned, StoredEntry, Template
-from outrig.service.exceptions import SpaceError
+from outrig.service.exceptions import DeliveryExpiredError, SpaceError
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,16 +176,25 @@ class SpaceBackend(Protocol):
         ack: float,
         max_deliveries: int = 0,
         request_id: str = "",
+        settle: Sequence[int] = (),
     ) -> list[Delivery]:
         """Take up to max_entries matches (waiting as `match` does) with an acknowledgement
         deadline of `ack` seconds: each is delivered, not removed, invisible to every other read
         and take until `ack`, `nack` or the deadline (then visible again in its place in arrival
         order; an entry whose count has reached `max_deliveries`, 0: the space's setting, goes to
         the dead-letter space instead). A request id seen before answers the first call's
-        deliveries that are still pending, and takes nothing."""
+        deliveries that are still pending, and takes nothing. `settle`: receipts acknowledged
+        first, as `ack` does, all or none (DeliveryExpiredError naming the one not pending, and
+        nothing taken), recorded with the deliveries, or before the take waits."""
 
     async def ack(self, space: str, receipt: int, *, request_id: str = "") -> None:
         """Remove a delivered entry for good. DeliveryExpiredError unless `receipt` is pending."""
+
+    async def ack_many(
+        self, space: str, receipts: Sequence[int], *, request_id: str = ""
+    ) -> list[DeliveryExpiredError | None]:
+        """Acknowledge each of several deliveries in one change: per receipt, None or the
+        DeliveryExpiredError that left it alone (the others are acknowledged all the same)."""
 
     async def nack(self, space: str, receipt: int, delay: float | None, *, request_id: str = "") -> Returned:
         """End a delivery unacknowledged: the entry is visible again after `delay` seconds (0: now;

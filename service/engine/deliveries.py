@@ -128,6 +128,11 @@ class DeliveriesMixin:
             return None
         return self._leases.next_expiry()
 
+    def take_limit(self, receipt: int | None) -> int:
+        """The max_deliveries of the take that made the pending delivery `receipt` (0: none of
+        its own, the space's applies), which the store keeps with the entry's delivery state."""
+        return 0 if receipt is None else self._take_limits.get(receipt, 0)
+
     def hidden_entries(self) -> list[StoredEntry]:
         """Every hidden entry (pending deliveries, then delayed ones), a copy."""
         return [*self._pending.values(), *self._delayed.values()]
@@ -331,6 +336,32 @@ class DeliveriesMixin:
         self._remove(stored)
         self._log("take", stored)
         return stored
+
+    def settle(self, receipts: Sequence[int]) -> list[StoredEntry]:
+        """Acknowledge several pending deliveries at once (a take's `settle`): all of them, or,
+        one not pending (DeliveryExpiredError naming it) or named twice (InvalidArgumentError),
+        none. Returns their entries, removed for good, in the order given."""
+        seen: set[int] = set()
+        for receipt in receipts:
+            if receipt in seen:
+                raise InvalidArgumentError(f"settle: receipt {receipt} is given twice")
+            seen.add(receipt)
+        found = [self._pending_delivery(receipt) for receipt in receipts]  # first: what can fail
+        for stored in found:
+            self._remove(stored)
+        return found
+
+    def ack_each(self, receipts: Sequence[int]) -> list[StoredEntry | DeliveryExpiredError]:
+        """Acknowledge each pending delivery of a batch on its own: per receipt, its entry
+        (removed for good) or the DeliveryExpiredError that left it alone (a receipt given twice
+        is acknowledged once: the second finds it settled)."""
+        outcomes: list[StoredEntry | DeliveryExpiredError] = []
+        for receipt in receipts:
+            try:
+                outcomes.append(self.ack(receipt))
+            except DeliveryExpiredError as err:
+                outcomes.append(err)
+        return outcomes
 
     def unack(self, stored: StoredEntry) -> None:
         """Undo `ack` (the store could not record it): the delivery is pending again."""

@@ -183,14 +183,15 @@ class SpaceEngine(TransactionsMixin, DeliveriesMixin):
         receipt: int | None = None,
         deliveries: int = 0,
         dead_letter_reason: str | None = "",
+        max_deliveries: int = 0,
     ) -> None:
         """Put back a recovered entry as it was: its id, its place in arrival order, its lease,
         its delivery state (hidden until a time still to come, with its pending delivery's
         receipt if any; a delay whose time has passed is over). A pending delivery stays pending
         even past its deadline: the reaper's first pass ends it as it ends any, counting it and
         dead-lettering an entry that reached max_deliveries, which a restart or takeover must
-        not skip. Call in arrival order; nobody is waiting yet, so nothing is offered or
-        published."""
+        not skip; its take's own `max_deliveries` (0: the space's) still applies. Call in arrival
+        order; nobody is waiting yet, so nothing is offered or published."""
         stored = StoredEntry(entry_id, new, expires_at)
         stored.arrival = arrival
         stored.deliveries = deliveries
@@ -199,6 +200,8 @@ class SpaceEngine(TransactionsMixin, DeliveriesMixin):
             stored.hidden_until, stored.receipt = hidden_until, receipt
             if receipt is not None:
                 self._next_id = self._ids.at_least(max(self._next_id, receipt + 1))
+                if max_deliveries:
+                    self._take_limits[receipt] = max_deliveries
         if not self._written_at:
             self._written_at.note(entry_id, self._clock.time())  # recovered: counted from now
         lineage = stored.lineage

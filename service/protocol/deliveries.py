@@ -1,9 +1,10 @@
 """The protocol of takes with an acknowledgement deadline and of delayed writes
-(docs/work-queues.md): a request's `ack`, `max_deliveries`, receipt, Nack delay, Extend seconds
+(docs/work-queues.md): a request's `ack`, `max_deliveries`, receipts (a take's `settle`, a batch
+Ack's), Nack delay, Extend seconds
 and a write's `delay` / `visible_at`, checked and turned into engine values; and a reply's
 deliveries, encoded after its entries.
 
-Every check names the field, and a limit by its setting (`max_ack`).
+Every check names the field, and a limit by its setting (`max_ack`, `max_receipts`).
 """
 
 from __future__ import annotations
@@ -51,6 +52,36 @@ def deadline_seconds(seconds: float, field: str, limits: Limits) -> float:
             "(extend a pending delivery for longer work)"
         )
     return seconds
+
+
+def settle_receipts(request: pb.MatchRequest, limits: Limits, ack: float | None) -> list[int]:
+    """The receipts a take acknowledges before it takes (its `settle`), at most max_receipts."""
+    if not request.settle:
+        return []
+    if ack is None:
+        raise InvalidArgumentError(
+            "settle: only a take with an acknowledgement deadline (ack) settles earlier deliveries"
+        )
+    return _receipts(request.settle, "settle", limits)
+
+
+def ack_receipts(request: pb.AckRequest, limits: Limits) -> list[int] | None:
+    """A batch Ack's receipts; None: an Ack of the one `receipt`."""
+    if not request.receipts:
+        return None
+    if request.receipt:
+        raise InvalidArgumentError("receipts: give an Ack's receipt or its receipts, not both")
+    return _receipts(request.receipts, "receipts", limits)
+
+
+def _receipts(given: Sequence[int], field: str, limits: Limits) -> list[int]:
+    if len(given) > limits.max_receipts:
+        raise InvalidArgumentError(
+            f"{field}: {len(given)} receipts exceed the limit max_receipts={limits.max_receipts}"
+        )
+    if 0 in given:
+        raise InvalidArgumentError(f"{field}: 0 is no receipt (a Delivery's receipt, from a take with ack)")
+    return list(given)
 
 
 def receipt(request: pb.AckRequest | pb.NackRequest | pb.ExtendRequest) -> int:

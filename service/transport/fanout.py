@@ -38,9 +38,9 @@ from outrig.service.config import ServerConfig
 from outrig.service.engine.model import StoredEntry
 from outrig.service.engine.ordered import in_request_order
 from outrig.service.engine.partitions import ID_STRIDE, partition_name, partition_of_id, split_name
-from outrig.service.exceptions import CompactedError, SubscriptionNotFoundError
+from outrig.service.exceptions import CompactedError, DeliveryExpiredError, SubscriptionNotFoundError
 from outrig.service.protocol import changes, codec, wire
-from outrig.service.protocol.deliveries import DELIVERIES_FIELD, delivery_field
+from outrig.service.protocol.deliveries import DELIVERIES_FIELD, delivery_field, settle_receipts
 from outrig.service.transport import handlers
 from outrig.service.transport.routing import FanOut, copy_for
 from outrig.v1 import space_pb2 as pb
@@ -202,6 +202,12 @@ class Fan:
         # answers its own request id with its deliveries still pending, and an entry delivered
         # beyond what the caller wants is not lost: it is visible again at its deadline.
         delivered: dict[int, bytes] | None = {} if request.HasField("ack") else None
+        if request.settle:  # the checks the servicer makes of one partition's take
+            settle_receipts(request, self._limits, request.ack if take and delivered is not None else None)
+        if take and request.settle:
+            await self._settle(request, fan, context)
+            request = copy_for(request, request.space)
+            del request.settle[:]
         ask = _Ask(name, request, fan, wanted, delivered)
         timeout = codec.timeout(request, self._limits)
         immediate = request.if_exists or timeout == 0
@@ -240,6 +246,31 @@ class Fan:
             first, payloads = woken
             if not take:
                 return wire.entries_reply(payloads[:wanted])
+
+    async def _settle(self, request: pb.MatchRequest, fan: FanOut, context: handlers.Context) -> None:
+        """A take's `settle` of receipts of several partitions: before it takes, one batch Ack
+        per partition (with a request id made from the take's). Not atomic across partitions: a
+        receipt no longer pending fails the take with its DELIVERY_EXPIRED, and the receipts of
+        the other partitions stay acknowledged."""
+        count = fan.partitioning.count
+        groups: dict[int, list[int]] = {}
+        for receipt in request.settle:
+            k = partition_of_id(receipt)
+            if k >= count:
+                raise DeliveryExpiredError(f"settle: receipt {receipt} is no delivery of {fan.space!r}")
+            groups.setdefault(k, []).append(receipt)
+        acks = [
+            pb.AckRequest(
+                space=partition_name(fan.space, k),
+                receipts=receipts,
+                request_id=f"{_own(request, k)}s" if request.request_id else "",
+            )
+            for k, receipts in sorted(groups.items())
+        ]
+        for reply in await self._each("Ack", acks, context):
+            for result in reply.results:
+                if result.error_code:
+                    raise DeliveryExpiredError(result.error_message)
 
     async def _read_pass(self, ask: _Ask, ks: list[int], context: handlers.Context) -> list[bytes]:
         name, request, fan, wanted, _ = ask
@@ -626,6 +657,26 @@ class Fan:
         reply = pb.RenewLeasesReply() if field == "renewals" else pb.CancelLeasesReply()
         reply.results.extend(await self._results(name, subs, groups, len(items), context))
         return reply
+
+    async def acks(self, request: pb.AckRequest, fan: FanOut, context: handlers.Context) -> pb.AckReply:
+        """A batch Ack of receipts of several partitions: one batch per partition (its request
+        id made per partition), the results back in the order asked."""
+        receipts = list(request.receipts)
+        groups = self._by_partition(receipts)
+        subs = [
+            pb.AckRequest(
+                space=partition_name(fan.space, k),
+                receipts=[receipts[i] for i in at],
+                request_id=_own(request, k) if request.request_id else "",
+            )
+            for k, at in groups
+        ]
+        replies = await self._each("Ack", subs, context)
+        results: list[pb.AckResult] = [pb.AckResult()] * len(receipts)
+        for (_, positions), reply in zip(groups, replies, strict=True):
+            for position, result in zip(positions, reply.results, strict=True):
+                results[position] = result
+        return pb.AckReply(results=results)
 
     @staticmethod
     def _by_partition(ids: Sequence[int]) -> list[tuple[int, list[int]]]:

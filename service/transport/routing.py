@@ -105,6 +105,13 @@ def copy_for(request: Any, space: str, **changes: Any) -> Any:
     return message
 
 
+def _settles_elsewhere(name: str, message: Any, k: int) -> bool:
+    """A take of one partition that settles deliveries of another: the fan-out acks those."""
+    if name not in ("Take", "TakeMany") or not message.settle:
+        return False
+    return any(partition_of_id(receipt) != k for receipt in message.settle)
+
+
 class Router:
     """Where a call of a partitioned space goes (module docstring)."""
 
@@ -155,7 +162,11 @@ class Router:
                 f"space: {base!r} is partitioned: name one of its partitions ({partition_name(base, 0)}, ...)"
             )
         partitions = self._partitions(name, message, base, partitioning)
-        if len(partitions) == 1 and name not in _EVERY_PARTITION:
+        if (
+            len(partitions) == 1
+            and name not in _EVERY_PARTITION
+            and not _settles_elsewhere(name, message, partitions[0])
+        ):
             rename(request, partition_name(base, partitions[0]))
             return None
         return FanOut(base, partitioning, partitions)
@@ -220,6 +231,14 @@ class Router:
             return (self._transaction_partition(message.transaction, space, partitioning),)
         if name in _BY_LEASE_ID:
             return (self._lease_partition(message.id, "id", space, partitioning),)
+        if name == "Ack" and message.receipts:  # a batch: by its receipts' partitions
+            ks = {
+                partition_of_id(receipt) for receipt in deliveries.ack_receipts(message, self._limits) or ()
+            }
+            if max(ks) >= partitioning.count:
+                bad = next(r for r in message.receipts if partition_of_id(r) >= partitioning.count)
+                raise DeliveryExpiredError(f"receipts: {bad} is no delivery of {space!r}")
+            return tuple(sorted(ks))
         if name in _BY_RECEIPT:
             k = partition_of_id(deliveries.receipt(message))
             if k >= partitioning.count:

@@ -406,6 +406,7 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
             "Purge": self._fan.purge,
             "AckChanges": self._fan.ack_changes,
             "DeleteSubscription": self._fan.delete_subscription,
+            "Ack": self._fan.acks,
         }.get(name)
         if run is None:
             raise AssertionError(f"{name}: routed to several partitions, which it cannot be")
@@ -498,6 +499,8 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
                 raise InvalidArgumentError("replay_only: only a take with a request_id asks for a replay")
             return _entries_reply(await self._backend.replay(space, codec.request_id(request)))
         ack = deliveries.ack_seconds(request, self._limits, take=take)
+        if ack is None:
+            deliveries.settle_receipts(request, self._limits, ack)  # refuses a settle without ack
         templates = codec.templates(request.templates, self._limits, request.order_by)
         if ack is not None:
             delivered = await self._backend.deliver(
@@ -508,6 +511,7 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
                 ack=ack,
                 max_deliveries=request.max_deliveries,
                 request_id=codec.request_id(request),
+                settle=deliveries.settle_receipts(request, self._limits, ack),
             )
             return deliveries.deliveries_reply(delivered)  # an encoded MatchReply
         found = await self._backend.match(
@@ -688,6 +692,15 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
     @unary
     async def Ack(self, request: pb.AckRequest, context: handlers.Context) -> pb.AckReply:
         space = self._space(request)
+        receipts = deliveries.ack_receipts(request, self._limits)
+        if receipts is not None:
+            outcomes = await self._backend.ack_many(space, receipts, request_id=codec.request_id(request))
+            return pb.AckReply(
+                results=[
+                    pb.AckResult(receipt=receipt) if outcome is None else _ack_error(receipt, outcome)
+                    for receipt, outcome in zip(receipts, outcomes, strict=True)
+                ]
+            )
         await self._backend.ack(space, deliveries.receipt(request), request_id=codec.request_id(request))
         return pb.AckReply()
 
@@ -863,4 +876,11 @@ def _lease_error(lease_id: int, err: SpaceError) -> pb.LeaseResult:
     status, reason = status_for(err)
     return pb.LeaseResult(
         id=lease_id, error_code=status.value[0], error_message=bounded(str(err)), error_reason=reason
+    )
+
+
+def _ack_error(receipt: int, err: SpaceError) -> pb.AckResult:
+    status, reason = status_for(err)
+    return pb.AckResult(
+        receipt=receipt, error_code=status.value[0], error_message=bounded(str(err)), error_reason=reason
     )

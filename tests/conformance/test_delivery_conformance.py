@@ -230,3 +230,98 @@ async def test_a_cancelled_entry_ends_its_delivery(backend: SpaceBackend, space:
         await backend.ack(space, delivery.receipt)
     (error,) = await backend.cancel(space, [first])
     assert isinstance(error, LeaseNotFoundError)
+
+
+# ---------------------------------------------------------------- settling in the next take, batch acks
+
+
+async def test_a_take_settles_earlier_deliveries_before_it_takes(backend: SpaceBackend, space: str) -> None:
+    written = await write(backend, space, entry(n=1), entry(n=2), entry(n=3), entry(n=4))
+    first, second = await deliver(backend, space, max_entries=2)
+    got = await backend.deliver(
+        space, [template()], max_entries=1, timeout=0, ack=ACK, settle=[first.receipt, second.receipt]
+    )
+    assert entry_ids(got) == [written[2]]
+    for done in (first, second):  # acknowledged by the take: gone for good
+        with pytest.raises(DeliveryExpiredError):
+            await backend.ack(space, done.receipt)
+    assert await visible(backend, space) == [written[3]]
+    # The take answers even when nothing is left to take: the settle stands.
+    (last,) = await backend.deliver(
+        space, [template()], max_entries=1, timeout=0, ack=ACK, settle=[got[0].receipt]
+    )
+    assert last.entry.id == written[3]
+    assert (
+        await backend.deliver(space, [template()], max_entries=1, timeout=0, ack=ACK, settle=[last.receipt])
+        == []
+    )
+    assert (await backend.browse(space, [template()], 0, 10))[0] == []
+
+
+async def test_a_settle_with_one_receipt_not_pending_changes_nothing(
+    backend: SpaceBackend, space: str
+) -> None:
+    written = await write(backend, space, entry(n=1), entry(n=2), entry(n=3))
+    first, second = await deliver(backend, space, max_entries=2)
+    await backend.ack(space, second.receipt)
+    with pytest.raises(DeliveryExpiredError, match=str(second.receipt)):
+        await backend.deliver(
+            space, [template()], max_entries=1, timeout=0, ack=ACK, settle=[first.receipt, second.receipt]
+        )
+    assert await visible(backend, space) == [written[2]]  # nothing taken
+    await backend.ack(space, first.receipt)  # still pending: the failed settle did not ack it
+
+
+async def test_a_settle_of_a_waiting_take_is_made_before_it_waits(backend: SpaceBackend, space: str) -> None:
+    await write(backend, space, entry(n=1))
+    (first,) = await deliver(backend, space)
+    waiting = asyncio.ensure_future(
+        backend.deliver(space, [template()], max_entries=1, timeout=None, ack=ACK, settle=[first.receipt])
+    )
+
+    async def settled() -> bool:  # browse shows pending deliveries too: the entry is gone
+        return (await backend.browse(space, [template()], 0, 10))[0] == []
+
+    await wait_until_async(settled, what="the waiting take's settle")
+    with pytest.raises(DeliveryExpiredError):
+        await backend.ack(space, first.receipt)
+    assert not waiting.done()
+    (later,) = await write(backend, space, entry(n=2))
+    async with asyncio.timeout(WAIT):
+        assert entry_ids(await waiting) == [later]
+
+
+async def test_a_settling_take_retried_with_its_request_id_gets_the_first_answer(
+    backend: SpaceBackend, space: str
+) -> None:
+    await write(backend, space, entry(n=1), entry(n=2), entry(n=3))
+    (first,) = await deliver(backend, space)
+
+    async def settle_take(request_id: str, receipt: int) -> list[Delivery]:
+        return await backend.deliver(
+            space, [template()], max_entries=1, timeout=0, ack=ACK, request_id=request_id, settle=[receipt]
+        )
+
+    (taken,) = await settle_take("settle-1", first.receipt)
+    (again,) = await settle_take("settle-1", first.receipt)  # no DeliveryExpiredError: a retry
+    assert again.receipt == taken.receipt
+    assert len(await visible(backend, space)) == 1
+    # A settling take that took nothing answers its retry with nothing, and acks nothing again.
+    (last,) = await deliver(backend, space)
+    await backend.ack(space, taken.receipt)
+    assert await settle_take("settle-2", last.receipt) == []
+    assert await settle_take("settle-2", last.receipt) == []
+
+
+async def test_a_batch_ack_answers_per_receipt(backend: SpaceBackend, space: str) -> None:
+    await write(backend, space, entry(n=1), entry(n=2), entry(n=3))
+    got = await deliver(backend, space, max_entries=3)
+    await backend.ack(space, got[1].receipt)
+    outcomes = await backend.ack_many(space, [d.receipt for d in got], request_id="batch-1")
+    assert outcomes[0] is None and outcomes[2] is None
+    assert isinstance(outcomes[1], DeliveryExpiredError)
+    assert await visible(backend, space) == []
+    assert (await backend.browse(space, [template()], 0, 10))[0] == []
+    again = await backend.ack_many(space, [d.receipt for d in got], request_id="batch-1")  # a retry
+    assert [outcome is None for outcome in again] == [True, False, True]
+    assert all(isinstance(o, DeliveryExpiredError) for o in await backend.ack_many(space, [got[0].receipt]))

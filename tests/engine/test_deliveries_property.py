@@ -1,7 +1,8 @@
 """Deliveries against a naive reference model: random writes (some delayed), deliveries, acks,
-nacks, extensions and clock moves, with receipts drawn from every one ever given (and some never
-given). After each step the space's visible entries (their order too), its counts, each entry's
-delivery count, the dead letters and which receipts are still valid must equal the model's.
+nacks, extensions, settles (a take's: all or none), batch acks (each on its own) and clock
+moves, with receipts drawn from every one ever given (and some never given). After each step the
+space's visible entries (their order too), its counts, each entry's delivery count, the dead
+letters and which receipts are still valid must equal the model's.
 
 The model is a plain list in arrival order of records (value, state, until, receipt, count),
 where a due deadline or delay simply turns an entry visible; no index, no timers."""
@@ -143,6 +144,40 @@ class DeliveriesMachine(RuleBasedStateMachine):
             raise AssertionError(f"receipt {receipt} extended a delivery that is not pending")
         assert self.space.extend(receipt, float(seconds)) == self.clock.time() + seconds
         item.until = self.clock.time() + seconds
+
+    @rule(picks=st.lists(st.integers(0, 1 << 16), min_size=1, max_size=3, unique=True))
+    def settle(self, picks: list[int]) -> None:
+        """A take's settle: all the receipts acknowledged, or (one not pending) none."""
+        receipts = list(dict.fromkeys(self.receipts[pick % len(self.receipts)] for pick in picks))
+        items = [self._pending(receipt) for receipt in receipts]
+        self._settle_model()
+        if any(item is None for item in items):
+            try:
+                self.space.settle(receipts)
+            except DeliveryExpiredError:
+                return  # and nothing changed: the invariant checks
+            raise AssertionError(f"receipts {receipts} settled though one is not pending")
+        self.space.settle(receipts)
+        for item in items:
+            assert item is not None
+            self.model.remove(item)
+
+    @rule(picks=st.lists(st.integers(0, 1 << 16), min_size=1, max_size=3))
+    def ack_each(self, picks: list[int]) -> None:
+        """A batch ack: each pending receipt acknowledged, each other one refused on its own."""
+        receipts = [self.receipts[pick % len(self.receipts)] for pick in picks]
+        pending = {receipt: self._pending(receipt) for receipt in receipts}
+        self._settle_model()
+        outcomes = self.space.ack_each(receipts)
+        seen: set[int] = set()
+        for receipt, outcome in zip(receipts, outcomes, strict=True):
+            item = pending[receipt]
+            if item is None or receipt in seen:
+                assert isinstance(outcome, DeliveryExpiredError)
+            else:
+                assert isinstance(outcome, StoredEntry)
+                self.model.remove(item)
+            seen.add(receipt)
 
     @rule(seconds=st.sampled_from([0.5, 1, 2, 3]))
     def advance(self, seconds: float) -> None:

@@ -280,7 +280,7 @@ async def test_a_format_1_data_dir_is_migrated(tmp_path: Path, clock: FakeClock)
         await backend.write(SPACE, [job(0)], None)
     path = database_path(tmp_path / "data")
     with sqlite3.connect(path) as db:  # what a format-1 server left: no delivery columns
-        for column in ("hidden_until", "receipt", "deliveries", "dead_letter_reason"):
+        for column in ("hidden_until", "receipt", "deliveries", "dead_letter_reason", "max_deliveries"):
             db.execute(f"ALTER TABLE entries DROP COLUMN {column}")
         db.execute("PRAGMA user_version = 1")
     assert check_store(tmp_path / "data").format_version == 1  # outrig check reads it as it is

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import math
 from collections.abc import Awaitable, Callable, Sequence
@@ -29,13 +30,14 @@ from outrig.service.engine.clock import Clock
 from outrig.service.engine.deliveries import check_ack_seconds, check_delay
 from outrig.service.engine.model import Delivery, NewEntry, Returned, StoredEntry, Template
 from outrig.service.engine.space import SpaceEngine
-from outrig.service.exceptions import SpaceError
+from outrig.service.exceptions import DeliveryExpiredError, SpaceError
 
 __all__ = ["DeliveringMixin", "visibility_record"]
 
 
-def visibility_record(space: str, stored: StoredEntry) -> Record:
-    """An entry's delivery state as it is now (memory/journal.py)."""
+def visibility_record(space: str, stored: StoredEntry, max_deliveries: int = 0) -> Record:
+    """An entry's delivery state as it is now (memory/journal.py), with its pending delivery's
+    take's own `max_deliveries` (`SpaceEngine.take_limit`; 0: none)."""
     return (
         "visibility",
         space,
@@ -44,6 +46,7 @@ def visibility_record(space: str, stored: StoredEntry) -> Record:
         stored.receipt,
         stored.deliveries,
         stored.dead_letter_reason or None,
+        max_deliveries,
     )
 
 
@@ -111,6 +114,7 @@ class DeliveringMixin:
         ack: float,
         max_deliveries: int = 0,
         request_id: str = "",
+        settle: Sequence[int] = (),
     ) -> list[Delivery]:
         check_ack_seconds(ack)
         if request_id:
@@ -121,18 +125,62 @@ class DeliveringMixin:
         self._check_store()
         outcome = self._requests.begin(request_id, space, "deliver") if request_id else None
         with self._acting_for(outcome):
-            found = await self._find(
-                engine, templates, True, max_entries, timeout, False, ack=ack, max_deliveries=max_deliveries
+            settled = engine.settle(settle) if settle else []
+            find = functools.partial(
+                self._find, engine, templates, True, max_entries, ack=ack, max_deliveries=max_deliveries
             )
+            if settled:
+                try:
+                    found = await find(0, False)  # none waits: the acks are recorded with it
+                except BaseException:
+                    _unsettle(engine, settled)
+                    raise
+                if not found and timeout != 0:
+                    # An ack that precedes a take that waits is durable before the take waits.
+                    await self._commit_settled(space, engine, settled, outcome)
+                    settled = []
+                    found = await self._wait_settled(find, timeout, outcome)
+            else:
+                found = await find(timeout, False)
             deliveries = _deliveries_of(engine, found)
-            if deliveries and self._recorder is not None:
-                await self._commit_deliveries(space, engine, deliveries, outcome)
+            if (deliveries or settled) and self._recorder is not None:
+                await self._commit_deliveries(space, engine, deliveries, outcome, settled)
         if not deliveries:
-            if outcome is not None:  # nothing to answer: a retry acts afresh, as a take's does
+            if outcome is not None and not settle:  # nothing to answer: a retry acts afresh
                 self._requests.abandon(outcome)
+            elif outcome is not None:  # the acks are its answer: a retry takes nothing
+                self._acted(outcome, _SETTLED_ONLY)
             return deliveries
         self._acted(outcome, (deliveries[0].receipt, len(deliveries), None, None))
         return deliveries
+
+    async def _commit_settled(
+        self, space: str, engine: SpaceEngine, settled: list[StoredEntry], outcome: Outcome | None
+    ) -> None:
+        """Make a take's acks durable before it waits, with its request id's answer so far (the
+        acks, nothing taken: a retry gets that if the take never answers)."""
+        if self._recorder is not None:
+            records: list[Record] = [("delete", space, stored.id) for stored in settled]
+            if outcome is not None:
+                records.append((*Recorder.request_head(outcome), *_SETTLED_ONLY))
+            await self._commit(records, lambda: _unsettle(engine, settled))
+        if outcome is not None:
+            outcome.committing = True  # the acks are made: a failure from here does not undo them
+
+    async def _wait_settled(
+        self,
+        find: Callable[[float | None, bool], Awaitable[list[StoredEntry]]],
+        timeout: float | None,
+        outcome: Outcome | None,
+    ) -> list[StoredEntry]:
+        """The wait of a take whose acks are durable: if it fails or its caller goes away, the
+        request id answers with the acks (a retry takes nothing and acks nothing again)."""
+        try:
+            return await find(timeout, False)
+        except BaseException:
+            if outcome is not None:
+                self._acted(outcome, _SETTLED_ONLY)
+            raise
 
     def _still_pending(self, space: str, answer: WriteAnswer) -> list[Delivery]:
         """A retried deliver's answer: the first call's deliveries that are still pending."""
@@ -142,17 +190,27 @@ class DeliveringMixin:
         return [d for d in map(engine.pending, receipts) if d is not None]
 
     async def _commit_deliveries(
-        self, space: str, engine: SpaceEngine, deliveries: list[Delivery], outcome: Outcome | None
+        self,
+        space: str,
+        engine: SpaceEngine,
+        deliveries: list[Delivery],
+        outcome: Outcome | None,
+        settled: Sequence[StoredEntry] = (),
     ) -> None:
+        """Record a take's deliveries, and the acks of its `settle` (`settled`) in the same batch."""
         assert self._recorder is not None
         try:
             self._check_store()  # a deliver that waited may resume after the store failed
         except SpaceError:
             engine.undeliver(deliveries)
+            _unsettle(engine, settled)
             raise
-        records = [visibility_record(space, d.entry) for d in deliveries]
+        records: list[Record] = [("delete", space, stored.id) for stored in settled]
+        records += [visibility_record(space, d.entry, engine.take_limit(d.receipt)) for d in deliveries]
         records += self._recorder.id_records(space, engine)  # receipts are ids of the space
-        if outcome is not None:
+        if outcome is not None and not deliveries:
+            records.append((*Recorder.request_head(outcome), *_SETTLED_ONLY))
+        elif outcome is not None:
             # Receipts of one call are consecutive ids (see engine.deliver; a parked take is
             # handed one entry): the first and the count say them all.
             first = deliveries[0].receipt
@@ -161,6 +219,7 @@ class DeliveringMixin:
 
         def undo() -> None:
             engine.undeliver(deliveries)
+            _unsettle(engine, settled)
 
         try:
             await self._commit(records, undo, outcome=outcome, hands_out=True)
@@ -188,6 +247,33 @@ class DeliveringMixin:
                     records.append((*Recorder.request_head(outcome), receipt, 1, None, None))
                 await self._commit(records, lambda: engine.unack(stored), outcome=outcome)
         self._acted(outcome, (receipt, 1, None, None))
+
+    async def ack_many(
+        self, space: str, receipts: Sequence[int], *, request_id: str = ""
+    ) -> list[DeliveryExpiredError | None]:
+        """Acknowledge each delivery of a batch, in one change: per receipt, None (acknowledged)
+        or the error that left it alone. A retry with the request id acknowledges nothing again
+        and answers the first call's outcomes (after a restart, only their count is known)."""
+        if request_id:
+            earlier = await self._replay(request_id, space, "ack")
+            if isinstance(earlier, list):
+                return earlier
+            if earlier is not None:
+                return _acked_before(receipts, earlier[1])
+        engine = self.engine(space)
+        self._check_store()
+        outcome = self._requests.begin(request_id, space, "ack") if request_id else None
+        with self._acting_for(outcome):
+            outcomes = engine.ack_each(receipts)
+            acked = [stored for stored in outcomes if isinstance(stored, StoredEntry)]
+            if self._recorder is not None and (acked or outcome is not None):
+                records: list[Record] = [("delete", space, stored.id) for stored in acked]
+                if outcome is not None:
+                    records.append((*Recorder.request_head(outcome), 0, len(acked), None, None))
+                await self._commit(records, lambda: _unsettle(engine, acked), outcome=outcome)
+        answer = [error if isinstance(error, DeliveryExpiredError) else None for error in outcomes]
+        self._acted(outcome, answer, keep=True)
+        return answer
 
     async def nack(self, space: str, receipt: int, delay: float | None, *, request_id: str = "") -> Returned:
         if delay is not None:
@@ -237,12 +323,35 @@ class DeliveringMixin:
             deadline = engine.extend(receipt, seconds)
             assert before is not None  # engine.extend raised otherwise
             if self._recorder is not None:
-                records: list[Record] = [visibility_record(space, before.entry)]
+                limit = engine.take_limit(receipt)
+                records: list[Record] = [visibility_record(space, before.entry, limit)]
                 if outcome is not None:
                     records.append((*Recorder.request_head(outcome), receipt, 1, deadline, None))
                 await self._commit(records, lambda: engine.restore_delivery(before), outcome=outcome)
         self._acted(outcome, (receipt, 1, deadline, None))
         return deadline
+
+
+#: The request id answer of a take that settled deliveries and delivered nothing (yet).
+_SETTLED_ONLY: WriteAnswer = (0, 0, None, None)
+
+
+def _unsettle(engine: SpaceEngine, settled: Sequence[StoredEntry]) -> None:
+    """Undo acks (`engine.settle`, `engine.ack_each`) the store could not record."""
+    for stored in reversed(settled):
+        engine.unack(stored)
+
+
+def _acked_before(receipts: Sequence[int], count: int) -> list[DeliveryExpiredError | None]:
+    """A retried batch ack's answer read back from the store, which keeps how many of its
+    receipts the first call acknowledged, not which: all, or each one's error saying so."""
+    if count == len(receipts):
+        return [None] * count
+    error = DeliveryExpiredError(
+        f"receipts: the first call with this request_id acknowledged {count} of these "
+        f"{len(receipts)} receipts (which ones is not known after a restart); none is pending now"
+    )
+    return [error] * len(receipts)
 
 
 def _deliveries_of(engine: SpaceEngine, found: list[StoredEntry]) -> list[Delivery]:

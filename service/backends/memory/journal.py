@@ -30,12 +30,13 @@ Record = tuple[Any, ...]
     sequence(space, id, seq)                           a registration's event sequence number
     request(request_id, space, kind, expires_at, first_id, count, lease_expires_at, granted)
     prune_requests(now)                                request ids whose window ended may go
-    visibility(space, id, hidden_until, receipt, deliveries, dead_letter_reason)
+    visibility(space, id, hidden_until, receipt, deliveries, dead_letter_reason, max_deliveries)
                                                        an entry's delivery state (takes with an
                                                        acknowledgement deadline): hidden until
                                                        (None: visible), its pending delivery's
                                                        receipt (None: none), its delivery count,
-                                                       why it is a dead letter (None: it is not)
+                                                       why it is a dead letter (None: it is not),
+                                                       its take's own max_deliveries (0: none)
 
 `visibility` follows the entry's `put` in a delayed write (hidden until visible_at, no receipt,
 count 0) and in a move to a dead-letter space (visible, the count kept, the reason); it is

@@ -63,6 +63,7 @@ from outrig.service.engine.model import (
 )
 from outrig.service.engine.space import SpaceEngine
 from outrig.service.exceptions import (
+    DeliveryExpiredError,
     InvalidArgumentError,
     NoOtherServerError,
     NotOwnerError,
@@ -358,7 +359,7 @@ class PostgresBackend(MemoryBackend):
         for name, supertypes in rows.types:
             engine.declare(name, tuple(supertypes))
         for row, new in zip(rows.entries, decoded, strict=True):
-            entry_id, arrival, expires_at, _, _, hidden_until, receipt, deliveries, reason = row
+            entry_id, arrival, expires_at, _, _, hidden_until, receipt, deliveries, reason, limit = row
             engine.load(
                 entry_id,
                 arrival,
@@ -368,6 +369,7 @@ class PostgresBackend(MemoryBackend):
                 receipt=receipt,
                 deliveries=deliveries,
                 dead_letter_reason=reason or "",
+                max_deliveries=limit,
             )
         # Open transactions, as their last owner left them: their writes, takes and read locks.
         transactions = {
@@ -566,7 +568,7 @@ class PostgresBackend(MemoryBackend):
         (stored,), _ = engine.write_entries([entry], lease, carried=(deliveries, reason))
         records: list[Record] = [
             ("put", dead, stored.id, stored.arrival, stored.expires_at, stored.payload),
-            ("visibility", dead, stored.id, None, None, deliveries, reason),
+            ("visibility", dead, stored.id, None, None, deliveries, reason, 0),
         ]
         records += [
             ("type", dead, name, json.dumps(list(parents))) for name, parents in engine.declared.items()
@@ -758,6 +760,7 @@ class PostgresBackend(MemoryBackend):
         ack: float,
         max_deliveries: int = 0,
         request_id: str = "",
+        settle: Sequence[int] = (),
     ) -> list[Delivery]:
         await self._ensure(space)
         return await super().deliver(
@@ -768,11 +771,18 @@ class PostgresBackend(MemoryBackend):
             ack=ack,
             max_deliveries=max_deliveries,
             request_id=request_id,
+            settle=settle,
         )
 
     async def ack(self, space: str, receipt: int, *, request_id: str = "") -> None:
         await self._ensure(space)
         await super().ack(space, receipt, request_id=request_id)
+
+    async def ack_many(
+        self, space: str, receipts: Sequence[int], *, request_id: str = ""
+    ) -> list[DeliveryExpiredError | None]:
+        await self._ensure(space)
+        return await super().ack_many(space, receipts, request_id=request_id)
 
     async def nack(self, space: str, receipt: int, delay: float | None, *, request_id: str = "") -> Returned:
         await self._ensure(space)

@@ -172,12 +172,13 @@ class Changes:
         receipt: int | None,
         deliveries: int,
         dead_letter_reason: str | None,
+        max_deliveries: int = 0,
     ) -> None:
         self._update(
             self.entries,
             (space, entry_id),
             "visibility",
-            (hidden_until, receipt, deliveries, dead_letter_reason or None),
+            (hidden_until, receipt, deliveries, dead_letter_reason or None, max_deliveries),
         )
 
     def _dead_letter(
@@ -343,13 +344,13 @@ class Changes:
             out.append(
                 "INSERT INTO outrig_entries "
                 "(space, id, arrival, expires_at, payload, taken_by, taken_position, taken_until, "
-                "written_by, hidden_until, receipt, deliveries, dead_letter_reason) "
+                "written_by, hidden_until, receipt, deliveries, dead_letter_reason, max_deliveries) "
                 f"VALUES {', '.join(puts)} ON CONFLICT (space, id) DO UPDATE SET arrival = EXCLUDED.arrival, "
                 "expires_at = EXCLUDED.expires_at, payload = EXCLUDED.payload, taken_by = EXCLUDED.taken_by, "
                 "taken_position = EXCLUDED.taken_position, taken_until = EXCLUDED.taken_until, "
                 "written_by = EXCLUDED.written_by, hidden_until = EXCLUDED.hidden_until, "
                 "receipt = EXCLUDED.receipt, deliveries = EXCLUDED.deliveries, "
-                "dead_letter_reason = EXCLUDED.dead_letter_reason"
+                "dead_letter_reason = EXCLUDED.dead_letter_reason, max_deliveries = EXCLUDED.max_deliveries"
             )
         if expiries:
             out.append(
@@ -365,8 +366,8 @@ class Changes:
         if visibilities:
             out.append(
                 "UPDATE outrig_entries AS e SET hidden_until = v.h::float8, receipt = v.r::bigint, "
-                "deliveries = v.d::integer, dead_letter_reason = v.x::text FROM (VALUES "
-                f"{', '.join(visibilities)}) AS v (space, id, h, r, d, x) "
+                "deliveries = v.d::integer, dead_letter_reason = v.x::text, max_deliveries = v.m::integer "
+                f"FROM (VALUES {', '.join(visibilities)}) AS v (space, id, h, r, d, x, m) "
                 "WHERE e.space = v.space AND e.id = v.id"
             )
         out += self._dead_letter_script()
@@ -611,7 +612,7 @@ def _kept_and_gone(table: Mapping[tuple[Any, ...], tuple[Any, ...] | None]) -> t
 
 
 # A put's delivery state: visible, no delivery pending, never delivered, not a dead letter.
-_VISIBLE: tuple[Any, ...] = (None, None, 0, None)
+_VISIBLE: tuple[Any, ...] = (None, None, 0, None, 0)
 
 
 class _Change:

@@ -56,9 +56,10 @@ class SpaceRows:
     next_id: int = 1
     types: list[tuple[str, list[str]]] = field(default_factory=list)
     # id, arrival, expiry, payload, the transaction that wrote it (None: committed), and its
-    # delivery state: hidden until, the pending delivery's receipt, deliveries, dead-letter reason
+    # delivery state: hidden until, the pending delivery's receipt, deliveries, dead-letter reason,
+    # the pending delivery's take's own max_deliveries
     entries: list[
-        tuple[int, int, float | None, bytes, int | None, float | None, int | None, int, str | None]
+        tuple[int, int, float | None, bytes, int | None, float | None, int | None, int, str | None, int]
     ] = field(default_factory=list)
     # dead letters on their way here: source, id, expiry, payload, deliveries, reason
     dead_letters: list[tuple[str, int, float | None, bytes, int, str]] = field(default_factory=list)
@@ -149,8 +150,8 @@ async def load_space(
         async with connection.cursor(binary=True) as binary:
             await binary.execute(
                 "SELECT id, arrival, expires_at, payload, written_by, hidden_until, receipt, deliveries, "
-                "dead_letter_reason FROM outrig_entries WHERE space = %s AND taken_by IS NULL "
-                "ORDER BY arrival",
+                "dead_letter_reason, max_deliveries FROM outrig_entries "
+                "WHERE space = %s AND taken_by IS NULL ORDER BY arrival",
                 (space,),
             )
             rows.entries = list(await binary.fetchall())

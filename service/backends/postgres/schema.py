@@ -340,6 +340,9 @@ MIGRATIONS: Final[tuple[tuple[int, str], ...]] = (
         ALTER TABLE outrig_spaces
             ADD COLUMN change_epoch bigint,
             ADD COLUMN change_head bigint NOT NULL DEFAULT 0;
+        -- A pending delivery's take's own max_deliveries (0: none, the space's setting applies),
+        -- so that it still applies after a restart or a takeover.
+        ALTER TABLE outrig_entries ADD COLUMN max_deliveries integer NOT NULL DEFAULT 0;
         """,
     ),
 )

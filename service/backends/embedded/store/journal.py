@@ -199,12 +199,21 @@ class _Writer:
         receipt: int | None,
         deliveries: int,
         dead_letter_reason: str | None,
+        max_deliveries: int = 0,
     ) -> None:
         """An entry's delivery state (memory/journal.py): columns of its row."""
         self.connection.execute(
-            "UPDATE entries SET hidden_until = ?, receipt = ?, deliveries = ?, dead_letter_reason = ? "
-            "WHERE space = ? AND id = ?",
-            (hidden_until, receipt, deliveries, dead_letter_reason, self.space_number(space), entry_id),
+            "UPDATE entries SET hidden_until = ?, receipt = ?, deliveries = ?, dead_letter_reason = ?, "
+            "max_deliveries = ? WHERE space = ? AND id = ?",
+            (
+                hidden_until,
+                receipt,
+                deliveries,
+                dead_letter_reason,
+                max_deliveries,
+                self.space_number(space),
+                entry_id,
+            ),
         )
 
     def _change(

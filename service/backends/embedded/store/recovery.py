@@ -122,11 +122,22 @@ def _recover(connection: sqlite3.Connection, backend: EmbeddedBackend, now: floa
     current = -1
     rows = execute(
         "SELECT space, id, arrival, expires_at, payload, hidden_until, receipt, deliveries, "
-        "dead_letter_reason FROM entries "
+        "dead_letter_reason, max_deliveries FROM entries "
         "WHERE taken_by IS NULL AND (expires_at IS NULL OR expires_at > ?) ORDER BY space, arrival",
         (now,),
     )
-    for number, entry_id, arrival, expires_at, payload, hidden_until, receipt, deliveries, reason in rows:
+    for (
+        number,
+        entry_id,
+        arrival,
+        expires_at,
+        payload,
+        hidden_until,
+        receipt,
+        deliveries,
+        reason,
+        limit,
+    ) in rows:
         if number != current:
             current, engine = number, backend.engine(names[number])
         assert engine is not None
@@ -141,6 +152,7 @@ def _recover(connection: sqlite3.Connection, backend: EmbeddedBackend, now: floa
             receipt=receipt,
             deliveries=deliveries,
             dead_letter_reason=reason,
+            max_deliveries=limit,
         )
         loaded += 1
     registrations = 0

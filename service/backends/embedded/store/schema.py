@@ -12,14 +12,16 @@ names the space):
                                            (reserved in blocks, so not written at every write)
     types(space, name, supertypes)         declared types (supertypes as a JSON list)
     entries(space, id, arrival, expires_at, payload, taken_by, taken_position,
-            hidden_until, receipt, deliveries, dead_letter_reason)
+            hidden_until, receipt, deliveries, dead_letter_reason, max_deliveries)
                                            entries; payload is the protobuf-encoded
                                            outrig.v1.Entry. A row with taken_by set was taken by
                                            that request id and is kept only to answer its retry.
                                            The delivery state (engine/deliveries.py): hidden until
                                            (a pending delivery's deadline or a delayed entry's
                                            time; NULL or past: visible), the pending delivery's
-                                           receipt, the delivery count, why it is a dead letter
+                                           receipt, the delivery count, why it is a dead letter,
+                                           and the pending delivery's take's own max_deliveries
+                                           (0: the space's setting)
     registrations(space, id, expires_at, templates, sequence)  notify registrations; templates
                                            is a protobuf-encoded outrig.v1.NotifyRequest
     requests(id, space, kind, expires_at, first_id, count, lease_expires_at, granted)
@@ -57,7 +59,8 @@ APPLICATION_ID = 0x6F757472
 # 1: the first durable format.
 # 2: entries keep their delivery state (hidden_until, receipt, deliveries, dead_letter_reason);
 #    a format-1 store is migrated when a server opens it (`_MIGRATIONS`).
-# 3: the change log (change_logs, changes, change_subscriptions); a format-2 store is migrated
+# 3: the change log (change_logs, changes, change_subscriptions); a pending delivery keeps its
+#    take's own max_deliveries (0: the space's setting applies). A format-2 store is migrated
 #    (its spaces' logs start empty, their epochs made at their first change).
 FORMAT_VERSION = 3
 
@@ -85,7 +88,10 @@ ALTER TABLE entries ADD COLUMN receipt INTEGER;
 ALTER TABLE entries ADD COLUMN deliveries INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE entries ADD COLUMN dead_letter_reason TEXT;
 """,
-    2: _CHANGE_TABLES,
+    2: _CHANGE_TABLES
+    + """
+ALTER TABLE entries ADD COLUMN max_deliveries INTEGER NOT NULL DEFAULT 0;
+""",
 }
 
 _SCHEMA = (
@@ -100,6 +106,7 @@ CREATE TABLE entries (
     space INTEGER NOT NULL, id INTEGER NOT NULL, arrival INTEGER NOT NULL,
     expires_at REAL, payload BLOB NOT NULL, taken_by TEXT, taken_position INTEGER,
     hidden_until REAL, receipt INTEGER, deliveries INTEGER NOT NULL DEFAULT 0, dead_letter_reason TEXT,
+    max_deliveries INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (space, id)
 );
 CREATE INDEX entries_by_taker ON entries (taken_by) WHERE taken_by IS NOT NULL;
