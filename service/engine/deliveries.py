@@ -349,6 +349,7 @@ class DeliveriesMixin:
         found = [self._pending_delivery(receipt) for receipt in receipts]  # first: what can fail
         for stored in found:
             self._remove(stored)
+            self._log("take", stored)
         return found
 
     def ack_each(self, receipts: Sequence[int]) -> list[StoredEntry | DeliveryExpiredError]:

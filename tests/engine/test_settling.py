@@ -55,3 +55,19 @@ def test_ack_each_answers_per_receipt() -> None:
     assert isinstance(outcomes[1], DeliveryExpiredError)
     assert isinstance(outcomes[3], DeliveryExpiredError)  # given twice: acknowledged once
     assert space.in_flight == 0 and visible(space) == []
+
+
+def test_settled_and_batch_acked_deliveries_are_take_changes() -> None:
+    space = make(FakeClock())
+    written = fill(space, 4)
+    deliveries = [one(space) for _ in written]
+    assert space.changes is not None
+    head = space.changes.head
+    space.settle([deliveries[1].receipt, deliveries[0].receipt])
+    space.ack_each([deliveries[2].receipt, deliveries[3].receipt])
+    logged = [(change.kind, change.entry.id) for change in space.changes.after(head, 100)]
+    assert logged == [("take", written[1]), ("take", written[0]), ("take", written[2]), ("take", written[3])]
+    refused = space.changes.head
+    with pytest.raises(DeliveryExpiredError):
+        space.settle([deliveries[0].receipt])
+    assert space.changes.head == refused  # a refused settle logs nothing
