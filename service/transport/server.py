@@ -255,12 +255,12 @@ class OutrigServer:
 async def serve(config: ServerConfig) -> None:
     """Run until SIGTERM or SIGINT, then shut down gracefully."""
     # This process is the server's own: large entries reuse freed memory, given back when idle,
-    # and the objects of a request in flight are not promoted by a young collection.
+    # and the objects of a request in flight are not promoted by a young collection. A preloaded
+    # allocator (tcmalloc in the container image) keeps its own settings.
     releasing = None
-    if process.tune_malloc():
-        process.keep_protobuf_from_trimming()
-        if config.idle_release_seconds > 0:
-            releasing = asyncio.create_task(process.release_when_idle(config.idle_release_seconds))
+    release = process.tune_allocator()
+    if release is not None and config.idle_release_seconds > 0:
+        releasing = asyncio.create_task(process.release_when_idle(config.idle_release_seconds, trim=release))
     process.tune_collector()
     if config.worker is not None:
         process.end_with_supervisor(config.worker.supervisor)
