@@ -19,7 +19,6 @@ from ..conftest import free_port, missing_tool
 from ..polling import wait_until
 from .files import BIN, dockerfile_stages, image_env
 
-
 _TCMALLOC = Path(f"/usr/lib/{os.uname().machine}-linux-gnu/libtcmalloc_minimal.so.4")
 
 

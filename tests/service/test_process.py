@@ -108,7 +108,10 @@ def test_protobuf_trims_glibcs_heap_but_not_a_preloaded_tcmalloc() -> None:
 
 @pytest.mark.skipif(not GLIBC, reason="dladdr is glibc's")
 def test_the_allocator_in_use_is_named() -> None:
-    code = "from outrig.service import process as t; print(t.malloc_library(), t.glibc_allocates(), t.tune_malloc())"
+    code = (
+        "from outrig.service import process as t; "
+        "print(t.malloc_library(), t.glibc_allocates(), t.tune_malloc())"
+    )
 
     def run(**environment: str) -> list[str]:
         result = subprocess.run(
