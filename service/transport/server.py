@@ -88,7 +88,10 @@ class OutrigServer:
         self.peers = Peers(config)
         servicer = SpaceServicer(self.backend, config.limits, self.guard, self.metrics, self.peers, config)
         self._servicer = servicer
-        self._mux = MuxService(servicer, config.limits.max_stream_ops, limit)
+        # A lone server (no workers, no tier) forwards nothing: its Mux operations that cannot
+        # wait run without a task of their own (transport/mux.py).
+        lone = config.worker is None and self.backend.tier_figures() is None
+        self._mux = MuxService(servicer, config.limits.max_stream_ops, limit, lone=lone)
         handlers.add_to_server(servicer, self._server, self._mux.handle)
         self.console: Console | None = None  # the web console (transport/console), with `console`
         if config.console:
