@@ -2,14 +2,15 @@
 before a change), in memory and durable, with the no-op gRPC server as the floor, in one run.
 
     python bench/before_after.py --baseline-python PATH [--rounds N] [--seconds S] [--warmup S]
-                                 [--shapes 10_shared,1] [--loop uvloop] [--profile S] [--quick]
+                                 [--shapes 10_shared,1] [--profile S] [--quick]
 
 PATH is the interpreter of a virtualenv with the other checkout installed (e.g. a `git worktree`
 of main with its own `.venv`: `git worktree add ../base main && cd ../base && python3 -m venv .venv
 && .venv/bin/pip install -e '.[dev]'`). Targets, each its own process started once for the run
 (bench/servers.py): the baseline's `outrig serve` in memory and durable (`--durability always`),
-this checkout's the same two, and the no-op server (bench/noop_server.py). With ``--loop NAME``
-this checkout's servers also run once more with ``--loop NAME`` (the baseline's as they are).
+this checkout's the same two, and the no-op server (bench/noop_server.py). (Commit fa07e26 had
+``--loop NAME``, this checkout's servers once more on `outrig serve --loop uvloop`: measured and
+dropped, docs/performance.md.)
 
 Client shapes (bench/mux.py's, the SDK's Mux stream): ``10_shared``, 10 asyncio tasks on one
 AsyncSpace; ``1``, one blocking Space. Each round runs every shape against every target, in an
@@ -43,11 +44,9 @@ from mux import SHAPE, Probe, Shape
 from run import _load, progress
 from servers import (
     ServerProcess,
-    _bench_flags,
     start_durable_outrig,
     start_noop,
     start_outrig,
-    start_outrig_with,
 )
 from workloads import Plan
 
@@ -61,7 +60,6 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0, help="measured seconds per run (default 3)")
     parser.add_argument("--warmup", type=float, default=1.0, help="warm-up seconds per run (default 1)")
     parser.add_argument("--shapes", default="10_shared,1", help="client shapes (bench/mux.py's)")
-    parser.add_argument("--loop", help="also run this checkout's servers with `outrig serve --loop NAME`")
     parser.add_argument("--profile", type=float, help="also sample each outrig server for S seconds")
     parser.add_argument("--quick", action="store_true", help="1 round of 1 s runs")
     args = parser.parse_args()
@@ -83,14 +81,6 @@ def main() -> None:
         servers["before_durable"] = start_durable_outrig(workdir, name="before-durable", python=base)
         servers["after_memory"] = start_outrig(workdir, name="after-memory")
         servers["after_durable"] = start_durable_outrig(workdir, name="after-durable")
-        if args.loop:
-            flags = ("--loop", args.loop)
-            servers[f"{args.loop}_durable"] = start_durable_outrig(
-                workdir, *flags, name=f"{args.loop}-durable"
-            )
-            servers[f"{args.loop}_memory"] = start_outrig_with(
-                workdir, "--in-memory", *_bench_flags(workdir), *flags, name=f"{args.loop}-memory"
-            )
         servers["noop"] = start_noop(workdir)
         names = list(servers)
         with asyncio.Runner() as runner:

@@ -12,7 +12,7 @@ import asyncio
 import importlib.util
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from outrig.service import software_version
@@ -95,13 +95,6 @@ def _parser() -> argparse.ArgumentParser:
         metavar="S",
         help="give freed memory back to the system once the server has been idle this long "
         "(default 60; 0: never)",
-    )
-    serve.add_argument(
-        "--loop",
-        choices=["asyncio", "uvloop"],
-        default="asyncio",
-        help="the event loop: asyncio's own (default) or uvloop (pip install 'outrig[uvloop]'; "
-        "docs/performance.md has what it costs and saves)",
     )
     serve.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     serve.add_argument(
@@ -291,23 +284,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"outrig: the server needs its extras: pip install 'outrig[server]' ({err})", file=sys.stderr
             )
             return 2
-        with asyncio.Runner(loop_factory=_loop_factory(args.loop)) as runner:
-            runner.run(serve(config))
+        asyncio.run(serve(config))
     except (ConfigError, StoreError) as err:
         print(f"outrig: {err}", file=sys.stderr)
         return 2
     return 0
-
-
-def _loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """`--loop`: None for asyncio's own loop, else uvloop's (ConfigError if it is not installed)."""
-    if name == "asyncio":
-        return None
-    try:
-        import uvloop
-    except ImportError:
-        raise ConfigError("--loop uvloop: uvloop is not installed: pip install 'outrig[uvloop]'") from None
-    return uvloop.new_event_loop
 
 
 if __name__ == "__main__":
