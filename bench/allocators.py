@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import shutil
 import statistics
 import sys
 import tempfile
@@ -43,7 +42,7 @@ from pathlib import Path
 
 from measure import Sample, tune_client
 from run import _load, preload, progress
-from servers import ServerProcess, start_noop, start_outrig
+from servers import ServerProcess, start_noop, start_outrig, stop_all
 from workloads import WORKLOADS, Plan
 
 _LIBRARIES = Path("/usr/lib") / f"{os.uname().machine}-linux-gnu"
@@ -133,9 +132,7 @@ def main() -> None:
                                 f"{run.sample.server_cpu * 1e6:>8,.0f} us {run.faults:>7,.0f} faults"
                             )
     finally:
-        for server in servers.values():
-            server.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+        stop_all(servers.values(), workdir)
     print(f"load average after: {_load()}")
     print()
     print("| workload | target | rate/s | vs no-op | server CPU us/unit | vs no-op | server faults/unit |")

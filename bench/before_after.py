@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -47,6 +46,7 @@ from servers import (
     start_durable_outrig,
     start_noop,
     start_outrig,
+    stop_all,
 )
 from workloads import Plan
 
@@ -102,9 +102,7 @@ def main() -> None:
                     if name != "noop":
                         profiles[name] = _profile(server, workdir, args.profile, runner)
     finally:
-        for server in servers.values():
-            server.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+        stop_all(servers.values(), workdir)
     print(f"load average after: {_load()}")
     print()
     print("| shape | target | pairs/s | server us/pair (min - max) | vs no-op | after / before |")

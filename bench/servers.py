@@ -12,7 +12,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 #: Large enough for the HD array entry (3.6 MB) with room to spare; the SDK's default is 64 MiB too.
@@ -94,6 +94,13 @@ class ServerProcess:
         if code != 0:
             raise RuntimeError(f"{self.name} exited with {code}:\n{self.log.read_text()[-2000:]}")
         return time.perf_counter() - started
+
+
+def stop_all(servers: Iterable[ServerProcess], workdir: Path) -> None:
+    """Stop every server a bench started, then remove its work dir."""
+    for server in servers:
+        server.stop()
+    shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _start_python_server(

@@ -85,16 +85,22 @@ print(before - resident_mib())
 """
 
 
-def _freed_by_upb(**environment: str) -> float:
-    """MiB given back while upb made and freed 30,000 arenas after 200 MiB were freed."""
+def _python(code: str, **environment: str) -> str:
+    """What `code` prints in a new interpreter with `environment` (and no allocator settings of
+    this one's), so that the tests' own allocator is left alone."""
     result = subprocess.run(
-        [sys.executable, "-c", _FREED_THEN_UPB],
+        [sys.executable, "-c", code],
         env=_clean_environment(**environment),
         capture_output=True,
         text=True,
         check=True,
     )
-    return float(result.stdout)
+    return result.stdout
+
+
+def _freed_by_upb(**environment: str) -> float:
+    """MiB given back while upb made and freed 30,000 arenas after 200 MiB were freed."""
+    return float(_python(_FREED_THEN_UPB, **environment))
 
 
 @pytest.mark.skipif(not GLIBC, reason="malloc_trim is glibc's")
@@ -113,20 +119,10 @@ def test_the_allocator_in_use_is_named() -> None:
         "print(t.malloc_library(), t.glibc_allocates(), t.tune_malloc())"
     )
 
-    def run(**environment: str) -> list[str]:
-        result = subprocess.run(
-            [sys.executable, "-c", code],
-            env=_clean_environment(**environment),
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        return result.stdout.split()
-
-    library, glibc, tuned = run()
+    library, glibc, tuned = _python(code).split()
     assert os.path.basename(library).startswith("libc.") and glibc == "True" and tuned == "True"
     # A preloaded allocator serves malloc; glibc's thresholds are not its business.
-    assert run(LD_PRELOAD=_tcmalloc()) == [TCMALLOC, "False", "False"]
+    assert _python(code, LD_PRELOAD=_tcmalloc()).split() == [TCMALLOC, "False", "False"]
 
 
 _FREED_THEN_RELEASED = """
@@ -151,14 +147,7 @@ def test_the_idle_release_gives_free_memory_back(allocator: str) -> None:
     # What release_when_idle calls with each allocator (glibc's malloc_trim, tcmalloc's
     # MallocExtension_ReleaseFreeMemory): the freed 200 MiB leave the process.
     environment = {"LD_PRELOAD": _tcmalloc()} if allocator == "tcmalloc" else {}
-    result = subprocess.run(
-        [sys.executable, "-c", _FREED_THEN_RELEASED],
-        env=_clean_environment(**environment),
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert float(result.stdout) > 150
+    assert float(_python(_FREED_THEN_RELEASED, **environment)) > 150
 
 
 def test_no_idle_release_where_the_operator_set_glibcs_thresholds() -> None:
