@@ -12,7 +12,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 #: Large enough for the HD array entry (3.6 MB) with room to spare; the SDK's default is 64 MiB too.
@@ -96,10 +96,21 @@ class ServerProcess:
         return time.perf_counter() - started
 
 
-def _start_python_server(name: str, command: list[str], pattern: str, workdir: Path) -> ServerProcess:
-    """Start a server that prints its address on stdout once it serves."""
+def stop_all(servers: Iterable[ServerProcess], workdir: Path) -> None:
+    """Stop every server a bench started, then remove its work dir."""
+    for server in servers:
+        server.stop()
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _start_python_server(
+    name: str, command: list[str], pattern: str, workdir: Path, extra_env: Mapping[str, str] | None = None
+) -> ServerProcess:
+    """Start a server that prints its address on stdout once it serves (`extra_env` added to its
+    environment: an LD_PRELOAD, GLIBC_TUNABLES)."""
     log = workdir / f"{name}.log"
     environment = {k: v for k, v in os.environ.items() if not k.startswith("OUTRIG_")}
+    environment.update(extra_env or {})
     with log.open("w") as stderr:
         began = time.perf_counter()
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=environment)
@@ -119,11 +130,18 @@ OUTRIG_PROGRAM = ("-m", "outrig.service")
 
 
 def start_outrig_with(
-    workdir: Path, *flags: str, name: str = "outrig", program: Sequence[str] = OUTRIG_PROGRAM
+    workdir: Path,
+    *flags: str,
+    name: str = "outrig",
+    program: Sequence[str] = OUTRIG_PROGRAM,
+    python: str = sys.executable,
+    extra_env: Mapping[str, str] | None = None,
 ) -> ServerProcess:
-    """`outrig serve --listen 127.0.0.1:0 FLAGS...`, its log in workdir/NAME.log."""
-    command = [sys.executable, *program, "serve", "--listen", "127.0.0.1:0", *flags]
-    return _start_python_server(name, command, r"outrig listening on (\S+)", workdir)
+    """`outrig serve --listen 127.0.0.1:0 FLAGS...`, its log in workdir/NAME.log (`python`: the
+    interpreter, another checkout's virtualenv for a before/after run; `extra_env`: added to its
+    environment)."""
+    command = [python, *program, "serve", "--listen", "127.0.0.1:0", *flags]
+    return _start_python_server(name, command, r"outrig listening on (\S+)", workdir, extra_env)
 
 
 def _bench_flags(workdir: Path) -> list[str]:
@@ -134,19 +152,46 @@ def _bench_flags(workdir: Path) -> list[str]:
 
 
 def start_outrig(
-    workdir: Path, name: str = "outrig", program: Sequence[str] = OUTRIG_PROGRAM
+    workdir: Path,
+    name: str = "outrig",
+    program: Sequence[str] = OUTRIG_PROGRAM,
+    python: str = sys.executable,
+    extra_env: Mapping[str, str] | None = None,
 ) -> ServerProcess:
     """An in-memory `outrig serve` with raised message size and quotas."""
-    return start_outrig_with(workdir, "--in-memory", *_bench_flags(workdir), name=name, program=program)
+    return start_outrig_with(
+        workdir,
+        "--in-memory",
+        *_bench_flags(workdir),
+        name=name,
+        program=program,
+        python=python,
+        extra_env=extra_env,
+    )
 
 
-def start_durable_outrig(workdir: Path, *flags: str, name: str = "outrig-durable") -> ServerProcess:
+def start_durable_outrig(
+    workdir: Path,
+    *flags: str,
+    name: str = "outrig-durable",
+    python: str = sys.executable,
+    extra_env: Mapping[str, str] | None = None,
+) -> ServerProcess:
     """`outrig serve --data-dir workdir/NAME-data --durability always FLAGS...` (a fresh, empty data
     dir), with start_outrig's raised message size and quotas."""
     data = workdir / f"{name}-data"
     shutil.rmtree(data, ignore_errors=True)
     return start_outrig_with(
-        workdir, "--data-dir", str(data), "--durability", "always", *_bench_flags(workdir), *flags, name=name
+        workdir,
+        "--data-dir",
+        str(data),
+        "--durability",
+        "always",
+        *_bench_flags(workdir),
+        *flags,
+        name=name,
+        python=python,
+        extra_env=extra_env,
     )
 
 

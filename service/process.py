@@ -22,14 +22,16 @@ the next burst paid 2.2 ms of page faults for each 3.6 MB entry it stored. Nothi
 off glibc, or when the environment sets glibc's malloc thresholds (MALLOC_*_ variables or
 glibc.malloc tunables): those are the operator's call.
 
-**protobuf's own trims.** protobuf's upb module calls malloc_trim(0) itself after every 10,000
-frees of its arenas' blocks (write+take pairs at about 500 a second set one off within 1.6 s).
-That gives back all free memory, whatever the thresholds say, including the free pages inside
-the heap, so the next 3.6 MB entry stored faults its pages in again: 850-1,300 faults and about
-2 ms per HD array write, against under 150 without those trims. `keep_protobuf_from_trimming`
-points the upb module's import of malloc_trim at libc's `abs`, which does nothing with the 0 it
-is given (`redirect`, below; only that module's calls change), under the same conditions
-as `tune_malloc`; `release_when_idle` still trims once the server is idle.
+**protobuf's own trims, and the allocator.** protobuf's upb module calls malloc_trim(0) itself
+after every 10,000 frees of its arenas' blocks (write+take pairs at about 500 a second set one off
+within 1.6 s). On glibc that gives back all free memory, whatever the thresholds say, including the
+free pages inside the heap, so the next 3.6 MB entry stored faults its pages in again. Nothing here
+changes protobuf: the container image preloads jemalloc (deploy/Dockerfile: LD_PRELOAD, Debian's
+libjemalloc2), which serves every malloc, keeps freed pages for reuse and gives them back on its
+own decay schedule; upb's malloc_trim then trims glibc's heap, which holds next to nothing.
+`tune_malloc` sees that (`malloc_library`, from dladdr(3)) and leaves a preloaded allocator's
+settings alone, and so does `outrig serve`'s idle release. On plain glibc the trims stay, and
+what they cost HD array writes is in docs/performance.md ("Allocators").
 
 **The collector.** Python's cyclic collector runs a young collection every 700 net allocations of
 container objects. A write_many of 100 small entries has over 1,100 alive before the engine files
@@ -45,15 +47,12 @@ import asyncio
 import ctypes
 import gc
 import logging
-import mmap
 import os
 import signal
-import struct
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 
-from outrig.service.exceptions import ConfigError, ProcessTuningError
+from outrig.service.exceptions import ConfigError
 
 log = logging.getLogger("outrig.service")
 
@@ -99,11 +98,45 @@ def _libc() -> ctypes.CDLL | None:
         return None
 
 
+class _DlInfo(ctypes.Structure):
+    """dladdr(3)'s Dl_info."""
+
+    _fields_ = (
+        ("dli_fname", ctypes.c_char_p),
+        ("dli_fbase", ctypes.c_void_p),
+        ("dli_sname", ctypes.c_char_p),
+        ("dli_saddr", ctypes.c_void_p),
+    )
+
+
+def malloc_library() -> str:
+    """The file of the shared object whose `malloc` this process calls: libc's, or an allocator
+    preloaded in its place (LD_PRELOAD=libjemalloc.so.2, as the container image does); "" off
+    glibc or if the dynamic linker cannot say."""
+    libc = _libc()
+    if libc is None:
+        return ""
+    info = _DlInfo()
+    address = ctypes.cast(libc.malloc, ctypes.c_void_p)
+    if not libc.dladdr(address, ctypes.byref(info)) or info.dli_fname is None:
+        return ""
+    return os.fsdecode(info.dli_fname)
+
+
+def glibc_allocates() -> bool:
+    """Whether glibc's own malloc serves this process (no other allocator preloaded)."""
+    return os.path.basename(malloc_library()).startswith("libc.")
+
+
 def tune_malloc(environ: Mapping[str, str] = os.environ) -> bool:
     """Set glibc's mmap and trim thresholds for this process (see the module's docstring).
-    True if they were set; False off glibc, if the environment sets them, or if glibc refused."""
+    True if they were set; False off glibc, if another allocator is preloaded (it keeps its own
+    settings), if the environment sets them, or if glibc refused."""
     libc = _libc()
     if libc is None or _set_by_operator(environ):
+        return False
+    if not glibc_allocates():
+        log.debug("malloc: %s preloaded, its own settings kept", malloc_library())
         return False
     mallopt = libc.mallopt
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
@@ -115,34 +148,30 @@ def tune_malloc(environ: Mapping[str, str] = os.environ) -> bool:
     return done
 
 
-def keep_protobuf_from_trimming(environ: Mapping[str, str] = os.environ) -> bool:
-    """Stop protobuf's upb module from calling malloc_trim (see the module's docstring). True if
-    its calls were redirected; False off glibc, if the environment sets the thresholds, if
-    protobuf does not run on upb, or if the module is not as expected (logged)."""
-    libc = _libc()
-    if libc is None or _set_by_operator(environ):
-        return False
-    from google.protobuf.internal import api_implementation
-
-    if api_implementation.Type() != "upb":
-        return False
-    from google._upb import _message
-
-    trim = ctypes.cast(libc.malloc_trim, ctypes.c_void_p).value or 0
-    nothing = ctypes.cast(libc.abs, ctypes.c_void_p).value or 0  # int abs(int): abs(0) == 0
-    try:
-        redirect(_message.__file__, "malloc_trim", trim, nothing)
-    except (ProcessTuningError, OSError) as error:
-        log.info("protobuf's heap trims stay: %s", error)
-        return False
-    log.debug("protobuf's heap trims redirected to a no-op")
-    return True
-
-
 def _malloc_trim() -> None:
     libc = _libc()
     if libc is not None:
         libc.malloc_trim(ctypes.c_size_t(0))
+
+
+def tune_allocator(environ: Mapping[str, str] = os.environ) -> Callable[[], None] | None:
+    """What `outrig serve` does to its allocator: glibc's thresholds (`tune_malloc`), and how
+    `release_when_idle` gives free memory back: glibc's malloc_trim (only where tune_malloc set
+    the thresholds: the operator's own settings are left alone), or a preloaded tcmalloc's
+    MallocExtension_ReleaseFreeMemory (its documented way to return its free pages at once). None
+    for any other allocator: jemalloc returns its pages on its own decay schedule."""
+    if tune_malloc(environ):
+        return _malloc_trim
+    library = malloc_library()
+    if not library or glibc_allocates():
+        return None
+    release = getattr(ctypes.CDLL(library), "MallocExtension_ReleaseFreeMemory", None)
+    if release is None:
+        return None
+    release.argtypes = ()
+    release.restype = None
+    log.debug("malloc: %s gives free memory back once the server is idle", os.path.basename(library))
+    return release  # type: ignore[no-any-return]
 
 
 def _resident_bytes() -> int:
@@ -210,126 +239,3 @@ def tune_collector() -> None:
     """Raise the collector's first threshold to YOUNG_COLLECTION_THRESHOLD; the others stay."""
     _, older, oldest = gc.get_threshold()
     gc.set_threshold(YOUNG_COLLECTION_THRESHOLD, older, oldest)
-
-
-# ---------------------------------------------------------------- one imported function, redirected
-#
-# Redirect a function that a loaded shared object imports from another library (ELF, 64-bit
-# little-endian: x86-64 and AArch64 Linux).
-#
-# A shared object calls an imported function, such as libc's `malloc_trim`, through a slot of its
-# global offset table that the dynamic linker fills with the function's address when the object is
-# loaded (CPython loads extension modules with RTLD_NOW, so every slot is filled by then).
-# `redirect` finds the slot from the object's relocations on disk and its load address, checks that
-# the slot holds the address it expects, and writes another function's address there. It touches
-# that one slot of that one object: every other caller of the function is unaffected.
-#
-# It changes nothing, and says why, when anything is not as expected: another file format, no
-# relocation for the name, a slot holding something else (another library interposed, a lazy
-# binding not yet resolved).
-
-_ELF_MAGIC = b"\x7fELF"
-_ELFCLASS64 = 2
-_ELFDATA2LSB = 1
-_SHT_RELA = 4
-_SECTION = struct.Struct("<IIQQQQIIQQ")  # Elf64_Shdr
-_RELA = struct.Struct("<QQq")  # Elf64_Rela
-_SYMBOL = struct.Struct("<IBBHQQ")  # Elf64_Sym
-#: The relocation types that fill a slot with a symbol's address: x86-64 GLOB_DAT and JUMP_SLOT,
-#: AArch64 GLOB_DAT and JUMP_SLOT.
-_SLOT_TYPES = {("x86_64", 6), ("x86_64", 7), ("aarch64", 1025), ("aarch64", 1026)}
-_RTLD_DI_LINKMAP = 2
-_PROT_READ, _PROT_WRITE, _PROT_EXEC = 1, 2, 4
-
-
-@dataclass(frozen=True)
-class _Section:
-    type: int
-    offset: int
-    size: int
-    link: int
-
-
-def slot_offsets(path: str, name: str) -> list[int]:
-    """The offsets (from the object's load address) of the slots through which the shared object
-    at `path` calls the imported function `name`."""
-    with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as image:
-        if image[:4] != _ELF_MAGIC or image[4] != _ELFCLASS64 or image[5] != _ELFDATA2LSB:
-            raise ProcessTuningError(f"{path} is not a 64-bit little-endian ELF file")
-        machine = {62: "x86_64", 183: "aarch64"}.get(struct.unpack_from("<H", image, 0x12)[0])
-        if machine is None:
-            raise ProcessTuningError(f"{path} is for a machine this does not know")
-        (table,) = struct.unpack_from("<Q", image, 0x28)  # e_shoff
-        entry_size, count = struct.unpack_from("<HH", image, 0x3A)  # e_shentsize, e_shnum
-        sections = [
-            _Section(fields[1], fields[4], fields[5], fields[6])
-            for fields in (_SECTION.unpack_from(image, table + i * entry_size) for i in range(count))
-        ]
-        wanted = name.encode()
-        offsets = []
-        for section in sections:
-            if section.type != _SHT_RELA:
-                continue
-            symbols = sections[section.link]
-            strings = sections[symbols.link]
-            for start in range(section.offset, section.offset + section.size, _RELA.size):
-                offset, info, _ = _RELA.unpack_from(image, start)
-                if (machine, info & 0xFFFFFFFF) not in _SLOT_TYPES:
-                    continue
-                symbol_name = _SYMBOL.unpack_from(image, symbols.offset + (info >> 32) * _SYMBOL.size)[0]
-                at = strings.offset + symbol_name
-                if image[at : at + len(wanted) + 1] == wanted + b"\0":
-                    offsets.append(offset)
-        return offsets
-
-
-def _load_address(path: str) -> int:
-    """Where the dynamic linker loaded the (already loaded) shared object at `path`."""
-    libc = ctypes.CDLL(None)
-    handle = ctypes.CDLL(path, mode=os.RTLD_NOW | os.RTLD_NOLOAD)._handle
-    link_map = ctypes.c_void_p()
-    if libc.dlinfo(ctypes.c_void_p(handle), _RTLD_DI_LINKMAP, ctypes.byref(link_map)) != 0:
-        raise ProcessTuningError(f"dlinfo found no link map for {path}")
-    return ctypes.c_size_t.from_address(link_map.value or 0).value  # link_map.l_addr
-
-
-def _protection(address: int) -> int:
-    """The current protection of the page holding `address`, from /proc/self/maps."""
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            span, permissions = line.split()[:2]
-            low, high = (int(part, 16) for part in span.split("-"))
-            if low <= address < high:
-                flags = zip(permissions[:3], "rwx", (_PROT_READ, _PROT_WRITE, _PROT_EXEC), strict=True)
-                return sum(bit for have, letter, bit in flags if have == letter)
-    raise ProcessTuningError(f"address {address:#x} is not mapped")
-
-
-def _write_pointer(address: int, value: int) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    page = address & ~(mmap.PAGESIZE - 1)
-    protection = _protection(address)
-    if not protection & _PROT_WRITE and libc.mprotect(page, mmap.PAGESIZE, protection | _PROT_WRITE) != 0:
-        raise ProcessTuningError(f"mprotect failed: {os.strerror(ctypes.get_errno())}")
-    ctypes.c_void_p.from_address(address).value = value
-    if not protection & _PROT_WRITE:
-        libc.mprotect(page, mmap.PAGESIZE, protection)
-
-
-def redirect(path: str, name: str, expected: int, replacement: int) -> int:
-    """Point the shared object at `path`'s slots for the imported function `name`, which must
-    hold `expected` (the function's address), at `replacement`. Returns how many slots were
-    redirected; raises ProcessTuningError, having written nothing, when none could be."""
-    offsets = slot_offsets(path, name)
-    if not offsets:
-        raise ProcessTuningError(f"{os.path.basename(path)} does not import {name}")
-    base = _load_address(path)
-    slots = [base + offset for offset in offsets]
-    for slot in slots:
-        held = ctypes.c_void_p.from_address(slot).value
-        if held != expected:
-            raise ProcessTuningError(f"the slot for {name} holds {held or 0:#x}, not {expected:#x}")
-    for slot in slots:
-        _write_pointer(slot, replacement)
-    return len(slots)

@@ -8,6 +8,15 @@ security, quotas, idempotent retries and durability cannot differ. Its result is
 as it completes, in any order, and one writer sends whatever results are ready in one MuxReply:
 under load a message carries many (the busier the stream, the fuller the messages).
 
+An operation that cannot wait on a lone server (a write, a count, a lease's renewal or
+cancellation, a read or take with timeout 0: `runs_eagerly`) starts at once, in the reader's
+step, and gets a task of its own only if it does wait after all (a durable write waits for its
+commit): most of them finish without one. Only on a lone server (no workers, not the PostgreSQL
+tier): a forwarded call, like a parked read or take, enters `asyncio.timeout`, which binds the task
+current when it is entered, and that must be the operation's own. The stream keeps one reference
+to its loop (`loop.create_task`, `loop.create_future`): in Python 3.11 every
+`asyncio.get_running_loop()` (and so `ensure_future`, `Future()`, `Event.wait`) is a getpid(2).
+
 Flow control: an operation counts as in flight from the moment it is read until its result has
 been handed to gRPC. While `Limits.max_stream_ops` are, the stream reads no further messages, so
 a client that sends faster than it is answered, or reads its results too slowly, is held back by
@@ -29,9 +38,11 @@ the same vocabulary.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+import types
+from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Mapping
 from typing import Any, NamedTuple
 
 import grpc
@@ -95,6 +106,43 @@ def _operations() -> dict[int, Operation]:
 
 #: The operation of each MuxOp field (outrig._protocol.OPS_BY_FIELD).
 OPERATIONS = _operations()
+
+#: Operations that never wait on a lone server (but for a durable store's commit, which binds no
+#: task), and those that do not when their request's timeout is 0 (`runs_eagerly`).
+NEVER_WAIT = frozenset({"Write", "WriteMany", "Count", "RenewLeases", "CancelLeases"})
+NOWAIT_IF_TIMEOUT_ZERO = frozenset({"Read", "Take", "ReadMany", "TakeMany"})
+
+
+def runs_eagerly(name: str, request: Any) -> bool:
+    """Whether the operation `name` with this (decoded) request cannot wait on a lone server for
+    anything but a commit: started at once, without a task of its own (see the module's docstring).
+    Bytes that are no valid request are refused at once, whatever the operation."""
+    if name in NEVER_WAIT or isinstance(request, handlers.Undecodable):
+        return True
+    return name in NOWAIT_IF_TIMEOUT_ZERO and request.HasField("timeout") and request.timeout == 0
+
+
+@types.coroutine
+def _resume(coro: Coroutine[Any, Any, None], step: Any) -> Generator[Any, Any, None]:
+    """The rest of a coroutine whose first step already ran and yielded `step` (a future to wait
+    for, or None): what a task would have run from there, given back to a task. What the task
+    sends or throws in (the future's outcome, a cancellation) goes on to the coroutine."""
+    while True:
+        try:
+            value = yield step
+        except GeneratorExit:
+            coro.close()
+            raise
+        except BaseException as thrown:  # a cancellation, or the awaited future's exception
+            try:
+                step = coro.throw(thrown)
+            except StopIteration:
+                return
+        else:
+            try:
+                step = coro.send(value)
+            except StopIteration:
+                return
 
 
 class Result:
@@ -188,16 +236,19 @@ def parse_request(raw: bytes) -> list[tuple[int, int, int | memoryview]]:
 class MuxService:
     """The Mux method of a server: `handle` serves one stream; `close` ends them all (at shutdown)."""
 
-    def __init__(self, servicer: SpaceServicer, limit: int, max_bytes: int) -> None:
+    def __init__(self, servicer: SpaceServicer, limit: int, max_bytes: int, *, lone: bool = False) -> None:
         self._servicer = servicer
         self._limit = limit
         self._max_bytes = max_bytes
+        self._eager = lone  # a lone server: operations that cannot wait run without a task
         self._streams: set[MuxStream] = set()
         # The undecorated method each operation runs (what the `unary` wrapper runs), found once.
         self._methods = {name: getattr(servicer, name).operation for name, *_ in OPERATIONS.values()}
 
     async def handle(self, requests: AsyncIterator[bytes], context: handlers.MuxContext) -> None:
-        stream = MuxStream(self._servicer, self._methods, context, self._limit, self._max_bytes)
+        stream = MuxStream(
+            self._servicer, self._methods, context, self._limit, self._max_bytes, eager=self._eager
+        )
         self._streams.add(stream)
         try:
             await stream.run(requests)
@@ -226,6 +277,8 @@ class MuxStream:
         context: handlers.MuxContext,
         limit: int,
         max_bytes: int,
+        *,
+        eager: bool = False,
     ) -> None:
         self._servicer = servicer
         self._methods = methods
@@ -235,7 +288,9 @@ class MuxStream:
         self._running: dict[int, asyncio.Task[None]] = {}
         self._ready: list[Result] = []
         self._in_flight = 0  # read and not yet handed to gRPC: running, or ready
-        self._results = asyncio.Event()  # the writer has something to send
+        self._eager = eager  # start operations that cannot wait without a task (`runs_eagerly`)
+        self._loop = asyncio.get_running_loop()
+        self._results: asyncio.Future[None] | None = None  # the idle writer waits on it
         self._progress = asyncio.Event()  # the writer sent something
         self._closing = False
         self._handler: asyncio.Task[Any] | None = None
@@ -244,7 +299,7 @@ class MuxStream:
         self._handler = handler = asyncio.current_task()
         assert handler is not None
         await self._context.send_initial_metadata(((LIMIT_KEY, str(self._limit)),))
-        writer = asyncio.ensure_future(self._write())
+        writer = self._loop.create_task(self._write())
         try:
             async for raw in requests:
                 self._accept(raw)
@@ -341,7 +396,20 @@ class MuxStream:
             request = handlers.Undecodable(
                 message_type.DESCRIPTOR.full_name, "a number where a message belongs"
             )
-        self._running[op_id] = asyncio.ensure_future(self._perform(op_id, name, request, reply_field))
+        performing = self._perform(op_id, name, request, reply_field)
+        if not (self._eager and runs_eagerly(name, request)):
+            self._running[op_id] = self._loop.create_task(performing)
+            return
+        # Its first step now, in a context of its own as a task's; a task only if it waits.
+        context = contextvars.copy_context()
+        try:
+            step = context.run(performing.send, None)
+        except StopIteration:
+            return  # done: its result is queued
+        except Exception:  # `perform` answers every error: this is a bug, logged as a task's would be
+            log.exception("Mux operation %d (%s) failed", op_id, name)
+            return
+        self._running[op_id] = self._loop.create_task(_resume(performing, step), context=context)
 
     async def _perform(self, op_id: int, name: str, request: Any, reply_field: int) -> None:
         # A cancelled operation ends here with CancelledError: a cancel op's callback on the task
@@ -371,7 +439,9 @@ class MuxStream:
 
     def _finish(self, result: Result) -> None:
         self._ready.append(result)
-        self._results.set()
+        waiting = self._results
+        if waiting is not None and not waiting.done():
+            waiting.set_result(None)
 
     # ------------------------------------------------------------ writing
 
@@ -379,8 +449,8 @@ class MuxStream:
         """Send every result that is ready in one message (up to BATCH_BYTES), as they come."""
         while True:
             if not self._ready:
-                self._results.clear()
-                await self._results.wait()
+                self._results = self._loop.create_future()
+                await self._results
             count = batch_size(self._ready)
             batch, self._ready = self._ready[:count], self._ready[count:]
             await self._context.write(reply_message(batch))

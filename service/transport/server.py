@@ -88,7 +88,10 @@ class OutrigServer:
         self.peers = Peers(config)
         servicer = SpaceServicer(self.backend, config.limits, self.guard, self.metrics, self.peers, config)
         self._servicer = servicer
-        self._mux = MuxService(servicer, config.limits.max_stream_ops, limit)
+        # A lone server (no workers, no tier) forwards nothing: its Mux operations that cannot
+        # wait run without a task of their own (transport/mux.py).
+        lone = config.worker is None and self.backend.tier_figures() is None
+        self._mux = MuxService(servicer, config.limits.max_stream_ops, limit, lone=lone)
         handlers.add_to_server(servicer, self._server, self._mux.handle)
         self.console: Console | None = None  # the web console (transport/console), with `console`
         if config.console:
@@ -255,12 +258,12 @@ class OutrigServer:
 async def serve(config: ServerConfig) -> None:
     """Run until SIGTERM or SIGINT, then shut down gracefully."""
     # This process is the server's own: large entries reuse freed memory, given back when idle,
-    # and the objects of a request in flight are not promoted by a young collection.
+    # and the objects of a request in flight are not promoted by a young collection. A preloaded
+    # allocator (tcmalloc in the container image) keeps its own settings.
     releasing = None
-    if process.tune_malloc():
-        process.keep_protobuf_from_trimming()
-        if config.idle_release_seconds > 0:
-            releasing = asyncio.create_task(process.release_when_idle(config.idle_release_seconds))
+    release = process.tune_allocator()
+    if release is not None and config.idle_release_seconds > 0:
+        releasing = asyncio.create_task(process.release_when_idle(config.idle_release_seconds, trim=release))
     process.tune_collector()
     if config.worker is not None:
         process.end_with_supervisor(config.worker.supervisor)

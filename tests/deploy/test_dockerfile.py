@@ -66,7 +66,18 @@ def test_the_server_stage_is_the_default_and_complete(stages: dict[str, Stage]) 
     assert server.last("EXPOSE") == "7480 9480"  # gRPC, and the Prometheus metrics
     assert server.last("STOPSIGNAL") == "SIGTERM"
     assert server.healthcheck()[:2] == ["outrig", "health"]
-    assert '"outrig[server,postgres]"' in server.last("RUN") and "--no-index" in server.last("RUN")
+    assert any('"outrig[server,postgres]"' in run and "--no-index" in run for run in server.all("RUN"))
+
+
+def test_the_server_runs_on_debians_tcmalloc(stages: dict[str, Stage]) -> None:
+    """The allocator the HD array rows were measured best with (docs/performance.md,
+    "Allocators"), from Debian at a pinned version, preloaded by its bare name (any architecture's
+    library path); tests/deploy/test_entrypoint.py checks that the server then maps it."""
+    server = stages["server"]
+    assert server.env()["LD_PRELOAD"] == "libtcmalloc_minimal.so.4"
+    installs = [run for run in server.all("RUN") if "apt-get install" in run]
+    assert len(installs) == 1 and "libtcmalloc-minimal4=" in installs[0], installs
+    assert "rm -rf /var/lib/apt/lists/*" in installs[0]
 
 
 def test_the_loadtest_stage_runs_the_locustfile(stages: dict[str, Stage]) -> None:

@@ -15,9 +15,11 @@ from pathlib import Path
 
 import outrig
 
-from ..conftest import free_port
+from ..conftest import free_port, missing_tool
 from ..polling import wait_until
 from .files import BIN, dockerfile_stages, image_env
+
+_TCMALLOC = Path(f"/usr/lib/{os.uname().machine}-linux-gnu/libtcmalloc_minimal.so.4")
 
 
 @dataclass
@@ -65,6 +67,12 @@ def test_the_image_command_serves_is_healthy_and_stops_cleanly(tmp_path: Path) -
         assert match is not None, f"{line!r} {log.read_text()}"
         address = match.group(1)
         assert address == env["OUTRIG_LISTEN"]
+        # The image's LD_PRELOAD: tcmalloc serves the server's allocations (Debian's package,
+        # which .ci/run installs; without it the dynamic linker only warns and glibc serves).
+        if not _TCMALLOC.exists():
+            missing_tool(str(_TCMALLOC), "libtcmalloc-minimal4")
+        maps = Path(f"/proc/{process.pid}/maps").read_text()
+        assert environment["LD_PRELOAD"] in maps, "the image's preloaded allocator is not mapped"
 
         # The HEALTHCHECK, as Docker would run it: the same argv and environment.
         healthcheck = server.healthcheck()

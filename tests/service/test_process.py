@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from outrig.service import process as tuning
-from tests.conftest import start_server
+from tests.conftest import missing_tool, start_server
 
 GLIBC = os.confstr("CS_GNU_LIBC_VERSION") is not None if hasattr(os, "confstr") else False
 
@@ -49,8 +49,24 @@ def test_unrelated_tunables_do_not_count_as_the_operators() -> None:
     assert tuning._set_by_operator({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1:glibc.malloc.top_pad=0"})
 
 
+#: Debian's libtcmalloc-minimal4, which the container image preloads (deploy/Dockerfile).
+TCMALLOC = f"/usr/lib/{os.uname().machine}-linux-gnu/libtcmalloc_minimal.so.4"
+
+
+def _tcmalloc() -> str:
+    if not os.path.exists(TCMALLOC):
+        missing_tool(TCMALLOC, "libtcmalloc-minimal4")
+    return TCMALLOC
+
+
+def _clean_environment(**environment: str) -> dict[str, str]:
+    """This environment without the allocator's settings, and with `environment`."""
+    names = ("GLIBC_TUNABLES", "LD_PRELOAD", "MALLOC_CONF")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k not in names}
+    return {**env, **environment}
+
+
 _FREED_THEN_UPB = """
-import sys
 from outrig.service import process as tuning
 from outrig.v1 import space_pb2 as pb
 
@@ -58,9 +74,7 @@ def resident_mib():
     with open("/proc/self/statm") as statm:
         return int(statm.read().split()[1]) * 4096 / 2**20
 
-assert tuning.tune_malloc()
-if sys.argv[1] == "redirect":
-    assert tuning.keep_protobuf_from_trimming()
+tuning.tune_malloc()
 blocks = [b"x" * (1 << 20) for _ in range(200)]  # 200 MiB touched, in the heap
 del blocks
 before = resident_mib()
@@ -71,26 +85,73 @@ print(before - resident_mib())
 """
 
 
-def _freed_by_upb(mode: str) -> float:
-    """MiB given back while upb made and freed 30,000 arenas after 200 MiB were freed."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+def _python(code: str, **environment: str) -> str:
+    """What `code` prints in a new interpreter with `environment` (and no allocator settings of
+    this one's), so that the tests' own allocator is left alone."""
     result = subprocess.run(
-        [sys.executable, "-c", _FREED_THEN_UPB, mode], env=env, capture_output=True, text=True, check=True
+        [sys.executable, "-c", code],
+        env=_clean_environment(**environment),
+        capture_output=True,
+        text=True,
+        check=True,
     )
-    return float(result.stdout)
+    return result.stdout
+
+
+def _freed_by_upb(**environment: str) -> float:
+    """MiB given back while upb made and freed 30,000 arenas after 200 MiB were freed."""
+    return float(_python(_FREED_THEN_UPB, **environment))
 
 
 @pytest.mark.skipif(not GLIBC, reason="malloc_trim is glibc's")
-def test_protobuf_trims_the_heap_unless_redirected() -> None:
-    # Without the redirect upb's malloc_trim(0) gives the freed 200 MiB back; with it they stay
-    # for reuse (until release_when_idle trims an idle server).
-    assert _freed_by_upb("plain") > 150
-    assert _freed_by_upb("redirect") < 20
+def test_protobuf_trims_glibcs_heap_but_not_a_preloaded_tcmalloc() -> None:
+    # upb's malloc_trim(0) gives glibc's freed 200 MiB back, whatever its thresholds say (so the
+    # next large entry faults its pages in again); tcmalloc keeps them for reuse, which is why
+    # the container image preloads it (docs/performance.md, "Allocators").
+    assert _freed_by_upb() > 150
+    assert _freed_by_upb(LD_PRELOAD=_tcmalloc()) < 20
+
+
+@pytest.mark.skipif(not GLIBC, reason="dladdr is glibc's")
+def test_the_allocator_in_use_is_named() -> None:
+    code = (
+        "from outrig.service import process as t; "
+        "print(t.malloc_library(), t.glibc_allocates(), t.tune_malloc())"
+    )
+
+    library, glibc, tuned = _python(code).split()
+    assert os.path.basename(library).startswith("libc.") and glibc == "True" and tuned == "True"
+    # A preloaded allocator serves malloc; glibc's thresholds are not its business.
+    assert _python(code, LD_PRELOAD=_tcmalloc()).split() == [TCMALLOC, "False", "False"]
+
+
+_FREED_THEN_RELEASED = """
+from outrig.service import process as tuning
+
+def resident_mib():
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * 4096 / 2**20
+
+release = tuning.tune_allocator()
+blocks = [b"x" * (1 << 20) for _ in range(200)]  # 200 MiB touched
+del blocks
+before = resident_mib()
+release()
+print(before - resident_mib())
+"""
 
 
 @pytest.mark.skipif(not GLIBC, reason="malloc_trim is glibc's")
-def test_protobuf_trims_stay_when_the_operator_set_thresholds() -> None:
-    assert not tuning.keep_protobuf_from_trimming({"MALLOC_TRIM_THRESHOLD_": "131072"})
+@pytest.mark.parametrize("allocator", ["glibc", "tcmalloc"])
+def test_the_idle_release_gives_free_memory_back(allocator: str) -> None:
+    # What release_when_idle calls with each allocator (glibc's malloc_trim, tcmalloc's
+    # MallocExtension_ReleaseFreeMemory): the freed 200 MiB leave the process.
+    environment = {"LD_PRELOAD": _tcmalloc()} if allocator == "tcmalloc" else {}
+    assert float(_python(_FREED_THEN_RELEASED, **environment)) > 150
+
+
+def test_no_idle_release_where_the_operator_set_glibcs_thresholds() -> None:
+    assert tuning.tune_allocator({"MALLOC_TRIM_THRESHOLD_": "131072"}) is None
 
 
 class _OutOfPeriodsError(Exception):
@@ -150,7 +211,7 @@ def test_the_collector_waits_longer_before_a_young_collection() -> None:
 
 
 @pytest.mark.skipif(not GLIBC, reason="mallopt and malloc_trim are glibc's")
-def test_outrig_serve_applies_both_allocator_settings() -> None:
+def test_outrig_serve_sets_glibcs_thresholds() -> None:
     running = start_server("--in-memory", "--log-level", "DEBUG")
     try:
         running.stop()
@@ -158,4 +219,15 @@ def test_outrig_serve_applies_both_allocator_settings() -> None:
     finally:
         running.log.unlink()
     assert "malloc: mmap threshold 33554432, trim threshold -1, set: True" in log
-    assert "protobuf's heap trims redirected to a no-op" in log
+
+
+def test_outrig_serve_keeps_a_preloaded_allocators_settings() -> None:
+    running = start_server("--in-memory", "--log-level", "DEBUG", env={"LD_PRELOAD": _tcmalloc()})
+    try:
+        running.stop()
+        log = running.log.read_text()
+    finally:
+        running.log.unlink()
+    assert f"malloc: {TCMALLOC} preloaded, its own settings kept" in log
+    assert "malloc: libtcmalloc_minimal.so.4 gives free memory back once the server is idle" in log
+    assert "mmap threshold" not in log

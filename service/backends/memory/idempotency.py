@@ -24,9 +24,11 @@ from outrig.service.exceptions import RequestConflictError
 class Outcome:
     """What is known of one request id: which call made it, and its result once done."""
 
-    __slots__ = ("committing", "done", "expires_at", "kind", "request_id", "result", "space")
+    __slots__ = ("_done", "_in_flight", "committing", "expires_at", "kind", "request_id", "result", "space")
 
-    def __init__(self, request_id: str, space: str, kind: str, expires_at: float) -> None:
+    def __init__(
+        self, request_id: str, space: str, kind: str, expires_at: float, *, in_flight: bool = False
+    ) -> None:
         self.request_id = request_id
         self.space = space
         self.kind = kind
@@ -35,8 +37,25 @@ class Outcome:
         # Set once the call's change is queued for the store: from then on the batch's outcome,
         # not the call's (which may be cancelled while it waits), decides the id's fate.
         self.committing = False
-        # Resolves once the first call has acted (True) or failed without acting (False).
-        self.done: asyncio.Future[bool] | None = None
+        self._in_flight = in_flight  # a first call still acting (not an id recovered from the store)
+        self._done: asyncio.Future[bool] | None = None
+
+    @property
+    def done(self) -> asyncio.Future[bool] | None:
+        """Resolves once the first call has acted (True) or failed without acting (False); None
+        for an id recovered from the store, or once the call ended before anyone waited for it.
+        Made when first asked for, by a retry that arrives while the first call is in flight, in
+        the running loop: nearly every call with an id is never retried, and a future made for
+        each cost a running-loop check (a getpid(2) in Python 3.11) per write or take."""
+        if self._done is None and self._in_flight:
+            self._done = asyncio.get_running_loop().create_future()
+        return self._done
+
+    def settle(self, acted: bool) -> None:
+        """The first call is over: it acted, or it failed without acting."""
+        self._in_flight = False
+        if self._done is not None and not self._done.done():
+            self._done.set_result(acted)
 
 
 class RequestLog:
@@ -65,8 +84,7 @@ class RequestLog:
 
     def begin(self, request_id: str, space: str, kind: str) -> Outcome:
         """Record a first call now in flight."""
-        outcome = Outcome(request_id, space, kind, self._clock.time() + self.window)
-        outcome.done = asyncio.get_running_loop().create_future()
+        outcome = Outcome(request_id, space, kind, self._clock.time() + self.window, in_flight=True)
         self._add(outcome)
         return outcome
 
@@ -81,8 +99,7 @@ class RequestLog:
     def finish(self, outcome: Outcome, result: Any) -> None:
         """The first call acted; `result` is kept for retries when there is no store."""
         outcome.result = result
-        if outcome.done is not None and not outcome.done.done():
-            outcome.done.set_result(True)
+        outcome.settle(True)
 
     def abandon(self, outcome: Outcome, *, store_failed: bool = False) -> None:
         """The first call failed without acting: forget the id, so a retry acts afresh. Once its
@@ -91,16 +108,14 @@ class RequestLog:
             return
         if self._outcomes.get(outcome.request_id) is outcome:
             del self._outcomes[outcome.request_id]
-        if outcome.done is not None and not outcome.done.done():
-            outcome.done.set_result(False)
+        outcome.settle(False)
 
     def forget_space(self, space: str) -> None:
         """Forget every id of `space` (no longer served here); calls in flight see theirs fail."""
         for request_id, outcome in list(self._outcomes.items()):
             if outcome.space == space:
                 del self._outcomes[request_id]
-                if outcome.done is not None and not outcome.done.done():
-                    outcome.done.set_result(False)
+                outcome.settle(False)
 
     def prune(self, limit: int = 10_000) -> int:
         """Forget up to `limit` ids whose window has passed; returns how many."""
