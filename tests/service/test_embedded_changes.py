@@ -350,6 +350,7 @@ async def test_a_format_2_data_dir_is_migrated(tmp_path: Path, clock: FakeClock)
     with sqlite3.connect(path) as db:  # what a format-2 server left: no change log
         for table in ("change_logs", "changes", "change_subscriptions"):
             db.execute(f"DROP TABLE {table}")
+        db.execute("ALTER TABLE entries DROP COLUMN max_deliveries")  # format 3's too
         db.execute("PRAGMA user_version = 2")
     assert check_store(tmp_path / "data").format_version == 2  # outrig check reads it as it is
     async with running(config, clock) as backend:
