@@ -19,8 +19,7 @@ from outrig.service.backends.embedded.backend import EmbeddedBackend
 from outrig.service.backends.embedded.store.check import check_store
 from outrig.service.backends.embedded.store.schema import FORMAT_VERSION, database_path
 from outrig.service.backends.memory.changes import MemoryChangeFeed
-from outrig.service.config import ServerConfig
-from outrig.service.engine import FakeClock, SpaceSettings, Template
+from outrig.service.engine import FakeClock, Template
 from outrig.service.engine.changes import CHANGE_KINDS, Change, ChangeLog
 from outrig.service.exceptions import (
     ChangesOffError,
@@ -34,27 +33,9 @@ from outrig.service.exceptions import (
 
 from ..durability.test_restart import running
 from ..polling import wait_until_async
-from .test_embedded_deliveries import JOBS, SPACE, WAIT, job
+from .test_embedded_deliveries import JOBS, SPACE, WAIT, job, make_config
 
 ALL = frozenset(CHANGE_KINDS)
-
-
-def make_config(data_dir: Path | None, **settings: object) -> ServerConfig:
-    return ServerConfig(
-        data_dir=data_dir,
-        reap_interval=0.01,
-        spaces={SPACE: SpaceSettings(**settings)},  # type: ignore[arg-type]
-    )
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(1_000_000.0)
-
-
-@pytest.fixture(params=["memory", "durable"])
-def data_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Path | None:
-    return None if request.param == "memory" else tmp_path / "data"
 
 
 async def read(feed: MemoryChangeFeed, count: int) -> list[Change]:

@@ -52,16 +52,6 @@ def make_config(data_dir: Path | None, **settings: object) -> ServerConfig:
     )
 
 
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(1_000_000.0)
-
-
-@pytest.fixture(params=["memory", "durable"])
-def data_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Path | None:
-    return None if request.param == "memory" else tmp_path / "data"
-
-
 async def deliver(backend: EmbeddedBackend, **options: object) -> list[Delivery]:
     kwargs: dict[str, object] = {"max_entries": 1, "timeout": 0, "ack": 30.0}
     kwargs.update(options)
