@@ -32,8 +32,7 @@ __all__ = ["CHANGE_KINDS", "Change", "ChangeFeedState", "ChangeStream"]
 
 #: The kinds of change, in the words `Change.kind` uses.
 CHANGE_KINDS: Final = tuple(CHANGE_KIND_NUMBERS)
-_KIND_NUMBERS: Final = CHANGE_KIND_NUMBERS
-_KIND_NAMES: Final = {number: name for name, number in _KIND_NUMBERS.items()}
+_KIND_NAMES: Final = {number: name for name, number in CHANGE_KIND_NUMBERS.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +72,7 @@ def check_changes_args(since: object, kinds: object, durable: object) -> tuple[s
         if not isinstance(kinds, Iterable):
             raise TypeError(f"kinds must be an iterable of kinds of change, got {type(kinds).__name__}")
         for kind in kinds:
-            number = _KIND_NUMBERS.get(kind) if isinstance(kind, str) else None
+            number = CHANGE_KIND_NUMBERS.get(kind) if isinstance(kind, str) else None
             if number is None:
                 raise ValueError(f"kinds: {kind!r} is no kind of change (one of {', '.join(CHANGE_KINDS)})")
             numbers.append(number)

@@ -453,16 +453,6 @@ class Fan:
         queue: asyncio.Queue[tuple[int, bytes | BaseException | None]] = asyncio.Queue()
         followers: dict[int, pb.Lease] = {}
 
-        async def pump(i: int, stream: AsyncIterator[bytes]) -> None:
-            try:
-                async for reply in stream:
-                    await queue.put((i, reply))
-                await queue.put((i, None))
-            except asyncio.CancelledError:
-                raise
-            except BaseException as err:
-                await queue.put((i, err))
-
         async def renew() -> None:
             try:
                 await renewing()
@@ -486,7 +476,7 @@ class Fan:
                     if reply.results and reply.results[0].HasField("lease"):
                         followers[i] = reply.results[0].lease
 
-        pumps = [asyncio.ensure_future(pump(i, stream)) for i, stream in enumerate(streams)]
+        pumps = [asyncio.ensure_future(_pump(queue, i, stream)) for i, stream in enumerate(streams)]
         pumps.append(asyncio.ensure_future(renew()))
         try:
             last: list[int | None] = [None] * len(streams)
@@ -582,17 +572,7 @@ class Fan:
         yield changes.start_reply(changes.encode_cursor(names, starts), changes.encode_cursor(names, oldests))
         queue: asyncio.Queue[tuple[int, bytes | BaseException | None]] = asyncio.Queue(CHANGES_AHEAD)
 
-        async def pump(k: int, stream: AsyncIterator[bytes]) -> None:
-            try:
-                async for reply in stream:
-                    await queue.put((k, reply))
-                await queue.put((k, None))
-            except asyncio.CancelledError:
-                raise
-            except BaseException as err:
-                await queue.put((k, err))
-
-        pumps = [asyncio.ensure_future(pump(k, stream)) for k, stream in enumerate(streams)]
+        pumps = [asyncio.ensure_future(_pump(queue, k, stream)) for k, stream in enumerate(streams)]
         try:
             positions = starts
             while True:
@@ -772,6 +752,21 @@ class Fan:
             if request.max_entries and removed >= request.max_entries:
                 break
         return pb.PurgeReply(count=removed)
+
+
+async def _pump(
+    queue: asyncio.Queue[tuple[int, bytes | BaseException | None]], k: int, stream: AsyncIterator[bytes]
+) -> None:
+    """Move partition k's replies into a merged stream's queue: each reply, then None at its end,
+    or the error it ended with (a full queue holds the partition back)."""
+    try:
+        async for reply in stream:
+            await queue.put((k, reply))
+        await queue.put((k, None))
+    except asyncio.CancelledError:
+        raise
+    except BaseException as err:
+        await queue.put((k, err))
 
 
 def _compacted_at(outcome: object, name: str) -> changes.Position | None:
