@@ -3,7 +3,7 @@
     python bench/pair_profile.py [--durable] [--seconds S] [--shapes sync1,shared10] [--out DIR]
 
 For each client shape (``sync1``: one blocking `outrig.Space`; ``shared10``: 10 asyncio tasks on
-one `AsyncSpace`) and each transport (unary calls, ``mux=False``; the Mux stream, the default),
+one `AsyncSpace`; ``threads10``: 10 threads on one blocking `outrig.Space`) and each transport (unary calls, ``mux=False``; the Mux stream, the default),
 it starts a fresh `outrig serve` (in memory, or with ``--durable`` on a data dir with
 ``--durability always``) and runs the client in a process of its own, doing pairs without pause.
 Two windows of S seconds each (default 5), after a 1 s warm-up:
@@ -31,7 +31,7 @@ import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -75,7 +75,29 @@ def _client(address: str, shape: str, mux: bool) -> None:
                 if space.take(template, timeout=10.0) is None:
                     raise RuntimeError("a take of the entry just written found nothing")
                 done[0] += 1
+    if shape == "threads10":
+        _threads(address, mux, done, answer)
     asyncio.run(_shared(address, mux, done, answer))
+
+
+def _threads(address: str, mux: bool, done: list[int], answer: Callable[[], None]) -> None:
+    """10 threads doing pairs on one blocking Space (bench/mux.py's "10 threads" shape)."""
+    lock = threading.Lock()
+    with outrig.connect(address, space=SPACE, mux=mux) as space:
+
+        def pairs(number: int) -> None:
+            entry, template = Small(key=1, client=number, group="pair"), Small(client=number)
+            while True:
+                space.write(entry, lease=_LEASE)
+                if space.take(template, timeout=10.0) is None:
+                    raise RuntimeError("a take of the entry just written found nothing")
+                with lock:
+                    done[0] += 1
+
+        for number in range(10):
+            threading.Thread(target=pairs, args=(number,), daemon=True).start()
+        time.sleep(1.0)
+        answer()
 
 
 async def _shared(address: str, mux: bool, done: list[int], answer: object) -> None:
@@ -304,7 +326,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--durable", action="store_true", help="a data dir with --durability always")
     parser.add_argument("--seconds", type=float, default=5.0, help="seconds per window (default 5)")
-    parser.add_argument("--shapes", default=",".join(_SHAPES), help="sync1, shared10 or both")
+    parser.add_argument("--shapes", default=",".join(_SHAPES), help="sync1, shared10, threads10 (comma-separated)")
     parser.add_argument("--out", type=Path, help="where to keep the raw profiles")
     parser.add_argument("--client", help=argparse.SUPPRESS)
     parser.add_argument("--shape", help=argparse.SUPPRESS)

@@ -1,10 +1,16 @@
-"""The blocking client's Mux stream: every operation of a connection over one gRPC stream.
+"""The blocking client's Mux stream: the operations of a connection that overlap, over one gRPC stream.
 
-`Mux.call(name, request)` stands for the unary call `name`: the request goes out as a MuxOp
-on the connection's stream (opened on first use, and again after it breaks), and the calling
-thread waits for its result, which a reader thread hands over as it arrives, in whatever order
-the server completes operations. Threads that call at once share the stream; what they send
-while the stream's sender is busy goes out together in one message.
+`Mux.call(name, request)` stands for the unary call `name`. A call made while no other call of
+the connection is in flight goes as that unary call, on the calling thread: gRPC's sync API
+sends a stream's messages from a thread of its own and delivers them to another, so an
+operation over the stream crosses three threads, and a lone caller paid for the hand-offs (about
+1,000 us of client CPU per write+take pair against 650 us unary, a third of it the kernel waking
+threads; docs/performance.md, "The sync SDK: unary when alone"). A call made while others are in
+flight (several threads, a take parked alongside) goes out as a MuxOp on the connection's stream
+(opened on first use, and again after it breaks), and the calling thread waits for its result,
+which a reader thread hands over as it arrives, in whatever order the server completes
+operations. Threads that call at once share the stream; what they send while the stream's sender
+is busy goes out together in one message.
 
 A stream that breaks fails its operations in flight with `UnavailableError`, which the space's
 retry (`Space._call`) sends again on a new stream, with the same request id. A thread that stops
@@ -168,23 +174,34 @@ class Mux:
         self._stream: _Stream | None = None
         self._supported = True
         self._closed = False
+        self._in_flight = 0  # calls of this connection in flight, on the stream or unary
 
     def call(self, name: str, request: Message) -> Any:
-        """The reply of the unary call `name` for `request`, over the stream if it may."""
+        """The reply of the unary call `name` for `request`: as that call if no other call is in
+        flight, else over the stream if it may."""
         data = request.SerializeToString()
-        if len(data) <= MAX_STREAM_REQUEST and self._supported:
-            stream = self._current()
-            try:
-                reply = stream.call(OP_FIELDS[name], data)
-                if reply is not None:
-                    return reply
-                # None: as many as the server allows are in flight (blocked takes, say): go unary
-            except UnimplementedError:
-                if not stream.unsupported:
-                    raise
-                self._supported = False  # a server without Mux: unary calls from now on
-        with rpc_errors:
-            return self._unary[name](data, metadata=self._metadata or None)
+        with self._lock:
+            if self._closed:
+                raise closed()
+            overlapping = self._in_flight > 0
+            self._in_flight += 1
+        try:
+            if overlapping and len(data) <= MAX_STREAM_REQUEST and self._supported:
+                stream = self._current()
+                try:
+                    reply = stream.call(OP_FIELDS[name], data)
+                    if reply is not None:
+                        return reply
+                    # None: as many as the server allows are in flight (blocked takes, say): go unary
+                except UnimplementedError:
+                    if not stream.unsupported:
+                        raise
+                    self._supported = False  # a server without Mux: unary calls from now on
+            with rpc_errors:
+                return self._unary[name](data, metadata=self._metadata or None)
+        finally:
+            with self._lock:
+                self._in_flight -= 1
 
     def _current(self) -> _Stream:
         with self._lock:
