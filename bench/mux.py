@@ -595,6 +595,8 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="outrig-bench-mux-", dir=args.data_root))
     try:
         servers = start_servers(workdir, with_redis)
+        allocators = ", ".join(f"{name} {server.allocator()}" for name, server in servers.processes.items())
+        print(f"server allocators: {allocators}", flush=True)
         try:
             with asyncio.Runner() as runner:
                 results = measure_all(servers, Plan(seconds, warmup, runner), rounds)

@@ -3,7 +3,8 @@
     python bench/pair_profile.py [--durable] [--seconds S] [--shapes sync1,shared10] [--out DIR]
 
 For each client shape (``sync1``: one blocking `outrig.Space`; ``shared10``: 10 asyncio tasks on
-one `AsyncSpace`; ``threads10``: 10 threads on one blocking `outrig.Space`) and each transport (unary calls, ``mux=False``; the Mux stream, the default),
+one `AsyncSpace`; ``threads10``: 10 threads on one blocking `outrig.Space`) and each transport
+(unary calls, ``mux=False``; the Mux stream, the default),
 it starts a fresh `outrig serve` (in memory, or with ``--durable`` on a data dir with
 ``--durability always``) and runs the client in a process of its own, doing pairs without pause.
 Two windows of S seconds each (default 5), after a 1 s warm-up:
@@ -326,7 +327,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--durable", action="store_true", help="a data dir with --durability always")
     parser.add_argument("--seconds", type=float, default=5.0, help="seconds per window (default 5)")
-    parser.add_argument("--shapes", default=",".join(_SHAPES), help="sync1, shared10, threads10 (comma-separated)")
+    parser.add_argument(
+        "--shapes", default=",".join(_SHAPES), help="sync1, shared10, threads10 (comma-separated)"
+    )
     parser.add_argument("--out", type=Path, help="where to keep the raw profiles")
     parser.add_argument("--client", help=argparse.SUPPRESS)
     parser.add_argument("--shape", help=argparse.SUPPRESS)

@@ -2,12 +2,15 @@
 
     python bench/run.py [--quick] [--seconds S] [--rounds N] [--runs N] [--only SECTION]
                         [--warmup-rounds N] [--workloads NAME,...] [--untuned-client]
+                        [--allocator auto|tcmalloc|glibc]
 
 Workloads, each with 1 blocking client and with 10 asyncio clients (bench/workloads.py): scalar
 read, read_many of 100, write+take pair, write_many(100)+take_many(100), HD array write and read
 (921,600 x int32, 3.6 MB), and notify fan-out (events delivered per second to 1 or 10
 subscribers while one writer writes). Each runs against:
-  - outrig: `outrig serve --in-memory`, its own process;
+  - outrig: `outrig serve --in-memory`, its own process, on the allocator `outrig serve` picks
+    (tcmalloc where libtcmalloc_minimal.so.4 is installed, as in the container image; --allocator
+    glibc for the allocator it starts with); the header says which allocator each server runs on;
   - the no-op gRPC server (bench/noop_server.py): the same service and generated code on
     grpc.aio, answering every call at once with a canned reply the size of outrig's. It is the
     floor for any Python gRPC service, and for the HD array rows an echo of the same bytes;
@@ -191,16 +194,30 @@ class Throughput:
 
 
 def run_throughput(
-    workdir: Path, plan: Plan, rounds: int, runs: int, workloads: tuple[Workload, ...], warmup_rounds: int
+    workdir: Path,
+    plan: Plan,
+    rounds: int,
+    runs: int,
+    workloads: tuple[Workload, ...],
+    warmup_rounds: int,
+    allocator: str = "auto",
 ) -> Throughput:
-    """The throughput section: outrig, the no-op server and Redis, each started once for all rounds."""
+    """The throughput section: outrig, the no-op server and Redis, each started once for all rounds
+    (outrig with `outrig serve --allocator ALLOCATOR`: by default tcmalloc where it is installed, as
+    the container image runs it)."""
     servers: dict[str, ServerProcess] = {}
     redis_server: ServerProcess | None = None
     try:
-        servers["outrig"] = start_outrig(workdir)
+        servers["outrig"] = start_outrig(workdir, extra_env={"OUTRIG_ALLOCATOR": allocator})
         servers["noop"] = start_noop(workdir)
         if redis_available() and any(workload.name == "pair" for workload in workloads):
             redis_server = start_redis(workdir)
+        print(
+            "server allocators: "
+            + ", ".join(f"{name} {server.allocator()}" for name, server in servers.items())
+            + f" (outrig serve --allocator {allocator})",
+            flush=True,
+        )
         preload(servers["outrig"], plan)
         sizes = (reply_sizes(servers["outrig"]), reply_sizes(servers["noop"]))
         results = measure_all(servers, plan, rounds, runs, redis_server, workloads, warmup_rounds)
@@ -378,6 +395,13 @@ def main() -> None:
         "0 turns retries and request ids off)",
     )
     parser.add_argument(
+        "--allocator",
+        choices=["auto", "tcmalloc", "glibc"],
+        default="auto",
+        help="outrig serve --allocator for the throughput section's server (default auto: tcmalloc "
+        "where it is installed, as shipped; glibc: the allocator it starts with)",
+    )
+    parser.add_argument(
         "--unary",
         action="store_true",
         help="the SDK's unary calls (mux=False) instead of its default, the Mux stream",
@@ -422,7 +446,7 @@ def main() -> None:
         if args.retry_deadline is not None:
             plan = dataclasses.replace(plan, retry_deadline=args.retry_deadline)
         if args.only != "scaling":
-            throughput = run_throughput(workdir, plan, rounds, runs, workloads, warmup_rounds)
+            throughput = run_throughput(workdir, plan, rounds, runs, workloads, warmup_rounds, args.allocator)
         if args.only != "throughput":
             scaling = run_scaling(
                 workdir, plan, large=large, waiters=10_000, rounds=rounds, runs=runs, ops=ops, log=progress

@@ -61,6 +61,17 @@ class ServerProcess:
             fields = stat.read().rpartition(")")[2].split()
         return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
 
+    def allocator(self) -> str:
+        """The allocator serving the process's malloc, from the libraries it maps: tcmalloc or
+        jemalloc if one is loaded (`outrig serve --allocator auto` preloads tcmalloc where it is
+        installed), else glibc."""
+        with open(f"/proc/{self.pid}/maps") as maps:
+            mapped = maps.read()
+        for name in ("tcmalloc", "jemalloc"):
+            if f"lib{name}" in mapped:
+                return name
+        return "glibc"
+
     def check_alive(self) -> None:
         if self.process.poll() is not None:
             raise RuntimeError(f"{self.name} exited with {self.process.returncode}; its log: {self.log}")

@@ -62,9 +62,13 @@ class _Client:
 
         command = [python, str(_HERE / "pair_profile.py"), "--client", address, "--shape", shape]
         self.process = subprocess.Popen(
-            [*command, *([] if mux else ["--unary"])], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+            [*command, *([] if mux else ["--unary"])],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
         )
-        assert self.process.stdout is not None and self.process.stdin is not None
+        assert self.process.stdout is not None
+        assert self.process.stdin is not None
         self._out, self._in = self.process.stdout, self.process.stdin
         if self._out.readline().strip() != "ready":
             raise RuntimeError("the client process did not start")
@@ -93,11 +97,15 @@ def measure(server: ServerProcess, variant: Variant, shape: str, seconds: float)
     finally:
         client.stop()
     per = 1e6 / max(1, pairs)
-    return Run(pairs / elapsed, (client_1 - client_0) * per, (kernel_1 - kernel_0) * per, (server_1 - server_0) * per)
+    return Run(
+        pairs / elapsed, (client_1 - client_0) * per, (kernel_1 - kernel_0) * per, (server_1 - server_0) * per
+    )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--baseline-python", required=True, help="the other checkout's interpreter")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
     parser.add_argument("--seconds", type=float, default=4.0, help="measured seconds per run (default 4)")
@@ -160,7 +168,8 @@ def main() -> None:
             for base_name in ("base, stream", "base, unary"):
                 base = results[(kind, shape, base_name)]
                 ratios = [
-                    statistics.median(getattr(r, what) for r in new) / statistics.median(getattr(r, what) for r in base)
+                    statistics.median(getattr(r, what) for r in new)
+                    / statistics.median(getattr(r, what) for r in base)
                     for what in ("rate", "client_us", "server_us")
                 ]
                 print(

@@ -87,6 +87,8 @@ class ServerConfig:
     # Seconds the server must be idle before it gives freed memory back to the system (0: never);
     # see service/process.py.
     idle_release_seconds: float = 60.0
+    # "auto": tcmalloc if installed, "tcmalloc", or "glibc" (service/process.py, run_on_allocator).
+    allocator: str = "auto"
     reap_interval: float = 0.5
     reap_batch: int = 1000
     log_level: str = "INFO"
@@ -145,6 +147,7 @@ _SCALARS = (
     "max_message_bytes",
     "grace_seconds",
     "idle_release_seconds",
+    "allocator",
     "reap_interval",
     "reap_batch",
     "log_level",
@@ -269,6 +272,10 @@ def _convert(section: str, name: str, value: Any, current: Any) -> Any:
             return value
         if name == "log_format":
             if value not in ("text", "json"):
+                raise ValueError(value)
+            return str(value)
+        if name == "allocator":
+            if value not in ("auto", "tcmalloc", "glibc"):
                 raise ValueError(value)
             return str(value)
         if name == "log_level":

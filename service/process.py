@@ -26,12 +26,22 @@ glibc.malloc tunables): those are the operator's call.
 after every 10,000 frees of its arenas' blocks (write+take pairs at about 500 a second set one off
 within 1.6 s). On glibc that gives back all free memory, whatever the thresholds say, including the
 free pages inside the heap, so the next 3.6 MB entry stored faults its pages in again. Nothing here
-changes protobuf: the container image preloads jemalloc (deploy/Dockerfile: LD_PRELOAD, Debian's
-libjemalloc2), which serves every malloc, keeps freed pages for reuse and gives them back on its
-own decay schedule; upb's malloc_trim then trims glibc's heap, which holds next to nothing.
+changes protobuf: the server runs on tcmalloc instead where it can (below; the container image
+preloads it too), which serves every malloc and keeps freed pages for reuse; upb's malloc_trim then
+trims glibc's heap, which holds next to nothing.
 `tune_malloc` sees that (`malloc_library`, from dladdr(3)) and leaves a preloaded allocator's
 settings alone, and so does `outrig serve`'s idle release. On plain glibc the trims stay, and
 what they cost HD array writes is in docs/performance.md ("Allocators").
+
+**Which allocator.** `outrig serve --allocator auto` (the default) runs the server on Debian's
+tcmalloc (libtcmalloc_minimal.so.4, the container image's) when that library is installed and
+nothing else is preloaded: `run_on_allocator` re-executes the process once, at start, before it
+imports gRPC or opens a port, with the library added to LD_PRELOAD (the same process id, command
+line and file descriptors). tcmalloc keeps freed pages for reuse, so upb's trims above cost HD
+array writes nothing (docs/performance.md, "Allocators"). LD_PRELOAD stays in the environment of
+what the server starts (its `--workers`, which then find tcmalloc in place). `--allocator glibc`
+(or OUTRIG_ALLOCATOR=glibc) keeps the allocator the process was started with; `tcmalloc` insists
+(ConfigError if the library is missing). An allocator preloaded by the operator is kept either way.
 
 **The collector.** Python's cyclic collector runs a young collection every 700 net allocations of
 container objects. A write_many of 100 small entries has over 1,100 alive before the engine files
@@ -49,8 +59,9 @@ import gc
 import logging
 import os
 import signal
+import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from outrig.service.exceptions import ConfigError
 
@@ -172,6 +183,73 @@ def tune_allocator(environ: Mapping[str, str] = os.environ) -> Callable[[], None
     release.restype = None
     log.debug("malloc: %s gives free memory back once the server is idle", os.path.basename(library))
     return release  # type: ignore[no-any-return]
+
+
+#: `outrig serve --allocator`: the choices.
+ALLOCATORS = ("auto", "tcmalloc", "glibc")
+#: Debian's libtcmalloc-minimal4 (the container image preloads it by this name).
+TCMALLOC = "libtcmalloc_minimal.so.4"
+
+
+def _library_directories() -> tuple[str, ...]:
+    multiarch = getattr(sys.implementation, "_multiarch", f"{os.uname().machine}-linux-gnu")
+    return (f"/usr/lib/{multiarch}", f"/lib/{multiarch}", "/usr/lib64", "/usr/lib", "/usr/local/lib")
+
+
+def tcmalloc_library(directories: Sequence[str] | None = None) -> str:
+    """The path of the installed libtcmalloc_minimal.so.4 in the system's library directories
+    (or `directories`); "" if there is none."""
+    for directory in _library_directories() if directories is None else directories:
+        path = os.path.join(directory, TCMALLOC)
+        if os.path.isfile(path):
+            return path
+    return ""
+
+
+def allocator_exec(
+    choice: str, environ: Mapping[str, str], library: str, preloaded: str
+) -> dict[str, str] | None:
+    """The environment to re-execute `outrig serve` in to run on tcmalloc, or None to go on as
+    it is (see the module's docstring). `library`: tcmalloc's path ("" if not installed);
+    `preloaded`: the library whose malloc the process calls now (`malloc_library`; "" off glibc).
+    Raises ConfigError for `tcmalloc` where it cannot be had."""
+    if choice not in ALLOCATORS:
+        raise ConfigError(f"allocator: invalid value {choice!r} (expected one of {', '.join(ALLOCATORS)})")
+    if choice == "glibc":
+        return None
+    serving = os.path.basename(preloaded)
+    if serving.startswith("libtcmalloc"):
+        return None  # already
+    if serving and not serving.startswith("libc."):
+        if choice == "tcmalloc":
+            raise ConfigError(f"allocator: tcmalloc asked for, but {preloaded} is preloaded")
+        return None  # the operator's own choice
+    if not serving:
+        missing = "only glibc's malloc can be replaced by a preload"
+    elif not library:
+        missing = f"{TCMALLOC} is not installed (Debian: apt-get install libtcmalloc-minimal4)"
+    elif library in environ.get("LD_PRELOAD", "").split():
+        missing = f"{library} is in LD_PRELOAD, yet glibc's malloc serves the process"  # no loop
+    else:
+        missing = ""
+    if missing:
+        if choice == "tcmalloc":
+            raise ConfigError(f"allocator: {missing}")
+        log.debug("allocator: glibc (%s)", missing)
+        return None
+    others = environ.get("LD_PRELOAD", "")
+    return {**environ, "LD_PRELOAD": f"{library} {others}".strip()}
+
+
+def run_on_allocator(choice: str) -> None:
+    """`outrig serve`'s allocator (`--allocator`): re-execute this process with tcmalloc
+    preloaded if `allocator_exec` says so (the call then does not return), else nothing."""
+    environment = allocator_exec(choice, os.environ, tcmalloc_library(), malloc_library())
+    if environment is not None:
+        log.info("allocator: starting again on tcmalloc (%s preloaded; --allocator glibc: not)", TCMALLOC)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execve(sys.executable, sys.orig_argv, environment)
 
 
 def _resident_bytes() -> int:

@@ -97,6 +97,13 @@ def _parser() -> argparse.ArgumentParser:
         help="give freed memory back to the system once the server has been idle this long "
         "(default 60; 0: never)",
     )
+    serve.add_argument(
+        "--allocator",
+        choices=["auto", "tcmalloc", "glibc"],
+        help="auto (default): run on tcmalloc (libtcmalloc_minimal.so.4) if it is installed and no other "
+        "allocator is preloaded, by re-executing this process once with it in LD_PRELOAD; tcmalloc: the "
+        "same, or fail; glibc: keep the allocator the process started with",
+    )
     serve.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     serve.add_argument(
         "--log-format", choices=["text", "json"], help="text (default) or json: one object per line"
@@ -237,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command != "serve":
         return _store_command(args)
     try:
-        from outrig.service import supervisor
+        from outrig.service import process, supervisor
         from outrig.service.config import load_config
         from outrig.service.workers import WorkerRole, resolve_workers
     except ImportError as err:  # pragma: no cover - depends on the install
@@ -260,6 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "max_message_bytes": args.max_message_bytes,
                 "grace_seconds": args.grace_seconds,
                 "idle_release_seconds": args.idle_release_seconds,
+                "allocator": args.allocator,
                 "log_level": args.log_level,
                 "log_format": args.log_format,
                 "metrics_listen": args.metrics_listen,
@@ -276,6 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         role = WorkerRole.from_environ()  # this process is a worker its supervisor started
         configure_logging(config.log_level, config.log_format, "" if role is None else role.name)
+        process.run_on_allocator(config.allocator)  # tcmalloc: this process starts again on it
         if role is not None:
             config = supervisor.worker_config(config, role)
         elif resolve_workers(config.workers) > 1:

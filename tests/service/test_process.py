@@ -7,10 +7,14 @@ import gc
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
+import outrig
 from outrig.service import process as tuning
+from outrig.service.exceptions import ConfigError
 from tests.conftest import missing_tool, start_server
 
 GLIBC = os.confstr("CS_GNU_LIBC_VERSION") is not None if hasattr(os, "confstr") else False
@@ -212,7 +216,7 @@ def test_the_collector_waits_longer_before_a_young_collection() -> None:
 
 @pytest.mark.skipif(not GLIBC, reason="mallopt and malloc_trim are glibc's")
 def test_outrig_serve_sets_glibcs_thresholds() -> None:
-    running = start_server("--in-memory", "--log-level", "DEBUG")
+    running = start_server("--in-memory", "--log-level", "DEBUG", "--allocator", "glibc")
     try:
         running.stop()
         log = running.log.read_text()
@@ -231,3 +235,110 @@ def test_outrig_serve_keeps_a_preloaded_allocators_settings() -> None:
     assert f"malloc: {TCMALLOC} preloaded, its own settings kept" in log
     assert "malloc: libtcmalloc_minimal.so.4 gives free memory back once the server is idle" in log
     assert "mmap threshold" not in log
+
+
+# ---------------------------------------------------------------- outrig serve --allocator
+
+_GLIBC_MALLOC = "/usr/lib/x86_64-linux-gnu/libc.so.6"  # what malloc_library names, on glibc
+_LIBRARY = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
+
+
+@dataclass
+class Blob(outrig.Entry, type_name="tests.process.Blob"):
+    data: bytes | None = None
+
+
+def test_auto_and_tcmalloc_start_again_with_tcmalloc_preloaded() -> None:
+    for choice in ("auto", "tcmalloc"):
+        environment = tuning.allocator_exec(
+            choice, {"LD_PRELOAD": "libshim.so", "A": "1"}, _LIBRARY, _GLIBC_MALLOC
+        )
+        assert environment == {"LD_PRELOAD": f"{_LIBRARY} libshim.so", "A": "1"}  # the others kept
+
+
+def test_glibc_keeps_the_process_as_it_is() -> None:
+    assert tuning.allocator_exec("glibc", {}, _LIBRARY, _GLIBC_MALLOC) is None
+
+
+def test_a_preloaded_allocator_is_kept() -> None:
+    for choice in ("auto", "tcmalloc", "glibc"):
+        assert tuning.allocator_exec(choice, {}, _LIBRARY, _LIBRARY) is None  # tcmalloc already
+    jemalloc = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
+    assert tuning.allocator_exec("auto", {}, _LIBRARY, jemalloc) is None
+    with pytest.raises(ConfigError, match=r"libjemalloc\.so\.2 is preloaded"):
+        tuning.allocator_exec("tcmalloc", {}, _LIBRARY, jemalloc)
+
+
+def test_without_tcmalloc_auto_keeps_glibc_and_tcmalloc_fails() -> None:
+    assert tuning.allocator_exec("auto", {}, "", _GLIBC_MALLOC) is None
+    with pytest.raises(ConfigError, match="apt-get install libtcmalloc-minimal4"):
+        tuning.allocator_exec("tcmalloc", {}, "", _GLIBC_MALLOC)
+    assert tuning.allocator_exec("auto", {}, _LIBRARY, "") is None  # off glibc: nothing to preload over
+    with pytest.raises(ConfigError, match="invalid value 'jemalloc'"):
+        tuning.allocator_exec("jemalloc", {}, _LIBRARY, _GLIBC_MALLOC)
+
+
+def test_a_preload_that_did_not_take_is_not_tried_again() -> None:
+    # LD_PRELOAD names tcmalloc, yet glibc serves malloc (the loader ignored it): no second exec.
+    assert tuning.allocator_exec("auto", {"LD_PRELOAD": _LIBRARY}, _LIBRARY, _GLIBC_MALLOC) is None
+    with pytest.raises(ConfigError, match="yet glibc's malloc serves the process"):
+        tuning.allocator_exec("tcmalloc", {"LD_PRELOAD": _LIBRARY}, _LIBRARY, _GLIBC_MALLOC)
+
+
+def test_tcmalloc_is_found_in_the_library_directories(tmp_path: Path) -> None:
+    assert tuning.tcmalloc_library([str(tmp_path)]) == ""
+    (tmp_path / "libtcmalloc_minimal.so.4").write_bytes(b"")
+    assert tuning.tcmalloc_library([str(tmp_path / "none"), str(tmp_path)]) == str(
+        tmp_path / "libtcmalloc_minimal.so.4"
+    )
+
+
+def _serving_with(*args: str, env: dict[str, str] | None = None) -> tuple[bool, str]:
+    """Whether a real `outrig serve ARGS` maps tcmalloc once it listens, and its log."""
+    running = start_server(
+        "--in-memory", "--log-level", "DEBUG", *args, env=_clean_environment(**(env or {}))
+    )
+    try:
+        with open(f"/proc/{running.process.pid}/maps") as maps:
+            mapped = "libtcmalloc_minimal" in maps.read()
+        with outrig.connect(running.address, retry_deadline=0) as space:  # it serves
+            space.write(Blob(data=b"x" * 1024))
+            assert space.count(Blob()) == 1
+        assert running.stop() == 0
+        return mapped, running.log.read_text()
+    finally:
+        running.log.unlink()
+
+
+@pytest.mark.skipif(not GLIBC, reason="preloading is glibc's dynamic linker's")
+def test_outrig_serve_runs_on_tcmalloc_when_it_is_installed() -> None:
+    _tcmalloc()
+    mapped, log = _serving_with()  # --allocator auto, the default
+    assert mapped
+    assert "allocator: starting again on tcmalloc" in log
+    assert f"malloc: {TCMALLOC} preloaded, its own settings kept" in log
+
+
+@pytest.mark.skipif(not GLIBC, reason="preloading is glibc's dynamic linker's")
+@pytest.mark.parametrize("how", ["flag", "environment"])
+def test_outrig_serve_on_glibc_when_asked(how: str) -> None:
+    _tcmalloc()
+    if how == "flag":
+        mapped, log = _serving_with("--allocator", "glibc")
+    else:
+        mapped, log = _serving_with(env={"OUTRIG_ALLOCATOR": "glibc"})
+    assert not mapped
+    assert "starting again" not in log
+    assert "malloc: mmap threshold 33554432, trim threshold -1, set: True" in log
+
+
+def test_outrig_serve_refuses_an_unknown_allocator() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "outrig.service", "serve", "--in-memory", "--listen", "127.0.0.1:0"],
+        env={**_clean_environment(), "OUTRIG_ALLOCATOR": "jemalloc"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "allocator: invalid value 'jemalloc'" in result.stderr
