@@ -2,17 +2,9 @@
 
 `Mux.call(name, request)` stands for the unary call `name`: the request goes out as a MuxOp
 on the connection's stream (opened on first use, and again after it breaks), and the calling
-thread waits for its result, in whatever order the server completes operations. Threads that
-call at once share the stream; what they send while the stream's sender is busy goes out
-together in one message.
-
-The callers read the replies themselves, one at a time (leader and followers): the caller that
-finds no one reading reads the stream's replies, hands each result to its caller, and stops once
-its own has come, passing the reading on to a caller still waiting. gRPC's sync API sends a
-stream's messages from a thread of its own, which cannot be helped; a reader thread of our own
-was a second hand-off per operation, and a lone caller paid for both: about 1,000 us of client
-CPU per write+take pair against 650 us over unary calls, a third of it the kernel waking threads
-(docs/performance.md, "The sync SDK: callers read their own replies").
+thread waits for its result, which a reader thread hands over as it arrives, in whatever order
+the server completes operations. Threads that call at once share the stream; what they send
+while the stream's sender is busy goes out together in one message.
 
 A stream that breaks fails its operations in flight with `UnavailableError`, which the space's
 retry (`Space._call`) sends again on a new stream, with the same request id. A thread that stops
@@ -53,50 +45,45 @@ __all__ = ["Mux"]
 
 
 class _Slot:
-    """Where one operation's result arrives. Its caller waits on the lock (interruptibly) until
-    the reader hands it a result or an error, or hands it the reading (`_Stream._signal`)."""
+    """Where one operation's result arrives; its caller waits on the lock (interruptibly)."""
 
-    __slots__ = ("error", "lock", "result", "signalled")
+    __slots__ = ("error", "lock", "result")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.lock.acquire()
         self.result: pb.MuxResult | None = None
         self.error: OutrigError | None = None
-        self.signalled = False  # the lock is released and its caller has not yet seen why
 
-    @property
-    def done(self) -> bool:
-        return self.result is not None or self.error is not None
+    def set(self, result: pb.MuxResult) -> None:
+        self.result = result
+        self.lock.release()
+
+    def fail(self, error: OutrigError) -> None:
+        self.error = error
+        self.lock.release()
 
 
 class _Stream:
-    """One Mux call: a queue of ops for gRPC's sending thread; its replies read by its callers."""
+    """One Mux call: a queue of ops for gRPC's sending thread, a reader thread for the results."""
 
     def __init__(self, open_stream: Any, metadata: Sequence[tuple[str, str]]) -> None:
         # SimpleQueue is C code; gevent's monkey-patching replaces it with its own (loadtest/).
         self._outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
-        self._lock = threading.Lock()  # guards all below, and every slot's result, error, signalled
-        self._waiting: dict[int, _Slot] = {}  # ops in flight, whether or not their callers still wait
-        self._followers: dict[int, _Slot] = {}  # callers waiting while another reads
-        self._reading = False
+        self._lock = threading.Lock()
+        self._waiting: dict[int, _Slot] = {}
         self._next_id = 0
         self._limit = DEFAULT_LIMIT
-        self._limit_lock = threading.Lock()
-        self._limit_known = False  # the server's limit, from the initial metadata
+        self._ready = threading.Event()  # the server's limit is known, or the stream has ended
         self.ended = False
         self.unsupported = False
         self._end_error: BaseException = UnavailableError("the stream ended")
         self._call = open_stream(self._requests(), metadata=metadata or None)
-
-    def done(self) -> bool:
-        """Whether the call has ended (`ended`: and a reader has seen it end)."""
-        return self.ended or bool(self._call.done())
+        threading.Thread(target=self._read, name="outrig-mux-reader", daemon=True).start()
 
     def call(self, field: int, data: bytes) -> Any:
         """The reply of one op; None at once when the server's limit is in flight."""
-        if not self._limit_known:
-            self._learn_limit()
+        self._ready.wait()
         slot = _Slot()
         with self._lock:
             if self.ended:
@@ -108,86 +95,15 @@ class _Stream:
             self._waiting[op_id] = slot
         self._outbox.put(encode_op(op_id, field, data))
         try:
-            self._wait(op_id, slot)
+            slot.lock.acquire()
         except BaseException:
-            if not slot.done:
+            if slot.result is None and slot.error is None:
                 self._outbox.put(encode_cancel(op_id))  # its result, when it comes, frees its room
             raise
         if slot.error is not None:
             raise slot.error
         assert slot.result is not None
         return outcome(slot.result)
-
-    def _learn_limit(self) -> None:
-        with self._limit_lock:
-            if not self._limit_known:
-                # Empty if the call failed: its first read then says why.
-                self._limit = limit_of(self._call.initial_metadata())
-                self._limit_known = True
-
-    def _wait(self, op_id: int, slot: _Slot) -> None:
-        """Until `slot` is done: as the reader if no one reads, else as a follower."""
-        while True:
-            with self._lock:
-                if slot.done:
-                    return
-                leading = not self._reading
-                if leading:
-                    self._reading = True
-                else:
-                    self._followers[op_id] = slot
-            if leading:
-                try:
-                    self._read_until(slot)
-                finally:
-                    with self._lock:
-                        self._reading = False
-                        self._pass_reading()
-                return
-            try:
-                slot.lock.acquire()  # a result, an error, or the reading handed to this caller
-            except BaseException:
-                with self._lock:
-                    del self._followers[op_id]
-                    self._pass_reading()  # in case it was handed the reading: another reads
-                raise
-            with self._lock:
-                slot.signalled = False
-                del self._followers[op_id]
-
-    def _read_until(self, slot: _Slot) -> None:
-        """Read replies and hand their results over until `slot` is done or the stream ends."""
-        error: BaseException
-        try:
-            while not slot.done:
-                reply = next(self._call)
-                with self._lock:
-                    for result in reply.results:
-                        waiting = self._waiting.pop(result.id, None)
-                        if waiting is not None:
-                            waiting.result = result
-                            self._signal(waiting)
-            return
-        except StopIteration:
-            error = UnavailableError("the server ended the stream")
-        except Exception as err:
-            error = err
-        self._end(error)
-
-    def _signal(self, slot: _Slot) -> None:
-        """Wake `slot`'s caller, if it is not awake already (with the lock held)."""
-        if not slot.signalled:
-            slot.signalled = True
-            slot.lock.release()
-
-    def _pass_reading(self) -> None:
-        """With the lock held: if no one reads, wake a follower to read."""
-        if self._reading:
-            return
-        for follower in self._followers.values():
-            if not follower.done:
-                self._signal(follower)
-                return
 
     def _requests(self) -> Iterator[bytes]:
         """What gRPC's sending thread sends: the ops queued meanwhile, in one message as far as
@@ -211,15 +127,31 @@ class _Stream:
             yield request_message(pending[:count])
             del pending[:count]
 
+    def _read(self) -> None:
+        error: BaseException
+        try:
+            self._limit = limit_of(self._call.initial_metadata())
+            self._ready.set()
+            for reply in self._call:
+                for result in reply.results:
+                    with self._lock:
+                        slot = self._waiting.pop(result.id, None)
+                    if slot is not None:
+                        slot.set(result)
+            error = UnavailableError("the server ended the stream")
+        except BaseException as err:
+            error = err
+        self._end(error)
+
     def _end(self, error: BaseException) -> None:
         with self._lock:
             self.ended = True
             self.unsupported = unsupported(error)
             self._end_error = error
             waiting, self._waiting = self._waiting, {}
-            for slot in waiting.values():
-                slot.error = stream_error(error)
-                self._signal(slot)
+        self._ready.set()
+        for slot in waiting.values():
+            slot.fail(stream_error(error))
 
     def close(self) -> None:
         self._outbox.put(None)
@@ -258,7 +190,7 @@ class Mux:
         with self._lock:
             if self._closed:
                 raise closed()
-            if self._stream is None or self._stream.done():
+            if self._stream is None or self._stream.ended:
                 self._stream = _Stream(self._open_stream, self._metadata)
             return self._stream
 
@@ -269,7 +201,7 @@ class Mux:
                 self._stream.close()
 
     def __del__(self) -> None:
-        # A space dropped without close(): gRPC's sending thread holds the stream, not this
+        # A space dropped without close(): its stream's reader thread holds the stream, not this
         # object, so end the stream here, or the thread and the channel would outlive it.
         stream = self._stream
         if stream is not None and not stream.ended:
