@@ -6,13 +6,14 @@ against the no-op floor, in one run.
 
 Each variant is an `outrig serve --in-memory` of this checkout, its own process, differing only in
 its environment (bench/servers.py's start_outrig with `extra_env`):
-  - glibc: what `outrig serve` does on glibc (service/process.py's tune_malloc: mmap threshold
+  - glibc: what `outrig serve --allocator glibc` does (service/process.py's tune_malloc: mmap threshold
     32 MiB, no automatic trim, malloc_trim once idle), protobuf's upb left to call malloc_trim(0)
     after every 10,000 frees of its arenas' blocks;
   - glibc-default: glibc as it comes (the environment sets the default trim threshold, so
     tune_malloc leaves it: every 3.6 MB entry its own fresh mapping);
   - jemalloc, tcmalloc: Debian's libjemalloc2 / libtcmalloc-minimal4 preloaded (LD_PRELOAD), as the
-    container image can; tune_malloc then changes nothing (the allocator is not glibc's);
+    container image can (and `outrig serve --allocator auto`, the default, does for tcmalloc where
+    it is installed); tune_malloc then changes nothing (the allocator is not glibc's);
   - jemalloc-60s: jemalloc with MALLOC_CONF=dirty_decay_ms:60000 (freed pages kept a minute, as
     the glibc variant's idle release does);
   - patched (with --baseline-python, the interpreter of a checkout from before this change): the
@@ -50,9 +51,10 @@ JEMALLOC = str(_LIBRARIES / "libjemalloc.so.2")
 TCMALLOC = str(_LIBRARIES / "libtcmalloc_minimal.so.4")
 
 VARIANTS: dict[str, dict[str, str]] = {
-    "glibc": {},
+    # `outrig serve --allocator glibc`: without it, the server would start itself again on tcmalloc.
+    "glibc": {"OUTRIG_ALLOCATOR": "glibc"},
     # glibc's own default trim threshold, given by the environment: tune_malloc leaves glibc alone.
-    "glibc-default": {"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=131072"},
+    "glibc-default": {"OUTRIG_ALLOCATOR": "glibc", "GLIBC_TUNABLES": "glibc.malloc.trim_threshold=131072"},
     "jemalloc": {"LD_PRELOAD": JEMALLOC},
     "jemalloc-60s": {"LD_PRELOAD": JEMALLOC, "MALLOC_CONF": "dirty_decay_ms:60000"},
     "tcmalloc": {"LD_PRELOAD": TCMALLOC},
