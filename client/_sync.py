@@ -99,9 +99,8 @@ def connect(
             A server that does not know the caller answers `UnauthenticatedError`, one whose policy
             does not allow the call `PermissionDeniedError`; neither is retried. A failed TLS
             handshake shows up as `UnavailableError` (retried like any unreachable server).
-        mux: send the operations that overlap (calls from several threads at once) over one
-            Mux stream per server (the default), and a call made while no other is in flight as
-            a unary call on the caller's thread; False: every operation as a unary call.
+        mux: send the operations over one Mux stream per server (the default), or each as a
+            unary call.
         direct: in a tier of servers (``outrig serve --backend postgres``), send each space's
             calls straight to the server that owns it, rather than through ``target``, which
             would forward them (one hop longer). The first call of a space asks ``target`` where
