@@ -202,8 +202,10 @@ class Run:
 
 
 class Client:
-    def __init__(self, address: str, shape: str, mux: bool) -> None:
-        command = [sys.executable, __file__, "--client", address, "--shape", shape]
+    """The client process (`python`: another checkout's interpreter, for bench/sync_client.py)."""
+
+    def __init__(self, address: str, shape: str, mux: bool, python: str = sys.executable) -> None:
+        command = [python, __file__, "--client", address, "--shape", shape]
         self.process = subprocess.Popen(
             [*command, *([] if mux else ["--unary"])],
             stdin=subprocess.PIPE,

@@ -26,11 +26,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pair_profile import _cpu_seconds
+from pair_profile import Client, _cpu_seconds
 from run import _load
 from servers import ServerProcess, start_durable_outrig, start_outrig, stop_all
 
-_HERE = Path(__file__).resolve().parent
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -54,37 +53,8 @@ def _kernel_seconds(pid: int) -> float:
     return int(fields[12]) / _TICKS
 
 
-class _Client:
-    """bench/pair_profile.py's client process, run by `python`."""
-
-    def __init__(self, python: str, address: str, shape: str, mux: bool) -> None:
-        import subprocess
-
-        command = [python, str(_HERE / "pair_profile.py"), "--client", address, "--shape", shape]
-        self.process = subprocess.Popen(
-            [*command, *([] if mux else ["--unary"])],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert self.process.stdout is not None
-        assert self.process.stdin is not None
-        self._out, self._in = self.process.stdout, self.process.stdin
-        if self._out.readline().strip() != "ready":
-            raise RuntimeError("the client process did not start")
-
-    def pairs(self) -> int:
-        self._in.write("?\n")
-        self._in.flush()
-        return int(self._out.readline())
-
-    def stop(self) -> None:
-        self._in.close()
-        self.process.wait(10)
-
-
 def measure(server: ServerProcess, variant: Variant, shape: str, seconds: float) -> Run:
-    client = _Client(variant.python, server.address, shape, variant.mux)
+    client = Client(server.address, shape, variant.mux, variant.python)
     try:
         pid = client.process.pid
         time.sleep(0.5)
