@@ -243,13 +243,21 @@ def allocator_exec(
 
 def run_on_allocator(choice: str) -> None:
     """`outrig serve`'s allocator (`--allocator`): re-execute this process with tcmalloc
-    preloaded if `allocator_exec` says so (the call then does not return), else nothing."""
+    preloaded if `allocator_exec` says so (the call then does not return), else nothing. The CLI
+    calls it only when it runs the process's own command line (`sys.orig_argv`, which the exec
+    runs again), before anything has started."""
     environment = allocator_exec(choice, os.environ, tcmalloc_library(), malloc_library())
-    if environment is not None:
-        log.info("allocator: starting again on tcmalloc (%s preloaded; --allocator glibc: not)", TCMALLOC)
-        sys.stdout.flush()
-        sys.stderr.flush()
+    if environment is None:
+        return
+    log.info("allocator: starting again on tcmalloc (%s preloaded; --allocator glibc: not)", TCMALLOC)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
         os.execve(sys.executable, sys.orig_argv, environment)
+    except OSError as err:
+        if choice == "tcmalloc":
+            raise ConfigError(f"allocator: cannot start again with tcmalloc: {err}") from err
+        log.warning("allocator: cannot start again with tcmalloc (%s): glibc's malloc serves", err)
 
 
 def _resident_bytes() -> int:

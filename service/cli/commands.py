@@ -227,6 +227,7 @@ def _one_store_command(args: argparse.Namespace, data_dir: Path, destination: Pa
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    own_command_line = argv is None  # only then may `serve` start this process again (--allocator)
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["stress"]:
         return _stress(argv[1:])
@@ -284,7 +285,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         role = WorkerRole.from_environ()  # this process is a worker its supervisor started
         configure_logging(config.log_level, config.log_format, "" if role is None else role.name)
-        process.run_on_allocator(config.allocator)  # tcmalloc: this process starts again on it
+        if own_command_line:
+            process.run_on_allocator(config.allocator)  # tcmalloc: this process starts again on it
         if role is not None:
             config = supervisor.worker_config(config, role)
         elif resolve_workers(config.workers) > 1:
