@@ -36,8 +36,8 @@ what they cost HD array writes is in docs/performance.md ("Allocators").
 **Which allocator.** `outrig serve --allocator auto` (the default) runs the server on Debian's
 tcmalloc (libtcmalloc_minimal.so.4, the container image's) when that library is installed and
 nothing else is preloaded: `run_on_allocator` re-executes the process once, at start, before it
-imports gRPC or opens a port, with the library added to LD_PRELOAD (the same process id, command
-line and file descriptors). tcmalloc keeps freed pages for reuse, so upb's trims above cost HD
+starts a thread or opens a port, with the library added to LD_PRELOAD (the same process id,
+command line and file descriptors; the imports and the configuration are done again). tcmalloc keeps freed pages for reuse, so upb's trims above cost HD
 array writes nothing (docs/performance.md, "Allocators"). LD_PRELOAD stays in the environment of
 what the server starts (its `--workers`, which then find tcmalloc in place). `--allocator glibc`
 (or OUTRIG_ALLOCATOR=glibc) keeps the allocator the process was started with; `tcmalloc` insists
