@@ -37,10 +37,11 @@ what they cost HD array writes is in docs/performance.md ("Allocators").
 tcmalloc (libtcmalloc_minimal.so.4, the container image's) when that library is installed and
 nothing else is preloaded: `run_on_allocator` re-executes the process once, at start, before it
 starts a thread or opens a port, with the library added to LD_PRELOAD (the same process id,
-command line and file descriptors; the imports and the configuration are done again). tcmalloc keeps freed pages for reuse, so upb's trims above cost HD
-array writes nothing (docs/performance.md, "Allocators"). LD_PRELOAD stays in the environment of
-what the server starts (its `--workers`, which then find tcmalloc in place). `--allocator glibc`
-(or OUTRIG_ALLOCATOR=glibc) keeps the allocator the process was started with; `tcmalloc` insists
+command line and file descriptors; the imports and the configuration are done again). tcmalloc
+keeps freed pages for reuse, so upb's trims above cost HD array writes nothing
+(docs/performance.md, "Allocators"). LD_PRELOAD stays in the environment of what the server
+starts (its `--workers`, which then find tcmalloc in place). `--allocator glibc` (or
+OUTRIG_ALLOCATOR=glibc) keeps the allocator the process was started with; `tcmalloc` insists
 (ConfigError if the library is missing). An allocator preloaded by the operator is kept either way.
 
 **The collector.** Python's cyclic collector runs a young collection every 700 net allocations of
