@@ -113,4 +113,3 @@ def test_a_take_that_parks_gets_a_task_then(counted: tuple[str, str, _Counted]) 
         assert space.take(Task(n=7), timeout=5) == Task(n=7)
     assert made["MuxStream._perform"] == 0, made
     assert made["_resume"] == 1, made  # the rest of the take, from where it parked
-
