@@ -152,16 +152,13 @@ class Result:
     its reply field) and the reply's bytes, kept apart so that a large reply is copied once, into
     the message."""
 
-    __slots__ = ("body", "head", "op_id")
+    __slots__ = ("body", "head", "op_id", "size")
 
     def __init__(self, op_id: int, field: int, body: bytes) -> None:
         self.op_id = op_id
-        self.head = b"".join((_RESULT_ID, varint(op_id), _RESULT_TAGS[field], varint(len(body))))
+        self.head = head = b"".join((_RESULT_ID, varint(op_id), _RESULT_TAGS[field], varint(len(body))))
         self.body = body
-
-    @property
-    def size(self) -> int:
-        return len(self.head) + len(self.body)
+        self.size = len(head) + len(body)  # read by batch_size, the limit's check and reply_message
 
 
 def error_result(
