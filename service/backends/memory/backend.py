@@ -127,11 +127,6 @@ class MemoryBackend(DeliveringMixin, ChangesMixin):
         self._init_changes()
 
     @property
-    def stores_nothing(self) -> bool:
-        """Whether there is no store (an in-memory server): every write is settled at once."""
-        return self._recorder is None
-
-    @property
     def keeps_registrations(self) -> bool:
         """Whether registrations survive a restart (a durable server)."""
         return self._recorder is not None

@@ -76,12 +76,10 @@ class MemorySubscription:
         return self._iterate()
 
     async def _iterate(self) -> AsyncIterator[Event]:
-        backend = self._backend
         while True:
             while self._events:
                 event = self._events.popleft()
-                # In memory, without `settled`'s coroutine (an event per subscriber per write).
-                if backend.stores_nothing or await backend.settled([event.entry]):
+                if await self._backend.settled([event.entry]):
                     yield event
             if self._ended:
                 if self._error is not None:
