@@ -8,12 +8,13 @@ security, quotas, idempotent retries and durability cannot differ. Its result is
 as it completes, in any order, and one writer sends whatever results are ready in one MuxReply:
 under load a message carries many (the busier the stream, the fuller the messages).
 
-An operation that cannot wait on a lone server (a write, a count, a lease's renewal or
-cancellation, a read or take with timeout 0: `runs_eagerly`) starts at once, in the reader's
-step, and gets a task of its own only if it does wait after all (a durable write waits for its
-commit): most of them finish without one. Only on a lone server (no workers, not the PostgreSQL
-tier): a forwarded call, like a parked read or take, enters `asyncio.timeout`, which binds the task
-current when it is entered, and that must be the operation's own. The stream keeps one reference
+An operation whose waits bind no task on a lone server (a write, a count, a lease's renewal or
+cancellation, a read or take: `runs_eagerly`) starts at once, in the reader's step, and gets a
+task of its own only if it does wait after all (a durable write waits for its commit, a take that
+finds nothing parks; its deadline is a timer of the loop's): most of them finish without one.
+Only on a lone server (no workers, not the PostgreSQL tier): a forwarded call enters
+`asyncio.timeout`, which binds the task current when it is entered, and that must be the
+operation's own. The stream keeps one reference
 to its loop (`loop.create_task`, `loop.create_future`): in Python 3.11 every
 `asyncio.get_running_loop()` (and so `ensure_future`, `Future()`, `Event.wait`) is a getpid(2).
 
@@ -43,7 +44,7 @@ import functools
 import logging
 import types
 from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Mapping
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import grpc
 
@@ -107,19 +108,20 @@ def _operations() -> dict[int, Operation]:
 #: The operation of each MuxOp field (outrig._protocol.OPS_BY_FIELD).
 OPERATIONS = _operations()
 
-#: Operations that never wait on a lone server (but for a durable store's commit, which binds no
-#: task), and those that do not when their request's timeout is 0 (`runs_eagerly`).
-NEVER_WAIT = frozenset({"Write", "WriteMany", "Count", "RenewLeases", "CancelLeases"})
-NOWAIT_IF_TIMEOUT_ZERO = frozenset({"Read", "Take", "ReadMany", "TakeMany"})
+#: Operations whose waits on a lone server bind no task: a durable store's commit, a parked read's
+#: or take's delivery and its deadline (a timer of the loop's: memory/backend.py's `_find`). They
+#: start at once, in the reader's step (`runs_eagerly`).
+EAGER = frozenset(
+    {"Write", "WriteMany", "Count", "RenewLeases", "CancelLeases", "Read", "Take", "ReadMany", "TakeMany"}
+)
 
 
 def runs_eagerly(name: str, request: Any) -> bool:
-    """Whether the operation `name` with this (decoded) request cannot wait on a lone server for
-    anything but a commit: started at once, without a task of its own (see the module's docstring).
-    Bytes that are no valid request are refused at once, whatever the operation."""
-    if name in NEVER_WAIT or isinstance(request, handlers.Undecodable):
-        return True
-    return name in NOWAIT_IF_TIMEOUT_ZERO and request.HasField("timeout") and request.timeout == 0
+    """Whether the operation `name` with this (decoded) request is started at once on a lone
+    server, without a task of its own until it waits (see the module's docstring): nothing it
+    may wait for binds the task current when it starts. Bytes that are no valid request are
+    refused at once, whatever the operation."""
+    return name in EAGER or isinstance(request, handlers.Undecodable)
 
 
 @types.coroutine
@@ -150,16 +152,13 @@ class Result:
     its reply field) and the reply's bytes, kept apart so that a large reply is copied once, into
     the message."""
 
-    __slots__ = ("body", "head", "op_id")
+    __slots__ = ("body", "head", "op_id", "size")
 
     def __init__(self, op_id: int, field: int, body: bytes) -> None:
         self.op_id = op_id
-        self.head = b"".join((_RESULT_ID, varint(op_id), _RESULT_TAGS[field], varint(len(body))))
+        self.head = head = b"".join((_RESULT_ID, varint(op_id), _RESULT_TAGS[field], varint(len(body))))
         self.body = body
-
-    @property
-    def size(self) -> int:
-        return len(self.head) + len(self.body)
+        self.size = len(head) + len(body)  # read by batch_size, the limit's check and reply_message
 
 
 def error_result(
@@ -233,6 +232,24 @@ def parse_request(raw: bytes) -> list[tuple[int, int, int | memoryview]]:
     return ops
 
 
+class StreamContext:
+    """The context a Mux stream's operations see: the stream's own gRPC context, whose metadata
+    (read for every operation: the peer secret, a token) is read from gRPC once, when the stream
+    starts, since a call's metadata cannot change. Everything else is the stream's context's."""
+
+    __slots__ = ("_context", "_metadata")
+
+    def __init__(self, context: handlers.MuxContext) -> None:
+        self._context = context
+        self._metadata = context.invocation_metadata()
+
+    def invocation_metadata(self) -> Any:
+        return self._metadata
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+
 class MuxService:
     """The Mux method of a server: `handle` serves one stream; `close` ends them all (at shutdown)."""
 
@@ -283,6 +300,8 @@ class MuxStream:
         self._servicer = servicer
         self._methods = methods
         self._context = context
+        # What the operations are given as their context (a stand-in: see StreamContext).
+        self._operation_context = cast(handlers.Context, StreamContext(context))
         self._limit = limit
         self._max_bytes = max_bytes
         self._running: dict[int, asyncio.Task[None]] = {}
@@ -414,7 +433,7 @@ class MuxStream:
     async def _perform(self, op_id: int, name: str, request: Any, reply_field: int) -> None:
         # A cancelled operation ends here with CancelledError: a cancel op's callback on the task
         # answers it (`_cancelled`); when the stream ends, nobody is owed an answer.
-        outcome = await self._servicer.perform(name, self._methods[name], request, self._context)
+        outcome = await self._servicer.perform(name, self._methods[name], request, self._operation_context)
         self._running.pop(op_id, None)
         if isinstance(outcome, Failure):
             self._finish(

@@ -112,6 +112,9 @@ FIGURES_TIMEOUT = 5.0
 #: text through `exceptions.excerpt` and stay far below this; `bounded` is the safety net.
 MAX_STATUS_MESSAGE = 1024
 
+#: The most space names the servicer remembers as valid (`SpaceServicer._space_named`).
+CHECKED_NAMES = 4096
+
 #: Seconds between two log lines of one kind that a client's requests can cause (`Throttle`).
 LOG_INTERVAL = 60.0
 _throttle = Throttle(LOG_INTERVAL)
@@ -298,6 +301,7 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
     ) -> None:
         self._backend = backend
         self._limits = limits
+        self._checked_names: set[str] = set()  # space names that passed `codec.space_name`
         self._metrics = metrics
         self._guard = guard or Guard(Authenticator(None, client_certificates=False), None, limits)
         config = config or ServerConfig(limits=limits)
@@ -343,7 +347,7 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
         if fan is not None:
             return fan
         message = request.message if isinstance(request, handlers.Received) else request
-        space = codec.space_name(message.space, self._limits)
+        space = self._space_named(message.space)
         address = await self._backend.locate(space)
         if address is None:
             return None
@@ -447,7 +451,18 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
             call.cancel()  # the caller's stream ended first (a no-op once the call has)
 
     def _space(self, request: Any) -> str:
-        return codec.space_name(request.space, self._limits)
+        return self._space_named(request.space)
+
+    def _space_named(self, name: str) -> str:
+        """`codec.space_name`, remembered: every operation checks its space's name twice (here
+        and in `admit`), and a server serves few names; a bounded set of those that passed."""
+        if name in self._checked_names:
+            return name
+        checked = codec.space_name(name, self._limits)
+        if len(self._checked_names) >= CHECKED_NAMES:
+            self._checked_names.clear()
+        self._checked_names.add(checked)
+        return checked
 
     @unary
     async def Write(

@@ -32,9 +32,11 @@ def _match(timeout: float | None) -> pb.MatchRequest:
 def test_which_operations_run_without_a_task() -> None:
     assert runs_eagerly("Write", object()) and runs_eagerly("CancelLeases", object())
     assert runs_eagerly("Take", _match(0.0)) and runs_eagerly("ReadMany", _match(0.0))
-    # A read or take that may park, and anything else that may wait (a transaction's commit, an
-    # ack, a move), binds asyncio.timeout to its task: it gets one.
-    assert not runs_eagerly("Take", _match(5.0)) and not runs_eagerly("Take", _match(None))
+    # A read or take that may park starts eagerly too: its deadline is a timer of the loop's,
+    # not asyncio.timeout, so it binds no task, and it gets one only when it parks.
+    assert runs_eagerly("Take", _match(5.0)) and runs_eagerly("Take", _match(None))
+    assert runs_eagerly("Read", _match(5.0)) and runs_eagerly("TakeMany", _match(None))
+    # Anything else that may wait (a transaction's commit, an ack, a move) gets a task.
     assert not runs_eagerly("Commit", object()) and not runs_eagerly("Nack", object())
     # Bytes that are no valid request are refused at once, whichever operation they were for.
     assert runs_eagerly("Commit", handlers.Undecodable("outrig.v1.CommitRequest", "truncated"))
@@ -65,33 +67,37 @@ def counted(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[st
         yield request.param, server.address, counter
 
 
-def test_writes_and_nowait_takes_make_no_operation_task(counted: tuple[str, str, _Counted]) -> None:
+@pytest.mark.parametrize("timeout", [0.0, 5.0])  # a take that may park, but matches at once, too
+def test_writes_and_takes_that_match_make_no_operation_task(
+    counted: tuple[str, str, _Counted], timeout: float
+) -> None:
     kind, address, counter = counted
     with outrig.connect(address, space="default") as space:
         space.count(Task())  # the stream is open
         before = counter.by_name.copy()
         for n in range(50):
             space.write(Task(n=n), lease=60)
-        taken = [space.take(Task(n=n), timeout=0) for n in range(50)]
+        taken = [space.take(Task(n=n), timeout=timeout) for n in range(50)]
         made = counter.by_name - before
     assert taken == [Task(n=n) for n in range(50)]
     assert made["MuxStream._perform"] == 0, made
     # In memory nothing waits; a durable write waits for its commit and only then gets a task
-    # (the rest of it, `_resume`); a take with timeout 0 of an entry just committed does too.
+    # (the rest of it, `_resume`); a take of an entry just committed does too.
     if kind == "memory":
         assert made["_resume"] == 0, made
     else:
         assert 50 <= made["_resume"] <= 100, made
 
 
-def test_a_take_that_may_wait_has_its_own_task(counted: tuple[str, str, _Counted]) -> None:
+def test_a_take_that_parks_gets_a_task_then(counted: tuple[str, str, _Counted]) -> None:
     _, address, counter = counted
     with outrig.connect(address, space="default") as space:
         space.count(Task())
         before = counter.by_name.copy()
         assert space.take(Task(n=-1), timeout=0.2) is None  # parked, then its timeout ends it
         made = counter.by_name - before
-        # The stream goes on after the timeout (which cancelled the take's task, not the stream's).
+        # The stream goes on after the timeout (a timer of the loop's: no task was cancelled).
         space.write(Task(n=7), lease=60)
         assert space.take(Task(n=7), timeout=5) == Task(n=7)
-    assert made["MuxStream._perform"] == 1, made
+    assert made["MuxStream._perform"] == 0, made
+    assert made["_resume"] == 1, made  # the rest of the take, from where it parked

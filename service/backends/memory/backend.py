@@ -92,6 +92,12 @@ def _written_records(space: str, entries: Iterable[StoredEntry], txn: Transactio
     return [("written", space, s.id, s.arrival, s.expires_at, s.payload, txn.id) for s in entries]
 
 
+def _nothing_found(future: asyncio.Future[list[StoredEntry]]) -> None:
+    """A parked read's or take's deadline: it found nothing, unless something was delivered first."""
+    if not future.done():
+        future.set_result([])
+
+
 class MemoryBackend(DeliveringMixin, ChangesMixin):
     """Spaces in memory, recorded by a journal when a subclass opens one (`open_store`)."""
 
@@ -341,24 +347,31 @@ class MemoryBackend(DeliveringMixin, ChangesMixin):
         transaction: int = 0,
         visible_at: float | None = None,
     ) -> list[LeaseGrant]:
-        if request_id:
+        # `_replay` only when the id is known (a coroutine less for every first call).
+        if request_id and self._requests.find(request_id, space, "write") is not None:
             earlier = await self._replay(request_id, space, "write")
             if earlier is not None:
                 return list(earlier)
         engine = self.engine(space)
         txn = self._transaction(engine, transaction)
-        self._check_store()
+        recorder = self._recorder
+        if recorder is not None:
+            recorder.check()
         outcome = self._requests.begin(request_id, space, "write") if request_id else None
-        with self._acting_for(outcome):
+        try:  # `_acting_for`, inline: this is every write's path
             written, granted = engine.write_entries(entries, lease, txn, visible_at)
             grants = [LeaseGrant(stored.id, stored.expires_at, granted) for stored in written]
-            if self._recorder is not None and txn is not None and not self.keeps_transactions:
+            if recorder is not None and txn is not None and not self.keeps_transactions:
                 # The store learns of the entries at commit; their ids are reserved now.
-                self.note(self._recorder.id_records(space, engine))
-            elif self._recorder is not None:
+                self.note(recorder.id_records(space, engine))
+            elif recorder is not None:
                 with self._undone_on_error(lambda: engine.revoke(written)):
                     records = self._write_records(space, engine, written, grants, outcome, txn)
                 await self._commit(records, lambda: engine.revoke(written), written, outcome)
+        except BaseException:
+            if outcome is not None:
+                self._requests.abandon(outcome)
+            raise
         self._acted(outcome, grants, keep=txn is not None)
         return grants
 
@@ -423,7 +436,8 @@ class MemoryBackend(DeliveringMixin, ChangesMixin):
         transaction: int = 0,
     ) -> list[StoredEntry]:
         request_id = request_id if take else ""
-        if request_id:
+        # `_replay` only when the id is known (a coroutine less for every first call).
+        if request_id and self._requests.find(request_id, space, "take") is not None:
             earlier = await self._replay(request_id, space, "take")
             if earlier is not None:
                 return list(earlier)
@@ -432,15 +446,19 @@ class MemoryBackend(DeliveringMixin, ChangesMixin):
         if take:
             self._check_store()
         outcome = self._requests.begin(request_id, space, "take") if request_id else None
-        with self._acting_for(outcome):
+        try:  # `_acting_for`, inline: this is every read's and take's path
             found = await self._find(engine, templates, take, max_entries, timeout, if_exists, txn)
             if take and found and self._recorder is not None and txn is None:
                 await self._commit_take(space, engine, found, outcome)
             elif found and txn is not None and self._keeping_transactions:
                 await self._commit_holds(space, engine, txn, found, take, outcome)
-            elif found and not take and not await self.settled(found):
+            elif found and not take and self._recorder is not None and not await self.settled(found):
                 self._check_store()
                 return []
+        except BaseException:
+            if outcome is not None:
+                self._requests.abandon(outcome)
+            raise
         if take and not found and outcome is not None:
             # A take that took nothing leaves nothing to answer: its retry acts afresh (as on a
             # durable store, which records nothing for it), and a partitioned space's fan-out
@@ -583,7 +601,8 @@ class MemoryBackend(DeliveringMixin, ChangesMixin):
                 f"space {engine.name!r} has {engine.waiting} blocked reads and takes; "
                 f"the limit is max_waiters={limit}"
             )
-        future: asyncio.Future[list[StoredEntry]] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[list[StoredEntry]] = loop.create_future()
 
         def deliver(entries: list[StoredEntry]) -> bool:
             if future.done():
@@ -606,12 +625,14 @@ class MemoryBackend(DeliveringMixin, ChangesMixin):
         engine.park(waiter)
         parked = self._parked.setdefault(engine.name, set())
         parked.add(future)
+        # The deadline is a timer of the loop's that answers "nothing found", not asyncio.timeout,
+        # which binds the task current when it is entered: nothing here depends on which task
+        # runs the call, so a Mux stream starts a blocking read or take without a task of its
+        # own, and gives it one only if it parks (transport/mux.py). A delivery that landed first
+        # is the call's (`deliver` and the timer each act only on a future not yet done).
+        timer = None if timeout is None else loop.call_later(timeout, _nothing_found, future)
         try:
-            async with asyncio.timeout(timeout):
-                found = await future
-        except TimeoutError:
-            # A delivery may have landed just as the deadline fired: it is ours, return it.
-            found = future.result() if future.done() and not future.cancelled() else []
+            found = await future
         except asyncio.CancelledError:
             delivered = future.done() and not future.cancelled() and future.exception() is None
             if take and delivered:  # the caller is gone: put the entries back
@@ -624,6 +645,8 @@ class MemoryBackend(DeliveringMixin, ChangesMixin):
                     engine.untake(txn, future.result())
             raise
         finally:
+            if timer is not None:
+                timer.cancel()
             engine.unpark(waiter)
             parked.discard(future)
         if take and ack is None and txn is None:
