@@ -165,24 +165,10 @@ async def _child(tasks: int, seconds: float, warmup: float, prefill: int = 0) ->
     }
 
 
-def _run(python: str, tasks: int, seconds: float, warmup: float) -> dict[str, float]:
-    out = subprocess.run(
-        [
-            python,
-            __file__,
-            "--child",
-            "--tasks",
-            str(tasks),
-            "--seconds",
-            str(seconds),
-            "--warmup",
-            str(warmup),
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    return json.loads(out.strip().splitlines()[-1])  # type: ignore[no-any-return]
+def _run(python: str, tasks: int, seconds: float, warmup: float, prefill: int) -> dict[str, float]:
+    options = [f"--tasks={tasks}", f"--seconds={seconds}", f"--warmup={warmup}", f"--prefill={prefill}"]
+    out = subprocess.run([python, __file__, "--child", *options], check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
 def _load() -> str:
