@@ -83,6 +83,7 @@ def _prefill(data_dir: Path, pairs: int, payload: bytes) -> None:
 
 async def _child(tasks: int, seconds: float, warmup: float, prefill: int = 0) -> dict[str, float]:
     from outrig.service.backends.embedded.backend import EmbeddedBackend
+    from outrig.service.backends.embedded.store.journal import Journal
     from outrig.service.config import ServerConfig
     from outrig.service.engine import NewEntry, Template
     from outrig.service.engine.values import FieldValue
@@ -108,6 +109,7 @@ async def _child(tasks: int, seconds: float, warmup: float, prefill: int = 0) ->
         backend = EmbeddedBackend(config)
         await backend.start()
         journal = backend.journal
+        assert isinstance(journal, Journal)
         counting = [False]
         done = [0]
 
@@ -143,7 +145,7 @@ async def _child(tasks: int, seconds: float, warmup: float, prefill: int = 0) ->
                     _thread_cpu(loop_ident),
                     _thread_cpu(store_ident),
                     _process_cpu(),
-                    journal.statistics().batches if journal is not None else 0,
+                    journal.statistics().batches,
                     done[0],
                 )
             )
@@ -209,7 +211,8 @@ def main() -> None:
                 run = _run(targets[name], tasks, args.seconds, args.warmup, args.prefill)
                 results.setdefault((name, tasks), []).append(run)
                 print(
-                    f"  round {index + 1} {tasks:>2} tasks {name:<6} {run['pairs'] / run['seconds']:>8,.0f} pairs/s "
+                    f"  round {index + 1} {tasks:>2} tasks {name:<6} "
+                    f"{run['pairs'] / run['seconds']:>8,.0f} pairs/s "
                     f"loop {1e6 * run['loop'] / run['pairs']:6.1f} us/pair",
                     file=sys.stderr,
                     flush=True,
@@ -233,8 +236,9 @@ def main() -> None:
             per_commit = statistics.median(r["pairs"] / max(r["commits"], 1) for r in runs)
             versus = f"{loops[name] / loops['before']:.2f}" if name != "before" and "before" in loops else ""
             print(
-                f"| {tasks} | {name} | {rate:,.0f} | {loops[name]:,.1f} ({min(per):,.1f} - {max(per):,.1f}) | "
-                f"{store:,.1f} | {proc:,.1f} | {per_commit:.2f} | {versus} |"
+                f"| {tasks} | {name} | {rate:,.0f} | {loops[name]:,.1f} "
+                f"({min(per):,.1f} - {max(per):,.1f}) | {store:,.1f} | {proc:,.1f} | "
+                f"{per_commit:.2f} | {versus} |"
             )
 
 
