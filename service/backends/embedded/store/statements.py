@@ -195,6 +195,8 @@ STATEMENTS: dict[str, tuple[str, Binder]] = {
     ),
 }
 
+#: Batches of at most this many records run one statement each, in order, unplanned.
+_FEW = 4
 #: Kinds the plan does not bind (see the module docstring).
 BARRIER = "change_trim"
 PRUNE = "prune_requests"
@@ -208,23 +210,24 @@ def run(
     An unknown kind raises KeyError before anything after the last barrier ran."""
     prune: float | None = None
     statements = STATEMENTS
+    if len(records) <= _FEW:  # a lone caller's batch: nothing to group, planning would cost more
+        for record in records:
+            spec = statements.get(record[0])
+            if spec is None:
+                prune = _unbound(connection, record, number, prune)
+            else:
+                connection.execute(spec[0], spec[1](number, dump, record[1:])[1])
+        return prune
     layers: list[dict[str, list[tuple[Any, ...]]]] = []
     rows: dict[tuple[Any, ...], tuple[int, str]] = {}  # a row's key -> its last record's layer, kind
     for record in records:
         kind = record[0]
         spec = statements.get(kind)
         if spec is None:
-            if kind == PRUNE:
-                prune = record[1]
-                continue
-            if kind != BARRIER:
-                raise KeyError(f"a record of unknown kind {kind!r}")
-            _execute(connection, layers)
-            layers, rows = [], {}
-            space, oldest = record[1:]
-            no = number(space)
-            connection.execute("UPDATE change_logs SET oldest = max(oldest, ?) WHERE space = ?", (oldest, no))
-            connection.execute("DELETE FROM changes WHERE space = ? AND seq < ?", (no, oldest))
+            if kind != PRUNE:  # a barrier: what was planned before it runs first
+                _execute(connection, layers)
+                layers, rows = [], {}
+            prune = _unbound(connection, record, number, prune)
             continue
         key, parameters = spec[1](number, dump, record[1:])
         last = rows.get(key)
@@ -243,6 +246,22 @@ def run(
         else:
             group.append(parameters)
     _execute(connection, layers)
+    return prune
+
+
+def _unbound(
+    connection: sqlite3.Connection, record: Record, number: Number, prune: float | None
+) -> float | None:
+    """A record without a bound statement: `prune_requests` (returns its `now`), `change_trim`."""
+    kind = record[0]
+    if kind == PRUNE:
+        return float(record[1])
+    if kind != BARRIER:
+        raise KeyError(f"a record of unknown kind {kind!r}")
+    space, oldest = record[1:]
+    no = number(space)
+    connection.execute("UPDATE change_logs SET oldest = max(oldest, ?) WHERE space = ?", (oldest, no))
+    connection.execute("DELETE FROM changes WHERE space = ? AND seq < ?", (no, oldest))
     return prune
 
 
