@@ -207,7 +207,7 @@ def run(
 ) -> float | None:
     """Run `records`' statements, grouped (see the module docstring), in the open transaction.
     Returns the `now` of the batch's last `prune_requests`, if any (the caller prunes at COMMIT).
-    An unknown kind raises KeyError before anything after the last barrier ran."""
+    An unknown kind raises KeyError (the journal then rolls the whole batch back)."""
     prune: float | None = None
     statements = STATEMENTS
     if len(records) <= _FEW:  # a lone caller's batch: nothing to group, planning would cost more
