@@ -23,14 +23,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import queue
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from outrig.service.backends.embedded.store import statements
 from outrig.service.backends.embedded.store.schema import connect, transaction
 from outrig.service.backends.memory.journal import Record, TakenRow, WriteAnswer
 from outrig.service.exceptions import StoreUnavailableError
@@ -77,12 +79,11 @@ class _Writer:
         return number
 
     def apply(self, records: Sequence[Record]) -> None:
-        """Begin a transaction and run the records' statements (on the loop)."""
+        """Begin a transaction and run the records' statements (on the loop): one `executemany`
+        per kind of record where their rows allow it (statements.py)."""
         self.connection.execute("BEGIN IMMEDIATE")
-        self._prune_before = None
         try:
-            for kind, *args in records:
-                getattr(self, "_" + kind)(*args)
+            self._prune_before = statements.run(self.connection, records, self.space_number, self._dump)
         except BaseException:
             self.rollback()
             raise
@@ -104,177 +105,73 @@ class _Writer:
             if self.connection.in_transaction:
                 self.connection.execute("ROLLBACK")
 
-    # One method per record kind.
-
-    def _put(
-        self, space: str, entry_id: int, arrival: int, expires_at: float | None, payload: object
-    ) -> None:
-        self.connection.execute(
-            "INSERT OR REPLACE INTO entries (space, id, arrival, expires_at, payload) VALUES (?, ?, ?, ?, ?)",
-            (self.space_number(space), entry_id, arrival, expires_at, self._dump(payload)),
-        )
-
-    def _delete(self, space: str, entry_id: int) -> None:
-        self.connection.execute(
-            "DELETE FROM entries WHERE space = ? AND id = ?", (self.space_number(space), entry_id)
-        )
-
-    def _entry_expiry(self, space: str, entry_id: int, expires_at: float | None) -> None:
-        self.connection.execute(
-            "UPDATE entries SET expires_at = ? WHERE space = ? AND id = ?",
-            (expires_at, self.space_number(space), entry_id),
-        )
-
-    def _next_id(self, space: str, next_id: int) -> None:
-        self.connection.execute(
-            "UPDATE spaces SET next_id = max(next_id, ?) WHERE no = ?", (next_id, self.space_number(space))
-        )
-
-    def _type(self, space: str, name: str, supertypes: str) -> None:
-        self.connection.execute(
-            "INSERT OR IGNORE INTO types (space, name, supertypes) VALUES (?, ?, ?)",
-            (self.space_number(space), name, supertypes),
-        )
-
-    def _register(
-        self, space: str, registration_id: int, expires_at: float | None, templates: bytes, sequence: int
-    ) -> None:
-        self.connection.execute(
-            "INSERT OR REPLACE INTO registrations (space, id, expires_at, templates, sequence) "
-            "VALUES (?, ?, ?, ?, ?)",
-            (self.space_number(space), registration_id, expires_at, templates, sequence),
-        )
-
-    def _unregister(self, space: str, registration_id: int) -> None:
-        self.connection.execute(
-            "DELETE FROM registrations WHERE space = ? AND id = ?",
-            (self.space_number(space), registration_id),
-        )
-
-    def _registration_expiry(self, space: str, registration_id: int, expires_at: float | None) -> None:
-        self.connection.execute(
-            "UPDATE registrations SET expires_at = ? WHERE space = ? AND id = ?",
-            (expires_at, self.space_number(space), registration_id),
-        )
-
-    def _sequence(self, space: str, registration_id: int, sequence: int) -> None:
-        self.connection.execute(
-            "UPDATE registrations SET sequence = max(sequence, ?) WHERE space = ? AND id = ?",
-            (sequence, self.space_number(space), registration_id),
-        )
-
-    def _take(
-        self, space: str, entry_id: int, request_id: str, position: int, until: float | None = None
-    ) -> None:
-        """A take with a request id keeps the row, marked, to answer the take's retry (`until`:
-        the request's window end, which this store keeps in its request's row)."""
-        self.connection.execute(
-            "UPDATE entries SET taken_by = ?, taken_position = ? WHERE space = ? AND id = ?",
-            (request_id, position, self.space_number(space), entry_id),
-        )
-
-    def _request(
-        self,
-        request_id: str,
-        space: str,
-        kind: str,
-        expires_at: float,
-        first_id: int | None,
-        count: int,
-        lease_expires_at: float | None,
-        granted: float | None,
-    ) -> None:
-        self.connection.execute(
-            "INSERT OR REPLACE INTO requests "
-            "(id, space, kind, expires_at, first_id, count, lease_expires_at, granted) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (request_id, space, kind, expires_at, first_id, count, lease_expires_at, granted),
-        )
-
-    def _visibility(
-        self,
-        space: str,
-        entry_id: int,
-        hidden_until: float | None,
-        receipt: int | None,
-        deliveries: int,
-        dead_letter_reason: str | None,
-        max_deliveries: int = 0,
-    ) -> None:
-        """An entry's delivery state (memory/journal.py): columns of its row."""
-        self.connection.execute(
-            "UPDATE entries SET hidden_until = ?, receipt = ?, deliveries = ?, dead_letter_reason = ?, "
-            "max_deliveries = ? WHERE space = ? AND id = ?",
-            (
-                hidden_until,
-                receipt,
-                deliveries,
-                dead_letter_reason,
-                max_deliveries,
-                self.space_number(space),
-                entry_id,
-            ),
-        )
-
-    def _change(
-        self,
-        space: str,
-        seq: int,
-        kind: str,
-        entry_id: int,
-        at: float,
-        txn: int,
-        visible_at: float | None,
-        payload: object,
-    ) -> None:
-        """A change of the space's log (a write's payload None: its entry's row holds it)."""
-        self.connection.execute(
-            "INSERT OR REPLACE INTO changes (space, seq, kind, entry_id, at, txn, visible_at, payload) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                self.space_number(space),
-                seq,
-                kind,
-                entry_id,
-                at,
-                txn,
-                visible_at,
-                None if payload is None else self._dump(payload),
-            ),
-        )
-
-    def _change_epoch(self, space: str, epoch: int) -> None:
-        self.connection.execute(
-            "INSERT INTO change_logs (space, epoch, oldest) VALUES (?, ?, 1) "
-            "ON CONFLICT (space) DO UPDATE SET epoch = excluded.epoch",
-            (self.space_number(space), epoch),
-        )
-
-    def _change_trim(self, space: str, oldest: int) -> None:
-        number = self.space_number(space)
-        execute = self.connection.execute
-        execute("UPDATE change_logs SET oldest = max(oldest, ?) WHERE space = ?", (oldest, number))
-        execute("DELETE FROM changes WHERE space = ? AND seq < ?", (number, oldest))
-
-    def _subscription(self, space: str, name: str, position: int) -> None:
-        self.connection.execute(
-            "INSERT OR REPLACE INTO change_subscriptions (space, name, position) VALUES (?, ?, ?)",
-            (self.space_number(space), name, position),
-        )
-
-    def _subscription_delete(self, space: str, name: str) -> None:
-        self.connection.execute(
-            "DELETE FROM change_subscriptions WHERE space = ? AND name = ?", (self.space_number(space), name)
-        )
-
-    def _prune_requests(self, now: float) -> None:
-        self._prune_before = now  # done by commit(), on the store thread
-
     def _delete_expired_requests(self, now: float) -> None:
         expired = "SELECT id FROM requests WHERE expires_at <= ? ORDER BY expires_at, id LIMIT ?"
         execute = self.connection.execute
         execute(f"DELETE FROM entries WHERE taken_by IN ({expired})", (now, PRUNE_LIMIT))
         execute(f"DELETE FROM requests WHERE id IN ({expired})", (now, PRUNE_LIMIT))
+
+
+class _StoreThread:
+    """The journal's one thread: runs the callables the loop hands it, in order.
+
+    Cheaper than a ThreadPoolExecutor for the commit of every batch: `submit` is one put on a
+    SimpleQueue (C code) with no concurrent.futures.Future, work item or idle-semaphore check;
+    the commit reports back with its own `call_soon_threadsafe`. Started at the first submit.
+    """
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[tuple[Callable[..., object], tuple[Any, ...]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._thread: threading.Thread | None = None
+
+    def submit(self, function: Callable[..., object], *args: Any) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="outrig-store", daemon=True)
+            self._thread.start()
+        self._queue.put((function, args))
+
+    async def call(self, function: Callable[[], object]) -> Any:
+        """Run `function` on the thread; its result (or its exception) here."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+
+        def run() -> None:
+            try:
+                result = function()
+            except BaseException as err:  # handed to the caller
+                loop.call_soon_threadsafe(_settle, future, None, err)
+            else:
+                loop.call_soon_threadsafe(_settle, future, result, None)
+
+        self.submit(run)
+        return await future
+
+    def stop(self) -> None:
+        """Finish what was submitted, then end the thread."""
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+
+    def _run(self) -> None:
+        get = self._queue.get
+        while (item := get()) is not None:
+            function, args = item
+            try:
+                function(*args)
+            except BaseException:  # the thread must outlive a bug in one call
+                log.exception("the store thread's call failed")
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.done():  # its caller was cancelled meanwhile
+        return
+    if error is None:
+        future.set_result(result)
+    else:
+        future.set_exception(error)
 
 
 class _Batch:
@@ -333,7 +230,7 @@ class Journal:
         self._interval = interval
         self._probe_interval = probe_interval
         self._writer = _Writer(connection, dump)
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="outrig-store")
+        self._executor = _StoreThread()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._open: _Batch | None = None  # accepting records
         self._writing: _Batch | None = None  # being written
@@ -426,9 +323,8 @@ class Journal:
             self._probing.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._probing
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._executor, self._writer.connection.close)
-        self._executor.shutdown(wait=True)
+        await self._executor.call(self._writer.connection.close)
+        self._executor.stop()
         stats = self.statistics()
         if stats.batches:
             log.info(
@@ -518,11 +414,10 @@ class Journal:
             self._probing = asyncio.get_running_loop().create_task(self._probe(), name="outrig-store-probe")
 
     async def _probe(self) -> None:
-        loop = asyncio.get_running_loop()
         while self._failure is not None:
             await asyncio.sleep(self._probe_interval)
             try:
-                await loop.run_in_executor(self._executor, self._reopen_and_probe)
+                await self._executor.call(self._reopen_and_probe)
             except sqlite3.Error as err:
                 log.warning("store still not writable: %s", err)
                 continue

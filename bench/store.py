@@ -1,0 +1,246 @@
+"""The durable path alone: write+take pairs through the embedded backend in one process, no gRPC,
+this checkout against another one, in one run.
+
+    python bench/store.py [--baseline-python PATH] [--rounds N] [--seconds S] [--tasks 10,1]
+
+Each run is a child process (this file with ``--child``) of one interpreter: a fresh data dir, an
+`EmbeddedBackend` with ``durability = always``, and N asyncio tasks each doing pairs as the SDK
+does them (a write of one small entry with a request id and a 300 s lease, then a take of it with
+a request id and a timeout), for a warm-up and then S measured seconds. It reports the pairs done
+and, at the window's edges, the CPU time of the event loop's thread and of the store's commit
+thread (all the process's other threads together), and the store's commits. With
+``--baseline-python`` the other checkout's interpreter runs the same child (its outrig is the one
+that venv has installed), alternating with this one, the order rotated per round; medians over
+the rounds, and after / before. What the rows say: the loop's CPU per pair is what the durable
+path costs the thread that also serves gRPC (bench/before_after.py shows the whole server's).
+Prints the core count and the load average at the start and the end; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+_SPACE = "bench"
+_LEASE = 300.0
+
+
+def _thread_cpu(ident: int | None) -> float:
+    if ident is None:
+        return 0.0
+    return time.clock_gettime(time.pthread_getcpuclockid(ident))
+
+
+def _process_cpu() -> float:
+    return time.clock_gettime(time.CLOCK_PROCESS_CPUTIME_ID)
+
+
+def _prefill(data_dir: Path, pairs: int, payload: bytes) -> None:
+    """What `pairs` earlier pairs leave in a store within the request window: each one's entry
+    row, taken by a request id, and its write's and its take's request rows."""
+    from outrig.service import software_version
+    from outrig.service.backends.embedded.store.schema import open_store, transaction
+
+    connection = open_store(data_dir, software_version())
+    until = time.time() + 600.0
+    with transaction(connection):
+        connection.execute("INSERT INTO spaces (name, next_id) VALUES (?, ?)", (_SPACE, pairs + 1))
+        connection.executemany(
+            "INSERT INTO entries (space, id, arrival, expires_at, payload, taken_by, taken_position) "
+            "VALUES (1, ?, ?, ?, ?, ?, 0)",
+            ((n, n, until, payload, uuid.uuid4().hex) for n in range(1, pairs + 1)),
+        )
+        connection.executemany(
+            "INSERT INTO requests (id, space, kind, expires_at, first_id, count, lease_expires_at, granted) "
+            "VALUES (?, ?, ?, ?, ?, 1, ?, ?)",
+            (
+                (
+                    uuid.uuid4().hex,
+                    _SPACE,
+                    kind,
+                    until + n * 1e-3,
+                    n if kind == "write" else None,
+                    until,
+                    300.0,
+                )
+                for n in range(1, pairs + 1)
+                for kind in ("write", "take")
+            ),
+        )
+        connection.execute("UPDATE requests SET lease_expires_at = NULL, granted = NULL WHERE kind = 'take'")
+    connection.close()
+
+
+async def _child(tasks: int, seconds: float, warmup: float, prefill: int = 0) -> dict[str, float]:
+    from outrig.service.backends.embedded.backend import EmbeddedBackend
+    from outrig.service.backends.embedded.store.journal import Journal
+    from outrig.service.config import ServerConfig
+    from outrig.service.engine import NewEntry, Template
+    from outrig.service.engine.values import FieldValue
+    from outrig.service.protocol import codec
+    from outrig.v1 import space_pb2 as pb
+
+    def entry(client: int) -> NewEntry:
+        """bench/entries.py's Small: four fields, about 70 bytes encoded."""
+        values = {
+            "key": FieldValue("int", 0),
+            "client": FieldValue("int", client),
+            "group": FieldValue("string", "pairs"),
+            "note": FieldValue("string", "a small entry of the durable path's bench"),
+        }
+        fields = {name: codec.value_message(v) for name, v in values.items()}
+        message = pb.Entry(type_name="bench.Small", fields=fields)
+        return NewEntry("bench.Small", (), values, codec.payload_of(message), message.ByteSize())
+
+    with tempfile.TemporaryDirectory(prefix="outrig-bench-store-") as data_dir:
+        if prefill:
+            _prefill(Path(data_dir), prefill, entry(0).payload)  # type: ignore[arg-type]
+        config = ServerConfig(data_dir=Path(data_dir), durability="always")
+        backend = EmbeddedBackend(config)
+        await backend.start()
+        journal = backend.journal
+        assert isinstance(journal, Journal)
+        counting = [False]
+        done = [0]
+
+        async def client(number: int) -> None:
+            new = entry(number)
+            template = Template("bench.Small", {"client": new.fields["client"]})
+            while True:
+                await backend.write(_SPACE, [new], _LEASE, request_id=uuid.uuid4().hex)
+                taken = await backend.match(
+                    _SPACE,
+                    [template],
+                    take=True,
+                    max_entries=1,
+                    timeout=5.0,
+                    if_exists=False,
+                    request_id=uuid.uuid4().hex,
+                )
+                assert taken, "a take of the entry just written took nothing"
+                if counting[0]:
+                    done[0] += 1
+
+        workers = [asyncio.get_running_loop().create_task(client(n)) for n in range(tasks)]
+        await asyncio.sleep(warmup)
+        store = [t for t in threading.enumerate() if t.name.startswith("outrig-store")]
+        store_ident = store[0].ident if store else None
+        loop_ident = threading.get_ident()
+        edges = []
+        for phase in (True, False):
+            counting[0] = phase
+            edges.append(
+                (
+                    time.perf_counter(),
+                    _thread_cpu(loop_ident),
+                    _thread_cpu(store_ident),
+                    _process_cpu(),
+                    journal.statistics().batches,
+                    done[0],
+                )
+            )
+            if phase:
+                await asyncio.sleep(seconds)
+        for worker in workers:
+            worker.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+        await backend.close()
+        await backend.shutdown()
+    (t0, loop0, store0, proc0, batches0, _), (t1, loop1, store1, proc1, batches1, pairs) = edges
+    return {
+        "pairs": pairs,
+        "seconds": t1 - t0,
+        "loop": loop1 - loop0,
+        "store": store1 - store0,
+        "process": proc1 - proc0,
+        "commits": batches1 - batches0,
+    }
+
+
+def _run(python: str, tasks: int, seconds: float, warmup: float, prefill: int) -> dict[str, float]:
+    options = [f"--tasks={tasks}", f"--seconds={seconds}", f"--warmup={warmup}", f"--prefill={prefill}"]
+    out = subprocess.run([python, __file__, "--child", *options], check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--baseline-python", help="the other checkout's interpreter")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--warmup", type=float, default=0.5)
+    parser.add_argument("--tasks", default="10,1", help="asyncio tasks doing pairs, one figure per run")
+    parser.add_argument(
+        "--prefill", type=int, default=0, help="start from a store holding N earlier pairs' rows (default 0)"
+    )
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(asyncio.run(_child(int(args.tasks), args.seconds, args.warmup, args.prefill))))
+        return
+    targets = {"after": sys.executable}
+    if args.baseline_python:
+        targets = {"before": args.baseline_python, **targets}
+    shapes = [int(t) for t in args.tasks.split(",")]
+    print(f"the durable path alone: {os.cpu_count()} cores, Python {sys.version.split()[0]}")
+    print(f"{args.rounds} rounds x {args.seconds:g} s (after {args.warmup:g} s) per target and shape")
+    print(f"each run's store starts with {args.prefill:,} earlier pairs' rows")
+    print(f"load average before: {_load()}", flush=True)
+    results: dict[tuple[str, int], list[dict[str, float]]] = {}
+    names = list(targets)
+    for index in range(args.rounds):
+        for tasks in shapes:
+            shift = index % len(names)
+            for name in names[shift:] + names[:shift]:
+                run = _run(targets[name], tasks, args.seconds, args.warmup, args.prefill)
+                results.setdefault((name, tasks), []).append(run)
+                print(
+                    f"  round {index + 1} {tasks:>2} tasks {name:<6} "
+                    f"{run['pairs'] / run['seconds']:>8,.0f} pairs/s "
+                    f"loop {1e6 * run['loop'] / run['pairs']:6.1f} us/pair",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    print(f"load average after: {_load()}")
+    print()
+    print(
+        "| tasks | target | pairs/s | loop thread us/pair (min - max) | store thread us/pair | "
+        "process us/pair | pairs per commit | loop after / before |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for tasks in shapes:
+        loops = {}
+        for name in names:
+            runs = results[(name, tasks)]
+            per = [1e6 * r["loop"] / r["pairs"] for r in runs]
+            loops[name] = statistics.median(per)
+            rate = statistics.median(r["pairs"] / r["seconds"] for r in runs)
+            store = statistics.median(1e6 * r["store"] / r["pairs"] for r in runs)
+            proc = statistics.median(1e6 * r["process"] / r["pairs"] for r in runs)
+            per_commit = statistics.median(r["pairs"] / max(r["commits"], 1) for r in runs)
+            versus = f"{loops[name] / loops['before']:.2f}" if name != "before" and "before" in loops else ""
+            print(
+                f"| {tasks} | {name} | {rate:,.0f} | {loops[name]:,.1f} "
+                f"({min(per):,.1f} - {max(per):,.1f}) | {store:,.1f} | {proc:,.1f} | "
+                f"{per_commit:.2f} | {versus} |"
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""A batch's records run grouped (store/statements.py) leave a real SQLite store exactly as the same
+records run one statement each, in order: random batches over a few rows (puts, takes, deletes,
+expiries, delivery states of the same entries, requests, changes, a trim between them)."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from outrig.service.backends.embedded.store import statements
+from outrig.service.backends.embedded.store.schema import open_store
+from outrig.service.backends.memory.journal import Record
+
+_TABLES = (
+    "spaces",
+    "types",
+    "entries",
+    "registrations",
+    "requests",
+    "change_logs",
+    "changes",
+    "change_subscriptions",
+)
+
+
+def _dump(payload: object) -> bytes:
+    assert isinstance(payload, bytes)
+    return payload
+
+
+def _store(path: Path) -> sqlite3.Connection:
+    connection = open_store(path, "test")
+    for name in ("a", "b"):
+        connection.execute("INSERT INTO spaces (name, next_id) VALUES (?, 1)", (name,))
+    return connection
+
+
+def _number(connection: sqlite3.Connection) -> Any:
+    return lambda name: connection.execute("SELECT no FROM spaces WHERE name = ?", (name,)).fetchone()[0]
+
+
+def _one_by_one(connection: sqlite3.Connection, records: list[Record]) -> None:
+    """The reference: each record its own statement, in order."""
+    number = _number(connection)
+    for record in records:
+        kind = record[0]
+        if kind == statements.PRUNE:
+            continue
+        if kind == statements.BARRIER:
+            no = number(record[1])
+            connection.execute(
+                "UPDATE change_logs SET oldest = max(oldest, ?) WHERE space = ?", (record[2], no)
+            )
+            connection.execute("DELETE FROM changes WHERE space = ? AND seq < ?", (no, record[2]))
+            continue
+        sql, bind = statements.STATEMENTS[kind]
+        connection.execute(sql, bind(number, _dump, record[1:])[1])
+
+
+def _contents(connection: sqlite3.Connection) -> dict[str, list[tuple[Any, ...]]]:
+    return {
+        table: sorted(connection.execute(f"SELECT * FROM {table}").fetchall(), key=repr) for table in _TABLES
+    }
+
+
+_spaces = st.sampled_from(["a", "b"])
+_ids = st.integers(1, 4)
+_times = st.one_of(st.none(), st.floats(1.0, 100.0))
+_records = st.one_of(
+    st.tuples(st.just("put"), _spaces, _ids, st.integers(1, 9), _times, st.binary(max_size=4)),
+    st.tuples(st.just("delete"), _spaces, _ids),
+    st.tuples(st.just("entry_expiry"), _spaces, _ids, _times),
+    st.tuples(st.just("take"), _spaces, _ids, st.sampled_from(["r1", "r2"]), st.integers(0, 2), _times),
+    st.tuples(
+        st.just("visibility"),
+        _spaces,
+        _ids,
+        _times,
+        st.one_of(st.none(), st.integers(1, 5)),
+        st.integers(0, 3),
+        st.one_of(st.none(), st.just("max deliveries")),
+        st.integers(0, 2),
+    ),
+    st.tuples(st.just("next_id"), _spaces, st.integers(1, 2000)),
+    st.tuples(st.just("type"), _spaces, st.sampled_from(["T", "U"]), st.sampled_from(["[]", '["T"]'])),
+    st.tuples(st.just("register"), _spaces, _ids, _times, st.binary(max_size=3), st.integers(0, 9)),
+    st.tuples(st.just("unregister"), _spaces, _ids),
+    st.tuples(st.just("registration_expiry"), _spaces, _ids, _times),
+    st.tuples(st.just("sequence"), _spaces, _ids, st.integers(0, 9)),
+    st.tuples(
+        st.just("request"),
+        st.sampled_from(["r1", "r2", "r3"]),
+        _spaces,
+        st.sampled_from(["write", "take"]),
+        st.floats(1.0, 100.0),
+        st.one_of(st.none(), _ids),
+        st.integers(0, 3),
+        _times,
+        _times,
+    ),
+    st.tuples(
+        st.just("change"),
+        _spaces,
+        st.integers(1, 6),
+        st.sampled_from(["write", "take"]),
+        _ids,
+        st.floats(1.0, 100.0),
+        st.integers(0, 2),
+        _times,
+        st.one_of(st.none(), st.binary(max_size=3)),
+    ),
+    st.tuples(st.just("change_epoch"), _spaces, st.integers(1, 9)),
+    st.tuples(st.just("change_trim"), _spaces, st.integers(1, 6)),
+    st.tuples(st.just("subscription"), _spaces, st.sampled_from(["s", "t"]), st.integers(0, 9)),
+    st.tuples(st.just("subscription_delete"), _spaces, st.sampled_from(["s", "t"])),
+    st.tuples(st.just("prune_requests"), st.floats(1.0, 100.0)),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(records=st.lists(_records, max_size=30))
+def test_grouped_statements_leave_the_store_as_one_statement_per_record(
+    tmp_path_factory: Any, records: list[Record]
+) -> None:
+    grouped = _store(tmp_path_factory.mktemp("grouped"))
+    reference = _store(tmp_path_factory.mktemp("reference"))
+    try:
+        prune = statements.run(grouped, records, _number(grouped), _dump)
+        _one_by_one(reference, records)
+        assert _contents(grouped) == _contents(reference)
+        pruned = [record[1] for record in records if record[0] == "prune_requests"]
+        assert prune == (pruned[-1] if pruned else None)
+    finally:
+        grouped.close()
+        reference.close()
