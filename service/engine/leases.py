@@ -18,6 +18,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from collections.abc import Iterable, Sequence
 from typing import Final
 
 from outrig.service.exceptions import InvalidArgumentError
@@ -92,6 +93,19 @@ class LeaseQueue:
             self._count += 1
         bucket[lease_id] = expires_at
 
+    def add_many(self, lease_ids: Sequence[int], expires_at: float) -> None:
+        """`add` of leases that end together (a batch's): one bucket found for all of them."""
+        number = self._bucket_of(expires_at)
+        if number is None:
+            raise ValueError(f"leases: cannot file an expiry at {expires_at!r}, it must be finite")
+        bucket = self._buckets.get(number)
+        if bucket is None:
+            bucket = self._buckets[number] = {}
+            heapq.heappush(self._heap, number)
+        before = len(bucket)
+        bucket.update(dict.fromkeys(lease_ids, expires_at))
+        self._count += len(bucket) - before
+
     def discard(self, lease_id: int, expires_at: float) -> None:
         """Forget a lease filed at `expires_at` (doing nothing if it is not there)."""
         number = self._bucket_of(expires_at)
@@ -102,6 +116,19 @@ class LeaseQueue:
             self._count -= 1
             if not bucket:
                 del self._buckets[number]  # its heap item is dropped when it comes up
+
+    def discard_many(self, lease_ids: Iterable[int], expires_at: float) -> None:
+        """`discard` of leases filed at the same `expires_at` (a batch's): one bucket for all."""
+        number = self._bucket_of(expires_at)
+        bucket = None if number is None else self._buckets.get(number)
+        if bucket is None:
+            return
+        pop, before = bucket.pop, len(bucket)
+        for lease_id in lease_ids:
+            pop(lease_id, None)
+        self._count -= before - len(bucket)
+        if not bucket:
+            del self._buckets[number]  # type: ignore[arg-type]  # not None: it had a bucket
 
     def _first_bucket(self) -> tuple[int, dict[int, float]] | None:
         heap = self._heap
