@@ -91,6 +91,7 @@ async def _run(rounds: int, batches: int, batch: int) -> dict[str, list[float]]:
         t1 = clock()
         reply = await servicer.perform("WriteMany", methods["WriteMany"], received, context)
         t2 = clock()
+        assert not isinstance(reply, Failure), reply
         if not isinstance(reply, bytes):
             reply = reply.SerializeToString()
         t3 = clock()

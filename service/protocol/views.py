@@ -72,7 +72,7 @@ def _classes() -> tuple[Any, Any]:
 EntryView, WriteManyView = _classes()
 
 # A map item is a MapItem on the wire (key = 1, value = 2), as Entry.fields' entries are.
-_ITEM = pb.Entry.DESCRIPTOR.fields_by_name["fields"].message_type
+_ITEM: Any = pb.Entry.DESCRIPTOR.fields_by_name["fields"].message_type
 if [(f.name, f.number) for f in _ITEM.fields] != [
     (f.name, f.number) for f in pb.MapItem.DESCRIPTOR.fields
 ] or _ITEM.fields_by_name["value"].message_type is not pb.Value.DESCRIPTOR:

@@ -90,4 +90,6 @@ def test_a_field_sent_twice_is_its_last_value() -> None:
     made = _made(raw, viewed=True)
     assert made == _made(raw, viewed=False)
     assert not isinstance(made, str)
-    assert made[0][2]["a"].data == 2
+    fields = made[0][2]
+    assert isinstance(fields, dict)
+    assert fields["a"].data == 2
