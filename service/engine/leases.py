@@ -79,29 +79,30 @@ class LeaseQueue:
             return None
         return _END_BUCKET if quotient > 0 else -_END_BUCKET
 
-    def add(self, lease_id: int, expires_at: float) -> None:
-        """File a lease ending at `expires_at`; ValueError, with nothing changed, if that is no
-        finite time (FOREVER is not filed: it never expires)."""
+    def _bucket_at(self, expires_at: float, lease_id: int | None) -> dict[int, float]:
+        """The bucket of leases ending at `expires_at`, made if need be; ValueError (naming
+        `lease_id`, None: a batch's), with nothing changed, if that is no finite time."""
         number = self._bucket_of(expires_at)
         if number is None:
-            raise ValueError(f"lease {lease_id}: cannot file an expiry at {expires_at!r}, it must be finite")
+            what = "leases" if lease_id is None else f"lease {lease_id}"
+            raise ValueError(f"{what}: cannot file an expiry at {expires_at!r}, it must be finite")
         bucket = self._buckets.get(number)
         if bucket is None:
             bucket = self._buckets[number] = {}
             heapq.heappush(self._heap, number)
+        return bucket
+
+    def add(self, lease_id: int, expires_at: float) -> None:
+        """File a lease ending at `expires_at`; ValueError, with nothing changed, if that is no
+        finite time (FOREVER is not filed: it never expires)."""
+        bucket = self._bucket_at(expires_at, lease_id)
         if lease_id not in bucket:
             self._count += 1
         bucket[lease_id] = expires_at
 
     def add_many(self, lease_ids: Sequence[int], expires_at: float) -> None:
         """`add` of leases that end together (a batch's): one bucket found for all of them."""
-        number = self._bucket_of(expires_at)
-        if number is None:
-            raise ValueError(f"leases: cannot file an expiry at {expires_at!r}, it must be finite")
-        bucket = self._buckets.get(number)
-        if bucket is None:
-            bucket = self._buckets[number] = {}
-            heapq.heappush(self._heap, number)
+        bucket = self._bucket_at(expires_at, None)
         before = len(bucket)
         bucket.update(dict.fromkeys(lease_ids, expires_at))
         self._count += len(bucket) - before
