@@ -2,7 +2,8 @@
 before a change), in memory and durable, with the no-op gRPC server as the floor, in one run.
 
     python bench/before_after.py --baseline-python PATH [--rounds N] [--seconds S] [--warmup S]
-                                 [--shapes 10_shared,1] [--profile S] [--quick]
+                                 [--shapes 10_shared,1] [--workloads take_many,read_many]
+                                 [--profile S] [--quick]
 
 PATH is the interpreter of a virtualenv with the other checkout installed (e.g. a `git worktree`
 of main with its own `.venv`: `git worktree add ../base main && cd ../base && python3 -m venv .venv
@@ -18,6 +19,12 @@ order rotated per round; each run has a warm-up, then a measured window (pairs c
 and the CPU time of the server process, all threads, at its edges). Medians over the rounds, with
 the ratios: each server's CPU per pair over the no-op server's of the same rounds, and after /
 before. Prints the core count and the load average at the start and the end; asserts nothing.
+
+With ``--workloads NAMES`` (bench/run.py's workloads, e.g. ``take_many,read_many``), each round
+runs those instead of the pairs, with 1 blocking client and with 10 asyncio clients (a connection
+each), as bench/run.py does; the shapes are then ``<workload>_1`` and ``<workload>_10``, the
+unit is bench/run.py's (a write_many(100) + take_many(100) batch pair, a read_many(100)), and
+every server is first given bench/run.py's entries to read (`run.preload`).
 
 With ``--profile S``, after the rounds each outrig server is sampled by ``py-spy record --native``
 (bench/hotspots.py's parse and report: the event loop's thread, idle samples set apart) for S
@@ -40,7 +47,7 @@ from pathlib import Path
 from hotspots import Profile, _py_spy, parse, report
 from measure import tune_client
 from mux import SHAPE, Probe, Shape
-from run import _load, progress
+from run import _load, preload, progress
 from servers import (
     ServerProcess,
     start_durable_outrig,
@@ -48,7 +55,7 @@ from servers import (
     start_outrig,
     stop_all,
 )
-from workloads import Plan
+from workloads import WORKLOADS, Plan, Workload
 
 
 def main() -> None:
@@ -60,11 +67,24 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0, help="measured seconds per run (default 3)")
     parser.add_argument("--warmup", type=float, default=1.0, help="warm-up seconds per run (default 1)")
     parser.add_argument("--shapes", default="10_shared,1", help="client shapes (bench/mux.py's)")
+    parser.add_argument(
+        "--workloads", help="bench/run.py's workloads (e.g. take_many,read_many) instead of the pairs"
+    )
     parser.add_argument("--profile", type=float, help="also sample each outrig server for S seconds")
     parser.add_argument("--quick", action="store_true", help="1 round of 1 s runs")
     args = parser.parse_args()
     rounds, seconds, warmup = (1, 1.0, 0.5) if args.quick else (args.rounds, args.seconds, args.warmup)
-    shapes: list[Shape] = [SHAPE[name] for name in args.shapes.split(",")]
+    shapes: list[Shape | tuple[Workload, int]] = (
+        [SHAPE[name] for name in args.shapes.split(",")]
+        if not args.workloads
+        else [
+            (workload, clients)
+            for name in args.workloads.split(",")
+            for workload in WORKLOADS
+            if workload.name == name
+            for clients in (1, 10)
+        ]
+    )
     client = tune_client()
     print(f"server CPU per pair, before / after: {os.cpu_count()} cores, Python {sys.version.split()[0]}")
     print(f"baseline: {args.baseline_python}; client process: {client}")
@@ -85,17 +105,24 @@ def main() -> None:
         names = list(servers)
         with asyncio.Runner() as runner:
             plan = Plan(seconds, warmup, runner, mux=True)
+            if args.workloads:
+                for server in servers.values():
+                    preload(server, plan)
             for index in range(rounds):
                 for shape in shapes:
                     shift = index % len(names)
                     for name in names[shift:] + names[:shift]:
                         server = servers[name]
-                        probe = Probe(server, plan, None)
-                        sample = probe.result(shape.run(server, plan, True, probe)).sample
-                        results.setdefault((name, shape.name), []).append((sample.rate, sample.server_cpu))
+                        if isinstance(shape, Shape):
+                            probe = Probe(server, plan, None)
+                            sample = probe.result(shape.run(server, plan, True, probe)).sample
+                        else:
+                            workload, clients = shape
+                            sample = workload.run(server, clients, plan)
+                        results.setdefault((name, _name(shape)), []).append((sample.rate, sample.server_cpu))
                         progress(
-                            f"round {index + 1}/{rounds} {shape.name:<10} {name:<15} {sample.rate:>9,.1f} "
-                            f"pairs/s {sample.server_cpu * 1e6:>7,.1f} us/pair"
+                            f"round {index + 1}/{rounds} {_name(shape):<12} {name:<15} {sample.rate:>9,.1f} "
+                            f"/s {sample.server_cpu * 1e6:>9,.1f} us each"
                         )
             if args.profile:
                 for name, server in servers.items():
@@ -105,12 +132,13 @@ def main() -> None:
         stop_all(servers.values(), workdir)
     print(f"load average after: {_load()}")
     print()
-    print("| shape | target | pairs/s | server us/pair (min - max) | vs no-op | after / before |")
+    unit = "unit" if args.workloads else "pair"
+    print(f"| shape | target | {unit}s/s | server us/{unit} (min - max) | vs no-op | after / before |")
     print("|---|---|---|---|---|---|")
     for shape in shapes:
-        cpu = {name: statistics.median(c for _, c in results[(name, shape.name)]) for name in servers}
+        cpu = {name: statistics.median(c for _, c in results[(name, _name(shape))]) for name in servers}
         for name in servers:
-            runs = results[(name, shape.name)]
+            runs = results[(name, _name(shape))]
             rate = statistics.median(r for r, _ in runs)
             low, high = min(c for _, c in runs), max(c for _, c in runs)
             kind = name.rpartition("_")[2]
@@ -121,7 +149,7 @@ def main() -> None:
                 else ""
             )
             print(
-                f"| {shape.name} | {name} | {rate:,.0f} | {cpu[name] * 1e6:,.1f} ({low * 1e6:,.0f} - "
+                f"| {_name(shape)} | {name} | {rate:,.0f} | {cpu[name] * 1e6:,.1f} ({low * 1e6:,.0f} - "
                 f"{high * 1e6:,.0f}) | {cpu[name] / cpu['noop']:.2f} | {versus} |"
             )
     for name, (profile, marked, rate) in profiles.items():
@@ -131,6 +159,11 @@ def main() -> None:
         print("|---|---|")
         for what, count in marked.items():
             print(f"| {what} | {count / profile.busy:.1%} |")
+
+
+def _name(shape: Shape | tuple[Workload, int]) -> str:
+    """A shape's name in the tables: bench/mux.py's, or a workload's as bench/run.py's ratios name it."""
+    return shape.name if isinstance(shape, Shape) else f"{shape[0].name}_{shape[1]}"
 
 
 #: Native and Python frames that mark the per-operation asyncio costs this bench is about.

@@ -18,6 +18,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from collections.abc import Iterable, Sequence
 from typing import Final
 
 from outrig.service.exceptions import InvalidArgumentError
@@ -78,19 +79,33 @@ class LeaseQueue:
             return None
         return _END_BUCKET if quotient > 0 else -_END_BUCKET
 
-    def add(self, lease_id: int, expires_at: float) -> None:
-        """File a lease ending at `expires_at`; ValueError, with nothing changed, if that is no
-        finite time (FOREVER is not filed: it never expires)."""
+    def _bucket_at(self, expires_at: float, lease_id: int | None) -> dict[int, float]:
+        """The bucket of leases ending at `expires_at`, made if need be; ValueError (naming
+        `lease_id`, None: a batch's), with nothing changed, if that is no finite time."""
         number = self._bucket_of(expires_at)
         if number is None:
-            raise ValueError(f"lease {lease_id}: cannot file an expiry at {expires_at!r}, it must be finite")
+            what = "leases" if lease_id is None else f"lease {lease_id}"
+            raise ValueError(f"{what}: cannot file an expiry at {expires_at!r}, it must be finite")
         bucket = self._buckets.get(number)
         if bucket is None:
             bucket = self._buckets[number] = {}
             heapq.heappush(self._heap, number)
+        return bucket
+
+    def add(self, lease_id: int, expires_at: float) -> None:
+        """File a lease ending at `expires_at`; ValueError, with nothing changed, if that is no
+        finite time (FOREVER is not filed: it never expires)."""
+        bucket = self._bucket_at(expires_at, lease_id)
         if lease_id not in bucket:
             self._count += 1
         bucket[lease_id] = expires_at
+
+    def add_many(self, lease_ids: Sequence[int], expires_at: float) -> None:
+        """`add` of leases that end together (a batch's): one bucket found for all of them."""
+        bucket = self._bucket_at(expires_at, None)
+        before = len(bucket)
+        bucket.update(dict.fromkeys(lease_ids, expires_at))
+        self._count += len(bucket) - before
 
     def discard(self, lease_id: int, expires_at: float) -> None:
         """Forget a lease filed at `expires_at` (doing nothing if it is not there)."""
@@ -102,6 +117,19 @@ class LeaseQueue:
             self._count -= 1
             if not bucket:
                 del self._buckets[number]  # its heap item is dropped when it comes up
+
+    def discard_many(self, lease_ids: Iterable[int], expires_at: float) -> None:
+        """`discard` of leases filed at the same `expires_at` (a batch's): one bucket for all."""
+        number = self._bucket_of(expires_at)
+        bucket = None if number is None else self._buckets.get(number)
+        if bucket is None:
+            return
+        pop, before = bucket.pop, len(bucket)
+        for lease_id in lease_ids:
+            pop(lease_id, None)
+        self._count -= before - len(bucket)
+        if not bucket:
+            del self._buckets[number]  # type: ignore[arg-type]  # not None: it had a bucket
 
     def _first_bucket(self) -> tuple[int, dict[int, float]] | None:
         heap = self._heap

@@ -323,6 +323,30 @@ class SpaceEngine(TransactionsMixin, DeliveriesMixin):
             for stored in written:
                 stored.hidden_until = visible_at
                 stored.deliveries, stored.dead_letter_reason = carried
+        if len(written) == 1 or visible_at is not None or carried[0]:
+            self._insert_each(written, first_id)
+        else:
+            self._insert_many(written, first_id)
+        # Only now, so that a refused write leaves no type declared behind it.
+        self._types.update(declared)
+        self._note_written(first_id, now)
+        self.declared = declared
+        if txn is not None:
+            for stored in written:
+                self._lock(stored).writer = txn
+                txn.written[stored.id] = stored
+        elif self.changes is not None:
+            self._log_many("write", written, visible_at)
+        # The commit point is passed: these never raise. With no registration and no parked call
+        # in the space, nobody is told or handed anything: a batch skips asking for each entry.
+        if visible_at is None and (self._registrations or self._waiters):
+            for stored in written:
+                self._publish(stored, txn)
+                self._offer(stored)
+        return written, granted
+
+    def _insert_each(self, written: list[StoredEntry], first_id: int) -> None:
+        """`_insert` each entry of a write, all or nothing (ids from `first_id` given back)."""
         filed = 0
         try:
             for stored in written:
@@ -333,22 +357,29 @@ class SpaceEngine(TransactionsMixin, DeliveriesMixin):
                 self._remove(stored)
             self._next_id = first_id
             raise
-        # Only now, so that a refused write leaves no type declared behind it.
-        self._types.update(declared)
-        self._note_written(first_id, now)
-        self.declared = declared
-        if txn is not None:
-            for stored in written:
-                self._lock(stored).writer = txn
-                txn.written[stored.id] = stored
-        elif self.changes is not None:
-            for stored in written:
-                self._log("write", stored, visible_at=visible_at)
-        if visible_at is None:
-            for stored in written:  # the commit point is passed: these never raise
-                self._publish(stored, txn)
-                self._offer(stored)
-        return written, granted
+
+    def _insert_many(self, written: list[StoredEntry], first_id: int) -> None:
+        """`_insert_each` for a batch of visible entries under one lease: their leases filed in
+        one step, then the index's batch filing (`EntryIndex.insert_many`), all or nothing."""
+        expires_at = written[0].expires_at
+        leases = self._leases
+        try:
+            if expires_at is not None:
+                leases.add_many([stored.id for stored in written], expires_at)
+        except BaseException:
+            self._next_id = first_id
+            raise
+        try:
+            self._index.insert_many(written)
+        except BaseException:
+            if expires_at is not None:
+                leases.discard_many([stored.id for stored in written], expires_at)
+            self._next_id = first_id
+            raise
+        entries = self._entries
+        for stored in written:
+            entries[stored.id] = stored
+        self._bytes += sum(stored.size for stored in written)
 
     def _declare_types(self, entries: Sequence[NewEntry]) -> dict[str, tuple[str, ...]]:
         """The types `entries` declare that the space does not know yet; raises on a conflict."""
@@ -430,6 +461,31 @@ class SpaceEngine(TransactionsMixin, DeliveriesMixin):
         self._bytes -= stored.size
         if stored.lock is not None:
             self._detach(stored)
+
+    def _remove_many(self, found: list[StoredEntry]) -> None:
+        """`_remove` of a batch's entries found for a take (each in the space, visible, unlocked):
+        their leases, then the index's batch unfiling (`EntryIndex.remove_many`), then by id.
+        If the index fails, the leases are filed again and nothing else changed."""
+        leases, expires_at = self._leases, found[0].expires_at
+        unleased: list[StoredEntry] = []  # those whose lease is unfiled, to file again on a failure
+        try:
+            if expires_at is not None and all(stored.expires_at == expires_at for stored in found):
+                leases.discard_many([stored.id for stored in found], expires_at)  # written together
+                unleased = found
+            else:
+                for stored in found:
+                    if stored.expires_at is not None:
+                        leases.discard(stored.id, stored.expires_at)
+                        unleased.append(stored)
+            self._index.remove_many(found)
+        except BaseException:
+            for stored in unleased:
+                leases.add(stored.id, stored.expires_at)  # type: ignore[arg-type]  # leased
+            raise
+        entries = self._entries
+        for stored in found:
+            del entries[stored.id]
+        self._bytes -= sum(stored.size for stored in found)
 
     def _put_back(self, stored: StoredEntry) -> None:
         """File again an entry just unfiled (undoing a step that failed), at its place in arrival
@@ -639,6 +695,20 @@ class SpaceEngine(TransactionsMixin, DeliveriesMixin):
         lock = stored.lock
         return self.changes is not None and (lock is None or lock.writer is None)
 
+    def _log_many(self, kind: str, entries: Sequence[StoredEntry], visible_at: float | None = None) -> None:
+        """`_log` each of a call's entries, in order, at one time (one commit point)."""
+        changes = self.changes
+        if changes is None:
+            return
+        at, hook, append = self._clock.time(), self.on_change, changes.append
+        for stored in entries:
+            change = append(kind, stored, at, 0, visible_at)
+            if hook is not None:
+                try:
+                    hook(change)
+                except Exception:
+                    log.exception("space %r: recording change %d failed", self.name, change.seq)
+
     def _log(
         self, kind: str, stored: StoredEntry, transaction: int = 0, visible_at: float | None = None
     ) -> None:
@@ -690,7 +760,10 @@ class SpaceEngine(TransactionsMixin, DeliveriesMixin):
             self._check_active(txn)
         found, conflicted = self._select(templates, max_entries, txn, take)
         if txn is None:
-            if take:  # the common take, without closures: unfiled one by one, or none of them
+            if take and len(found) > 1 and all(s.lock is None and s.hidden_until is None for s in found):
+                self._remove_many(found)
+                self._log_many("take", found)
+            elif take:  # the common take, without closures: unfiled one by one, or none of them
                 removed = 0
                 try:
                     for stored in found:
@@ -700,9 +773,7 @@ class SpaceEngine(TransactionsMixin, DeliveriesMixin):
                     for stored in found[:removed]:
                         self._put_back(stored)
                     raise
-                if self.changes is not None:
-                    for stored in found:
-                        self._log("take", stored)
+                self._log_many("take", found)
             return found, conflicted
         undos: list[Callable[[], None]] = []
         try:

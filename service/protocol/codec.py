@@ -14,12 +14,14 @@ import re
 import struct
 from collections.abc import Mapping, Sequence
 
+from google.protobuf.message import DecodeError
+
 from outrig.service.config import SPACE_NAME, Limits
 from outrig.service.engine.leases import check_lease_duration
 from outrig.service.engine.model import LeaseGrant, NewEntry, Template, Templates, make_template
 from outrig.service.engine.values import NULL, FieldValue
 from outrig.service.exceptions import InvalidArgumentError, excerpt
-from outrig.service.protocol import matching, wire
+from outrig.service.protocol import matching, views, wire
 from outrig.v1 import space_pb2 as pb
 
 # A partition of a partitioned space (engine/partitions.py): the transport checks the space is.
@@ -211,9 +213,13 @@ def new_entry(
 
 
 def new_entries(
-    entries: Sequence[pb.Entry], limits: Limits, encodings: Sequence[memoryview] | None = None
+    entries: Sequence[pb.Entry],
+    limits: Limits,
+    encodings: Sequence[memoryview] | None = None,
+    raw: bytes | None = None,
 ) -> list[NewEntry]:
-    """The entries of a write_many; `encodings` are their bytes as received, if known."""
+    """The entries of a write_many; `encodings` are their bytes as received, if known, and `raw`
+    the request's bytes they are views of (then read in one pass: `_viewed_entries`)."""
     if not entries:
         raise InvalidArgumentError("entries: must not be empty")
     if len(entries) > limits.max_batch:
@@ -222,10 +228,79 @@ def new_entries(
         )
     if encodings is None or len(encodings) != len(entries):
         return [new_entry(entry, f"entries[{i}]", limits) for i, entry in enumerate(entries)]
+    if raw is not None:
+        viewed = _viewed_entries(raw, encodings, limits)
+        if viewed is not None:
+            return viewed
     return [
         new_entry(entry, f"entries[{i}]", limits, encoding)
         for i, (entry, encoding) in enumerate(zip(entries, encodings, strict=True))
     ]
+
+
+def _viewed_entries(raw: bytes, encodings: Sequence[memoryview], limits: Limits) -> list[NewEntry] | None:
+    """`new_entries` of a write_many's small entries, read through views of the request's bytes
+    (protocol/views.py): each distinct field (its name and value as encoded) decoded once for the
+    whole batch, and the same `FieldValue` shared by the entries that have it. None when any entry
+    needs `new_entry` (a large one, whose arrays are views; anything to refuse, so that the
+    refusal names its entry and field; a name sent twice, which the map decodes as its last)."""
+    if any(len(encoding) > wire.VIEW_ARRAYS_ABOVE for encoding in encodings):
+        return None
+    try:
+        viewed = views.write_many_view(raw).entries
+    except DecodeError:  # checked as it arrived: a safety net
+        return None
+    if len(viewed) != len(encodings):
+        return None
+    longest, most = limits.max_name_length, limits.max_fields
+    known: dict[bytes, tuple[str, FieldValue] | None] = {}
+    lineages: dict[tuple[str, tuple[str, ...]], bool] = {}
+    result = []
+    for entry, encoding in zip(viewed, encodings, strict=True):
+        type_name = entry.type_name
+        supertypes = tuple(entry.supertypes)
+        lineage = (type_name, supertypes)
+        valid = lineages.get(lineage)
+        if valid is None:
+            valid = lineages[lineage] = _valid_lineage(type_name, supertypes, longest)
+        items = entry.fields
+        if not valid or len(items) > most:
+            return None
+        fields: dict[str, FieldValue] = {}
+        for item in items:
+            if item in known:
+                found = known[item]
+            else:
+                found = known[item] = _viewed_field(item, limits)
+            if found is None or found[0] in fields:
+                return None
+            fields[found[0]] = found[1]
+        result.append(NewEntry(type_name, supertypes, fields, wire.frame(encoding), len(encoding)))
+    return result
+
+
+def _valid_lineage(type_name: str, supertypes: tuple[str, ...], longest: int) -> bool:
+    """Whether `new_entry` takes this type and these supertypes without a refusal."""
+    names = (type_name, *supertypes)
+    return all(name and len(name) <= longest for name in names) and len(set(names)) == len(names)
+
+
+def _viewed_field(item: bytes, limits: Limits) -> tuple[str, FieldValue] | None:
+    """An entry's field from its encoded map item: its name and value, as `_fields` makes them;
+    None if `_fields` would refuse it."""
+    message = views.map_item(item)
+    name = message.key
+    if not name or len(name) > limits.max_name_length:
+        return None
+    value = message.value
+    kind = value.WhichOneof("kind")
+    plain = _PLAIN.get(kind)  # None when no value is set
+    if plain is not None:
+        return name, FieldValue(plain, getattr(value, kind))
+    try:
+        return name, field_value(value, "", limits)
+    except InvalidArgumentError:
+        return None
 
 
 def templates(

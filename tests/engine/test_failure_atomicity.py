@@ -5,9 +5,9 @@ and from then on every take returned that one entry. This machine runs random se
 reads and takes (at once, and parked as blocked calls), renewals, cancellations, notify
 registrations, transactions, puts back of cancelled takes and time passing. Each step arms one
 fault: the n-th call, in that step, of one of the engine's internal steps raises. Those are the
-lease queue's add and discard, the waiter and registration indexes' add, remove and candidates,
-and the entry indexes' insert and remove. The fault fires once: the undo of a failed step is not
-itself made to fail.
+lease queue's add and discard (and their batch forms), the waiter and registration indexes' add,
+remove and candidates, and the entry indexes' insert and remove (and their batch forms). The
+fault fires once: the undo of a failed step is not itself made to fail.
 
 Against a naive reference (a dict of entries with their leases and locks, the transactions,
 registrations and parked calls), after every step:
@@ -104,10 +104,10 @@ class Faults:
     """Wraps the engine's internal steps; the `armed`-th call after `arm` raises, once."""
 
     STEPS = {
-        "_leases": ("add", "discard"),
+        "_leases": ("add", "discard", "add_many", "discard_many"),
         "_waiters": ("add", "remove", "candidates"),
         "_registrations": ("add", "remove", "candidates"),
-        "_index": ("insert", "remove"),
+        "_index": ("insert", "remove", "insert_many", "remove_many"),
     }
 
     def __init__(self, space: SpaceEngine) -> None:

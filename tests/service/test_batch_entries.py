@@ -1,0 +1,95 @@
+"""A write_many's entries read in one pass (codec.new_entries with the request's bytes, through
+protocol/views.py) are the entries `new_entry` makes of each, and what it refuses is refused with
+the same message, naming the same entry and field."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from outrig._protocol import tag, varint
+from outrig.service.config import Limits
+from outrig.service.exceptions import InvalidArgumentError
+from outrig.service.protocol import codec, wire
+from outrig.v1 import space_pb2 as pb
+
+LIMITS = Limits(max_fields=4, max_name_length=6, max_depth=2)
+
+names = st.sampled_from(["a", "b", "key", "group", "", "toolong!"])
+scalars = st.one_of(
+    st.builds(lambda v: pb.Value(int_value=v), st.integers(-(2**63), 2**63 - 1)),
+    st.builds(lambda v: pb.Value(string_value=v), st.sampled_from(["", "x", "batch", "é" * 3])),
+    st.builds(lambda v: pb.Value(bool_value=v), st.booleans()),
+    st.builds(lambda v: pb.Value(bytes_value=v), st.binary(max_size=4)),
+    st.builds(lambda v: pb.Value(double_value=v), st.sampled_from([0.0, -0.0, 1.5, math.nan, math.inf])),
+    st.just(pb.Value(null_value=pb.Null())),
+    st.just(pb.Value()),  # no value set: refused
+    st.builds(
+        lambda data: pb.Value(array_value=pb.TypedArray(dtype=pb.DTYPE_INT16, data=data)),
+        st.binary(max_size=5),  # an odd length is refused
+    ),
+)
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(
+        st.builds(lambda items: pb.Value(list_value=pb.ListValue(items=items)), st.lists(inner, max_size=2)),
+        st.builds(
+            lambda items: pb.Value(
+                map_value=pb.MapValue(items=[pb.MapItem(key=k, value=v) for k, v in items])
+            ),
+            st.lists(st.tuples(st.sampled_from(["z", "y", "z"]), inner), max_size=3),  # unsorted, duplicates
+        ),
+    ),
+    max_leaves=4,
+)
+entries = st.builds(
+    lambda type_name, supertypes, fields: pb.Entry(type_name=type_name, supertypes=supertypes, fields=fields),
+    st.sampled_from(["T", "T", "S", "", "toolong!"]),
+    st.lists(st.sampled_from(["S", "U", "T", ""]), max_size=2),
+    st.dictionaries(names, values, max_size=5),
+)
+
+
+def _made(raw: bytes, *, viewed: bool) -> list[tuple[object, ...]] | str:
+    request = pb.WriteManyRequest.FromString(raw)
+    try:
+        made = codec.new_entries(request.entries, LIMITS, wire.entry_encodings(raw), raw if viewed else None)
+    except InvalidArgumentError as err:
+        return str(err)
+    return [(n.type_name, n.supertypes, dict(n.fields), n.payload, n.size) for n in made]
+
+
+@given(batch=st.lists(entries, min_size=1, max_size=5), repeat=st.booleans())
+def test_viewed_entries_are_new_entrys(batch: list[pb.Entry], repeat: bool) -> None:
+    request = pb.WriteManyRequest(space="s", entries=batch + batch if repeat else batch)
+    request.lease.seconds = 5.0
+    raw = request.SerializeToString()
+    assert _made(raw, viewed=True) == _made(raw, viewed=False)
+
+
+def test_shared_values_are_one_object() -> None:
+    fields = {"g": pb.Value(string_value="batch")}
+    batch = [pb.Entry(type_name="T", fields={**fields, "k": pb.Value(int_value=i)}) for i in range(3)]
+    raw = pb.WriteManyRequest(space="s", entries=batch).SerializeToString()
+    made = codec.new_entries(
+        pb.WriteManyRequest.FromString(raw).entries, LIMITS, wire.entry_encodings(raw), raw
+    )
+    assert len({id(n.fields["g"]) for n in made}) == 1
+    assert [n.fields["k"].data for n in made] == [0, 1, 2]
+
+
+def test_a_field_sent_twice_is_its_last_value() -> None:
+    # A map's key sent twice on the wire: protobuf keeps the last; the one-pass reading leaves it
+    # to new_entry.
+    first = pb.Entry(type_name="T", fields={"a": pb.Value(int_value=1)}).SerializeToString()
+    again = pb.Entry(fields={"a": pb.Value(int_value=2)}).SerializeToString()
+    entry = first + again  # one Entry: its fields' items concatenated
+    raw = b"".join((tag(pb.WriteManyRequest.DESCRIPTOR.fields_by_name["entries"]), varint(len(entry)), entry))
+    made = _made(raw, viewed=True)
+    assert made == _made(raw, viewed=False)
+    assert not isinstance(made, str)
+    fields = made[0][2]
+    assert isinstance(fields, dict)
+    assert fields["a"].data == 2
