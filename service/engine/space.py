@@ -695,14 +695,22 @@ class SpaceEngine(TransactionsMixin, DeliveriesMixin):
         lock = stored.lock
         return self.changes is not None and (lock is None or lock.writer is None)
 
-    def _log_many(self, kind: str, entries: Sequence[StoredEntry], visible_at: float | None = None) -> None:
-        """`_log` each of a call's entries, in order, at one time (one commit point)."""
+    def _log_many(
+        self,
+        kind: str,
+        entries: Sequence[StoredEntry],
+        visible_at: float | None = None,
+        transaction: int = 0,
+    ) -> None:
+        """Log a change for each of a call's entries, in order, at one time (their commit point),
+        and tell the backend's hook. Past the commit point: never raises (a hook that fails is
+        logged; the change has happened)."""
         changes = self.changes
         if changes is None:
             return
         at, hook, append = self._clock.time(), self.on_change, changes.append
         for stored in entries:
-            change = append(kind, stored, at, 0, visible_at)
+            change = append(kind, stored, at, transaction, visible_at)
             if hook is not None:
                 try:
                     hook(change)
@@ -712,18 +720,9 @@ class SpaceEngine(TransactionsMixin, DeliveriesMixin):
     def _log(
         self, kind: str, stored: StoredEntry, transaction: int = 0, visible_at: float | None = None
     ) -> None:
-        """Log a change at its commit point and tell the backend's hook. Past the commit point:
-        never raises (a hook that fails is logged; the change has happened)."""
-        changes = self.changes
-        if changes is None:
-            return
-        change = changes.append(kind, stored, self._clock.time(), transaction, visible_at)
-        hook = self.on_change
-        if hook is not None:
-            try:
-                hook(change)
-            except Exception:
-                log.exception("space %r: recording change %d failed", self.name, change.seq)
+        """`_log_many` of one entry."""
+        if self.changes is not None:
+            self._log_many(kind, (stored,), visible_at, transaction)
 
     def _select(
         self, templates: Sequence[Template], limit: int, txn: Transaction | None = None, take: bool = False
