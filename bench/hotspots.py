@@ -2,9 +2,11 @@
 
     python bench/hotspots.py [--seconds S] [--clients N] [--python-only] [--out DIR] [WORKLOAD ...]
 
-WORKLOAD is one of bench/workloads.py's (read, read_many, pair, take_many, hd_write, hd_read;
-default: read hd_read), run by 1 blocking client (or, with ``--clients N``, N asyncio clients with
-a connection each) against a fresh in-memory `outrig serve`, as in bench/run.py. After a 1 s
+WORKLOAD is one of bench/workloads.py's (read, read_many, pair, take_many, hd_write, hd_read,
+notify; default: read hd_read), run by 1 blocking client (or, with ``--clients N``, N asyncio
+clients with a connection each) against a fresh in-memory `outrig serve`, as in bench/run.py
+(notify: one writer and 1 blocking subscriber, or N asyncio subscribers; its client process, this
+one, is sampled too, all its threads). After a 1 s
 warm-up, ``py-spy record -p PID -d S -f raw --threads --native``
 samples the server (100 Hz) while the client goes on. For the server's main thread (the event
 loop, where every handler runs; grpc's poller thread is left out) it prints how busy the thread
@@ -23,11 +25,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
@@ -65,6 +70,9 @@ _FRAME = re.compile(r"^(?P<function>.*) \((?P<file>[^():]*)(?::\d+)?\)$")
 _SAMPLE_RATE = 100  # py-spy's default, samples per second
 _ENTRY_POINTS = {"main (service/cli/commands.py)", "<module> (service/__main__.py)"}  # on every stack
 _IDLE = {"epoll_wait", "EpollSelector.select"}  # the event loop waiting for something to do
+#: A client thread waiting (gRPC's blocking API parks its callers in a Condition), and the bench's
+#: own window timer, set apart as idle when every thread of the client process is read.
+_CLIENT_IDLE = {"Condition.wait", "Window._watch"}
 _STEPS: dict[str, SyncFactory] = {
     "read": read_sync,
     "read_many": read_many_sync,
@@ -128,8 +136,9 @@ class Profile:
     in_outrig: int = 0  # busy samples with an outrig frame on the stack (below the entry point)
 
 
-def parse(raw: Path, pid: int, seconds: float) -> Profile:
-    """Read py-spy's raw output: one line per distinct stack, "thread (TID): NAME;frame;frame N".
+def parse(raw: Path, pid: int, seconds: float, *, every_thread: bool = False) -> Profile:
+    """Read py-spy's raw output: one line per distinct stack, "thread (TID): NAME;frame;frame N"
+    (the main thread's only, unless `every_thread`).
 
     Each busy sample is charged to its innermost frame that is not the interpreter's or libc's own
     C code, so a `sendmsg` grpc makes counts for grpc, and a dict lookup outrig makes for outrig.
@@ -139,11 +148,14 @@ def parse(raw: Path, pid: int, seconds: float) -> Profile:
     for line in raw.read_text().splitlines():
         stack, _, count_text = line.rpartition(" ")
         frames = stack.split(";")
-        if not frames[0].startswith(main_thread):
+        if not every_thread and not frames[0].startswith(main_thread):
             continue
         count = int(count_text)
         parsed = [match for frame in frames[1:] if (match := _FRAME.match(frame))]
-        if parsed and parsed[-1]["function"] in _IDLE:
+        if parsed and (  # waiting
+            parsed[-1]["function"] in _IDLE
+            or (every_thread and any(frame["function"] in _CLIENT_IDLE for frame in parsed))
+        ):
             profile.idle += count
             continue
         profile.busy += count
@@ -162,12 +174,10 @@ def parse(raw: Path, pid: int, seconds: float) -> Profile:
     return profile
 
 
-def report(name: str, profile: Profile, rate: float, top: int = 12) -> None:
+def report(name: str, profile: Profile, rate: float, top: int = 12, who: str = "the main thread") -> None:
     busy = profile.busy / (profile.seconds * _SAMPLE_RATE)
     print(
-        f"## {name}: "
-        + (f"{rate:,.0f} calls/s; " if rate > 0 else "")
-        + f"the main thread was busy {busy:.0%} of "
+        f"## {name}: " + (f"{rate:,.0f} calls/s; " if rate > 0 else "") + f"{who} was busy {busy:.0%} of "
         f"{profile.seconds:g} s ({profile.busy:,} busy samples, {profile.idle:,} waiting in epoll)"
     )
     print()
@@ -193,6 +203,23 @@ def _spy(pid: int, seconds: float, native: bool, raw: Path) -> subprocess.Popen[
     command = [_py_spy(), "record", "-p", str(pid), "-d", str(int(seconds)), "-f", "raw"]
     command += ["-o", str(raw), "--threads", *(["--native"] if native else [])]
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _profile_notify(
+    workload: Workload,
+    server: ServerProcess,
+    clients: int,
+    plan: Plan,
+    spy: Callable[[], subprocess.Popen[str]],
+) -> tuple[subprocess.Popen[str], float]:
+    """bench/run.py's notify run itself, with the sampling started once its 1 s warm-up is over."""
+    sampling: list[subprocess.Popen[str]] = []
+    timer = threading.Timer(1.0, lambda: sampling.append(spy()))
+    timer.start()
+    sample = workload.run(server, clients, dataclasses.replace(plan, seconds=plan.seconds + 1.0, warmup=1.0))
+    timer.join()
+    sampling[0].wait()
+    return sampling[0], sample.rate
 
 
 def _profile_sync(
@@ -255,7 +282,15 @@ def profile_workload(
         def spy() -> subprocess.Popen[str]:
             return _spy(server.pid, seconds, native, raw)
 
-        if clients == 1:
+        client_raw = out / f"{workload.name}-{clients}.client.raw.txt"
+        if workload.name == "notify":
+            process, rate = _profile_notify(workload, server, clients, plan, spy)
+            client = _spy(os.getpid(), seconds, native, client_raw)  # the client, a second time round
+            _profile_notify(workload, server, clients, plan, lambda: client)
+            if client.returncode == 0:
+                threads = parse(client_raw, os.getpid(), seconds, every_thread=True)
+                report(f"the client ({workload.name}, {clients})", threads, 0.0, who="every thread")
+        elif clients == 1:
             process, rate = _profile_sync(workload, server, plan, spy)
         else:
             process, rate = plan.runner.run(_profile_async(workload, server, clients, plan, spy))
@@ -271,7 +306,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("workloads", nargs="*", default=["read", "hd_read"], choices=sorted(_STEPS))
+    parser.add_argument(
+        "workloads", nargs="*", default=["read", "hd_read"], choices=sorted([*_STEPS, "notify"])
+    )
     parser.add_argument("--seconds", type=float, default=10.0, help="seconds sampled (default 10)")
     parser.add_argument(
         "--clients", type=int, default=1, help="1: a blocking client (default); N: N asyncio clients"
