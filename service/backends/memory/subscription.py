@@ -4,6 +4,10 @@ Events are buffered up to a limit; beyond it they are dropped, which the consume
 in sequence numbers, so a slow reader never grows the server's memory. On a durable server a
 registration outlives a restart; until a listener resumes it, its events are buffered the same
 way, and an event waits for its entry's write to be durable before it is sent.
+
+A stream waiting for events is woken on the loop's turn after the write's: the write's own answer
+(a Mux stream's writer, woken after the write's step) goes out before its subscribers' events,
+so the writer does not wait for every subscriber's send (docs/performance.md, "Notify fan-out").
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ class MemorySubscription:
         self._limit = backend.config.limits.notify_queue
         self._events: deque[Event] = deque()
         self._wake = asyncio.Event()
+        # While the stream waits for events: its loop, to wake it from (see `on_event`).
+        self._parked: asyncio.AbstractEventLoop | None = None
         self._ended = False
         self._error: SpaceError | None = None  # what the stream ends with, if not its lease
         self.dropped = 0
@@ -55,10 +61,20 @@ class MemorySubscription:
         granted = None if expires_at is None else max(0.0, expires_at - self._backend.clock.time())
         return LeaseGrant(registration.seq, expires_at, granted)
 
+    @property
+    def waiting(self) -> bool:
+        """Whether the stream is waiting for events (it has sent every one it had)."""
+        return self._parked is not None
+
     def on_event(self, sequence: int, entry: StoredEntry) -> None:
         if len(self._events) < self._limit:
             self._events.append(Event(sequence, entry))
-            self._wake.set()
+            parked, self._parked = self._parked, None
+            if parked is not None:
+                # Woken from the loop's next turn: the write that made this event is answered
+                # first (a Mux stream's writer is woken after this: it would wait for every
+                # subscriber's send), and its subscribers' sends follow.
+                parked.call_soon(self._wake.set)
         else:
             self.dropped += 1
         if sequence - self.stored_sequence >= _SEQUENCE_STEP and self.registration is not None:
@@ -76,6 +92,7 @@ class MemorySubscription:
         return self._iterate()
 
     async def _iterate(self) -> AsyncIterator[Event]:
+        loop = asyncio.get_running_loop()
         while True:
             while self._events:
                 event = self._events.popleft()
@@ -90,7 +107,11 @@ class MemorySubscription:
                     )
                 return
             self._wake.clear()
-            await self._wake.wait()
+            self._parked = loop
+            try:
+                await self._wake.wait()
+            finally:
+                self._parked = None
 
     def end(self, error: SpaceError) -> None:
         """The space is no longer served here: the stream ends with `error`, the registration
