@@ -708,14 +708,15 @@ class SpaceEngine(TransactionsMixin, DeliveriesMixin):
         changes = self.changes
         if changes is None:
             return
-        at, hook, append = self._clock.time(), self.on_change, changes.append
-        for stored in entries:
-            change = append(kind, stored, at, transaction, visible_at)
-            if hook is not None:
-                try:
-                    hook(change)
-                except Exception:
-                    log.exception("space %r: recording change %d failed", self.name, change.seq)
+        made = changes.append_many(kind, entries, self._clock.time(), transaction, visible_at)
+        hook = self.on_change
+        if hook is None:
+            return
+        for change in made:
+            try:
+                hook(change)
+            except Exception:
+                log.exception("space %r: recording change %d failed", self.name, change.seq)
 
     def _log(
         self, kind: str, stored: StoredEntry, transaction: int = 0, visible_at: float | None = None
