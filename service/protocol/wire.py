@@ -47,9 +47,14 @@ if _field(pb.WriteManyRequest, "entries").number != ENTRY_FIELD:
     raise AssertionError("WriteRequest.entry and WriteManyRequest.entries: not the same field")
 
 
+#: The varint of each length below 128 (a small entry's): `frame` looks it up, not encodes it.
+_SHORT_LENGTHS = [varint(length) for length in range(0x80)]
+
+
 def frame(entry: bytes | memoryview) -> bytes:
     """An entry's payload: its encoding framed as a MatchReply's entries field (one copy)."""
-    return b"".join((_ENTRIES, varint(len(entry)), entry))
+    length = len(entry)
+    return b"".join((_ENTRIES, _SHORT_LENGTHS[length] if length < 0x80 else varint(length), entry))
 
 
 def unframed(payload: bytes) -> memoryview:
