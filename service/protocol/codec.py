@@ -215,7 +215,7 @@ def new_entry(
 def new_entries(
     entries: Sequence[pb.Entry],
     limits: Limits,
-    encodings: Sequence[memoryview] | None = None,
+    encodings: Sequence[bytes | memoryview] | None = None,
     raw: bytes | None = None,
 ) -> list[NewEntry]:
     """The entries of a write_many; `encodings` are their bytes as received, if known, and `raw`
@@ -238,7 +238,9 @@ def new_entries(
     ]
 
 
-def _viewed_entries(raw: bytes, encodings: Sequence[memoryview], limits: Limits) -> list[NewEntry] | None:
+def _viewed_entries(
+    raw: bytes, encodings: Sequence[bytes | memoryview], limits: Limits
+) -> list[NewEntry] | None:
     """`new_entries` of a write_many's small entries, read through views of the request's bytes
     (protocol/views.py): each distinct field (its name and value as encoded) decoded once for the
     whole batch, and the same `FieldValue` shared by the entries that have it. None when any entry

@@ -222,7 +222,9 @@ def _without(message: memoryview, path: tuple[int, ...], *, above: int = -1) -> 
     return b"".join(parts)
 
 
-def without_array_data(raw: bytes, *, one_entry: bool, entries: Sequence[memoryview] | None = None) -> bytes:
+def without_array_data(
+    raw: bytes, *, one_entry: bool, entries: Sequence[bytes | memoryview] | None = None
+) -> bytes:
     """A Write (`one_entry`) or WriteMany request's bytes to decode: each entry larger than
     VIEW_ARRAYS_ABOVE without its typed arrays' data, which the server reads through views of
     `raw` instead (`array_views`). Decoding them would copy every array (3.6 MB for an HD
