@@ -27,10 +27,10 @@ Pure: no I/O; the backend records each change (its `on_change` hook) and restore
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from typing import Final
 
-from outrig.service.engine.model import StoredEntry
+from outrig.service.engine.model import Record, StoredEntry
 from outrig.service.exceptions import (
     CompactedError,
     InvalidCursorError,
@@ -51,17 +51,29 @@ def new_epoch() -> int:
     return secrets.randbits(63) or 1
 
 
-@dataclass(frozen=True, slots=True)
-class Change:
+class Change(Record):
     """One change of a space's stored set: the entry as it was, when, and under which
-    transaction (0: none); a delayed write's `visible_at` (epoch seconds)."""
+    transaction (0: none); a delayed write's `visible_at` (epoch seconds). A `Record` (compared
+    and hashed by its attributes, as the frozen dataclass it was): a batch logs one per entry."""
 
-    seq: int
-    kind: str
-    entry: StoredEntry
-    at: float
-    transaction: int = 0
-    visible_at: float | None = None
+    __slots__ = ("at", "entry", "kind", "seq", "transaction", "visible_at")
+    _fields = ("seq", "kind", "entry", "at", "transaction", "visible_at")
+
+    def __init__(
+        self,
+        seq: int,
+        kind: str,
+        entry: StoredEntry,
+        at: float,
+        transaction: int = 0,
+        visible_at: float | None = None,
+    ) -> None:
+        self.seq: Final = seq
+        self.kind: Final = kind
+        self.entry: Final = entry
+        self.at: Final = at
+        self.transaction: Final = transaction
+        self.visible_at: Final = visible_at
 
     @property
     def size(self) -> int:
@@ -122,6 +134,30 @@ class ChangeLog:
             self._trim_size()
         return change
 
+    def append_many(
+        self,
+        kind: str,
+        entries: Sequence[StoredEntry],
+        at: float,
+        transaction: int = 0,
+        visible_at: float | None = None,
+    ) -> list[Change]:
+        """`append` of a call's entries, in order, at one time: the same changes, trimmed once
+        for the batch (so a full log drops its oldest in one pass, not one call per change)."""
+        first = self.head + 1
+        made = [
+            Change(seq, kind, stored, at, transaction, visible_at)
+            for seq, stored in zip(range(first, first + len(entries)), entries, strict=True)
+        ]
+        changes = self._changes
+        for change in made:
+            changes[change.seq] = change
+        self.head = first + len(made) - 1
+        self._bytes += sum(stored.size for stored in entries) + CHANGE_OVERHEAD * len(made)
+        if len(changes) > self.max_count or self._bytes > self.max_bytes:
+            self._trim_size()
+        return made
+
     def after(self, seq: int, limit: int) -> list[Change]:
         """Up to `limit` changes with a seq above `seq`, in order (from the oldest held, if `seq`
         is older: the caller checks positions with `check`)."""
@@ -153,8 +189,11 @@ class ChangeLog:
         self._oldest += 1
 
     def _trim_size(self) -> None:
-        while self._changes and (len(self._changes) > self.max_count or self._bytes > self.max_bytes):
-            self._drop_oldest()
+        changes, oldest, size = self._changes, self._oldest, self._bytes
+        while changes and (len(changes) > self.max_count or size > self.max_bytes):
+            size -= changes.pop(oldest).entry.size + CHANGE_OVERHEAD  # `_drop_oldest`, inline
+            oldest += 1
+        self._oldest, self._bytes = oldest, size
 
     def trim(self, now: float) -> int | None:
         """Drop what retention no longer keeps (count, bytes, and changes older than max_age

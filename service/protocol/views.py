@@ -31,8 +31,8 @@ def _number(message: Any, name: str) -> int:
     return number
 
 
-def _classes() -> tuple[Any, Any]:
-    """The view message classes: (EntryView, WriteManyView)."""
+def _classes() -> tuple[Any, ...]:
+    """The view message classes: (EntryView, WriteManyView, EntriesView)."""
     file = descriptor_pb2.FileDescriptorProto(
         name="outrig/service/views.proto", package=_PACKAGE, syntax="proto3"
     )
@@ -53,6 +53,15 @@ def _classes() -> tuple[Any, Any]:
     entry.field.add(
         name="fields", number=_number(pb.Entry, "fields"), type=_Field.TYPE_BYTES, label=_Field.LABEL_REPEATED
     )
+    # A Write's or WriteMany's entries, each as the bytes it was sent as (wire.ENTRY_FIELD: the
+    # same field in both, which wire.py checks).
+    raw_entries = file.message_type.add(name="EntriesView")
+    raw_entries.field.add(
+        name="entries",
+        number=_number(pb.WriteManyRequest, "entries"),
+        type=_Field.TYPE_BYTES,
+        label=_Field.LABEL_REPEATED,
+    )
     request = file.message_type.add(name="WriteManyView")
     request.field.add(
         name="entries",
@@ -63,13 +72,13 @@ def _classes() -> tuple[Any, Any]:
     )
     pool = descriptor_pool.DescriptorPool()
     pool.Add(file)
-    return (
-        message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{_PACKAGE}.EntryView")),
-        message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{_PACKAGE}.WriteManyView")),
+    return tuple(
+        message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{_PACKAGE}.{name}"))
+        for name in ("EntryView", "WriteManyView", "EntriesView")
     )
 
 
-EntryView, WriteManyView = _classes()
+EntryView, WriteManyView, EntriesView = _classes()
 
 # A map item is a MapItem on the wire (key = 1, value = 2), as Entry.fields' entries are.
 _ITEM: Any = pb.Entry.DESCRIPTOR.fields_by_name["fields"].message_type
@@ -83,6 +92,13 @@ def write_many_view(raw: bytes | memoryview) -> Any:
     """A WriteManyRequest's bytes decoded as a `WriteManyView` (its other fields left unknown).
     DecodeError if they are not protobuf's."""
     return WriteManyView.FromString(raw)
+
+
+def entry_encodings(raw: bytes | memoryview) -> list[bytes]:
+    """The entries of a Write's or WriteMany's bytes, each as it was sent (a copy: for a small
+    request, where a copy costs less than finding them without one, `wire.entry_encodings`).
+    DecodeError if they are not protobuf's."""
+    return list(EntriesView.FromString(raw).entries)
 
 
 def map_item(item: bytes) -> pb.MapItem:

@@ -47,9 +47,14 @@ if _field(pb.WriteManyRequest, "entries").number != ENTRY_FIELD:
     raise AssertionError("WriteRequest.entry and WriteManyRequest.entries: not the same field")
 
 
+#: The varint of each length below 128 (a small entry's): `frame` looks it up, not encodes it.
+_SHORT_LENGTHS = [varint(length) for length in range(0x80)]
+
+
 def frame(entry: bytes | memoryview) -> bytes:
     """An entry's payload: its encoding framed as a MatchReply's entries field (one copy)."""
-    return b"".join((_ENTRIES, varint(len(entry)), entry))
+    length = len(entry)
+    return b"".join((_ENTRIES, _SHORT_LENGTHS[length] if length < 0x80 else varint(length), entry))
 
 
 def unframed(payload: bytes) -> memoryview:
@@ -217,7 +222,9 @@ def _without(message: memoryview, path: tuple[int, ...], *, above: int = -1) -> 
     return b"".join(parts)
 
 
-def without_array_data(raw: bytes, *, one_entry: bool, entries: Sequence[memoryview] | None = None) -> bytes:
+def without_array_data(
+    raw: bytes, *, one_entry: bool, entries: Sequence[bytes | memoryview] | None = None
+) -> bytes:
     """A Write (`one_entry`) or WriteMany request's bytes to decode: each entry larger than
     VIEW_ARRAYS_ABOVE without its typed arrays' data, which the server reads through views of
     `raw` instead (`array_views`). Decoding them would copy every array (3.6 MB for an HD

@@ -501,7 +501,7 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
             transaction=request.transaction,
             visible_at=deliveries.visible_at(request, time.time()),
         )
-        return pb.WriteManyReply(leases=[codec.lease_message(grant) for grant in grants])
+        return codec.write_many_reply(grants)
 
     async def _match(self, request: pb.MatchRequest, *, take: bool, many: bool) -> bytes:
         space = self._space(request)

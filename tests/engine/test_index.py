@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from outrig.service.engine import StoredEntry
 from outrig.service.engine.index import EntryIndex, _reorder
-from outrig.service.engine.values import FULL_KEY_LIMIT
+from outrig.service.engine.values import FULL_KEY_LIMIT, FieldValue
 
 from .test_space import DOG, MAMMAL, ids, new, tpl
 
@@ -122,3 +122,57 @@ def test_a_declared_ordered_index_exists_from_the_start_and_files_every_write() 
     assert undeclared.ordered_indexes() == []  # made on first need only
     undeclared.ordered("Mammal", "legs")
     assert undeclared.ordered_indexes() == [("Mammal", "legs", 1)]
+
+
+class _Unhashable:
+    """A value whose index key cannot be hashed: filing an entry that has it fails midway."""
+
+    def __hash__(self) -> int:
+        raise RuntimeError("no hash")
+
+
+def _state(index: EntryIndex) -> tuple[object, ...]:
+    """What is filed where, in order, and how (bare or in a container)."""
+    return (
+        {t: list(bucket) for t, bucket in index._by_type.items()},
+        {
+            slot: current.id if isinstance(current, StoredEntry) else list(current)
+            for slot, current in index._by_field.items()
+        },
+        index.ordered_indexes(),
+    )
+
+
+def test_a_batch_that_fails_midway_is_filed_not_at_all() -> None:
+    index = EntryIndex(indexes=[("Mammal", "legs")])
+    filed(index, 1, *DOG, legs=4, name="rex")
+    filed(index, 2, *DOG, legs=2)
+    before = _state(index)
+    batch = [StoredEntry(3 + i, new(*DOG, legs=4, name="rex", n=i), None) for i in range(3)]
+    bad = StoredEntry(9, new(*DOG, legs=4), None)
+    bad.fields = {**bad.fields, "odd": FieldValue("int", _Unhashable())}  # type: ignore[arg-type]
+    try:
+        index.insert_many([*batch, bad])
+    except RuntimeError:
+        pass
+    else:
+        raise AssertionError("insert_many filed an entry whose key cannot be hashed")
+    assert _state(index) == before
+    index.insert_many(batch)  # and a batch that files, files all of it, in order
+    assert ids(index.candidates([tpl("Mammal", legs=4)])) == [1, 3, 4, 5]
+
+
+def test_a_batch_that_fails_to_unfile_midway_is_filed_again_in_order() -> None:
+    index = EntryIndex()
+    entries = [filed(index, i, *DOG, legs=4, n=i) for i in range(1, 6)]
+    before = _state(index)
+    stranger = StoredEntry(99, new(*DOG, legs=4), None)  # never filed: unfiling it fails
+    try:
+        index.remove_many([entries[1], entries[3], stranger])
+    except KeyError:
+        pass
+    else:
+        raise AssertionError("remove_many unfiled an entry that was not filed")
+    assert _state(index) == before
+    index.remove_many([entries[1], entries[3]])
+    assert ids(index.candidates([tpl("Dog")])) == [1, 3, 5]

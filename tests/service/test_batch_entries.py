@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -13,6 +14,7 @@ from outrig._protocol import tag, varint
 from outrig.service.config import Limits
 from outrig.service.exceptions import InvalidArgumentError
 from outrig.service.protocol import codec, wire
+from outrig.service.transport import handlers
 from outrig.v1 import space_pb2 as pb
 
 LIMITS = Limits(max_fields=4, max_name_length=6, max_depth=2)
@@ -44,6 +46,12 @@ values = st.recursive(
     ),
     max_leaves=4,
 )
+
+
+def tag_of(number: int, kind: int) -> bytes:
+    return varint(number << 3 | kind)
+
+
 entries = st.builds(
     lambda type_name, supertypes, fields: pb.Entry(type_name=type_name, supertypes=supertypes, fields=fields),
     st.sampled_from(["T", "T", "S", "", "toolong!"]),
@@ -93,3 +101,27 @@ def test_a_field_sent_twice_is_its_last_value() -> None:
     fields = made[0][2]
     assert isinstance(fields, dict)
     assert fields["a"].data == 2
+
+
+@given(
+    batch=st.lists(entries, max_size=5),
+    extra=st.sampled_from([b"", varint(99 << 3) + b"\x05", tag_of(99, 2) + b"\x01x"]),  # unknown fields
+)
+def test_a_small_write_arrives_with_the_bytes_of_each_entry(batch: list[pb.Entry], extra: bytes) -> None:
+    raw = pb.WriteManyRequest(space="s", entries=batch).SerializeToString() + extra
+    received = handlers.receiving(pb.WriteManyRequest)(raw)
+    assert isinstance(received, handlers.Received)
+    assert [bytes(e) for e in received.entries] == [bytes(e) for e in wire.entry_encodings(raw)]
+    assert received.message == pb.WriteManyRequest.FromString(raw)
+
+
+def test_a_small_write_with_a_group_or_cut_short_is_refused_as_the_server_reads_it() -> None:
+    raw = pb.WriteManyRequest(space="s", entries=[pb.Entry(type_name="T")]).SerializeToString()
+    grouped = handlers.receiving(pb.WriteManyRequest)(raw + b"\x4b\x4c")  # field 9: start, end group
+    assert isinstance(grouped, handlers.Undecodable)
+    assert grouped.reason == "wire type 3, which no outrig message has"
+    cut = handlers.receiving(pb.WriteManyRequest)(raw[:-1])
+    assert isinstance(cut, handlers.Undecodable)
+    with pytest.raises(ValueError, match="truncated") as err:
+        wire.entry_encodings(raw[:-1])
+    assert cut.reason == str(err.value)

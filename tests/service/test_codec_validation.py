@@ -287,6 +287,13 @@ def test_lease_message() -> None:
     assert (timed.id, timed.expires_at, timed.granted_seconds) == (8, 1000.5, 30.0)
 
 
+def test_a_write_many_reply_carries_each_grant_as_its_lease_message() -> None:
+    grants = [LeaseGrant(7, None, None), LeaseGrant(8, 1000.5, 30.0), LeaseGrant(9, 1000.5, 30.0)]
+    reply = codec.write_many_reply(grants)
+    assert list(reply.leases) == [codec.lease_message(grant) for grant in grants]
+    assert [lease.HasField("granted_seconds") for lease in reply.leases] == [False, True, True]
+
+
 # ---------------------------------------------------------------- canonical values
 
 
