@@ -60,6 +60,9 @@ def _prefill(data_dir: Path, pairs: int, payload: bytes) -> None:
             "VALUES (1, ?, ?, ?, ?, ?, 0)",
             ((n, n, until, payload, uuid.uuid4().hex) for n in range(1, pairs + 1)),
         )
+        columns = {row[1] for row in connection.execute("PRAGMA table_info(entries)")}
+        if "taken_until" in columns:  # format 4 (a baseline's store may be older)
+            connection.execute("UPDATE entries SET taken_until = ?", (until,))
         connection.executemany(
             "INSERT INTO requests (id, space, kind, expires_at, first_id, count, lease_expires_at, granted) "
             "VALUES (?, ?, ?, ?, ?, 1, ?, ?)",

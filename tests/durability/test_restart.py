@@ -36,6 +36,7 @@ from outrig.v1 import space_pb2 as pb
 
 from ..field_values import value
 from ..polling import wait_for_waiters_async, wait_until_async
+from ..store_formats import as_format_3
 
 SPACE = "s"
 
@@ -403,3 +404,31 @@ async def test_a_retried_commit_is_answered_across_a_restart_in_each_space(
             with pytest.raises(TransactionAbortedError, match="has committed"):
                 await backend.abort(space, grant.id)
         assert numbers(await read_all(backend)) == [1]
+
+
+async def test_a_format_3_data_dir_is_migrated_with_its_request_ids(
+    config: ServerConfig, clock: FakeClock
+) -> None:
+    """Format 4 keys request ids by their window's end: a write's and a take's ids recorded by a
+    format-3 server still answer their retries after the migration, and a taken row whose request
+    row is gone is removed at start instead of kept for ever."""
+    async with running(config, clock) as backend:
+        grants = await backend.write(SPACE, [entry(n=1), entry(n=2), entry(n=3)], None, request_id="w-1")
+        first = await take(backend, max_entries=2, request_id="t-1")
+        await take(backend, request_id="t-gone")
+    path = database_path(config.data_dir)  # type: ignore[arg-type]
+    with sqlite3.connect(path) as db:
+        as_format_3(db)
+        db.execute("DELETE FROM requests WHERE id = 't-gone'")
+    async with running(config, clock) as backend:
+        retried = await backend.write(SPACE, [entry(n=1), entry(n=2), entry(n=3)], None, request_id="w-1")
+        assert retried == grants
+        again = await take(backend, max_entries=2, request_id="t-1")
+        assert [s.id for s in again] == [s.id for s in first]
+        assert [s.payload for s in again] == [s.payload for s in first]
+        assert numbers(await read_all(backend)) == []
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == FORMAT_VERSION == 4
+        taken = db.execute("SELECT taken_by, taken_until FROM entries ORDER BY id").fetchall()
+        (until,) = db.execute("SELECT expires_at FROM requests WHERE id = 't-1'").fetchone()
+        assert taken == [("t-1", until), ("t-1", until)]  # t-gone's row left at the start

@@ -17,6 +17,7 @@ from outrig.service.engine import FakeClock
 
 from ..polling import wait_until_async
 from ..service.test_embedded_deliveries import JOBS, SPACE, deliver, job, make_config, numbers, visible
+from ..store_formats import as_format_3
 from .test_restart import running
 
 
@@ -68,6 +69,7 @@ async def test_a_format_2_data_dir_is_migrated(tmp_path: Path, clock: FakeClock)
         (delivery,) = await deliver(backend, max_deliveries=3)
     path = database_path(tmp_path / "data")
     with sqlite3.connect(path) as db:  # what a format-2 server left: no max_deliveries column
+        as_format_3(db)
         db.execute("ALTER TABLE entries DROP COLUMN max_deliveries")
         for table in ("change_logs", "changes", "change_subscriptions"):  # format 3's too
             db.execute(f"DROP TABLE {table}")
@@ -77,5 +79,5 @@ async def test_a_format_2_data_dir_is_migrated(tmp_path: Path, clock: FakeClock)
         assert await visible(backend) == []  # still pending, its limit unknown (the space's)
         await backend.ack(SPACE, delivery.receipt)
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == FORMAT_VERSION == 3
+        assert db.execute("PRAGMA user_version").fetchone()[0] == FORMAT_VERSION == 4
         assert "max_deliveries" in [row[1] for row in db.execute("PRAGMA table_info(entries)")]

@@ -33,6 +33,7 @@ from outrig.service.exceptions import (
 
 from ..durability.test_restart import running
 from ..polling import wait_until_async
+from ..store_formats import as_format_3
 from .test_embedded_deliveries import JOBS, SPACE, WAIT, job, make_config
 
 ALL = frozenset(CHANGE_KINDS)
@@ -329,6 +330,7 @@ async def test_a_format_2_data_dir_is_migrated(tmp_path: Path, clock: FakeClock)
         await backend.write(SPACE, [job(0)], None)
     path = database_path(tmp_path / "data")
     with sqlite3.connect(path) as db:  # what a format-2 server left: no change log
+        as_format_3(db)
         for table in ("change_logs", "changes", "change_subscriptions"):
             db.execute(f"DROP TABLE {table}")
         db.execute("ALTER TABLE entries DROP COLUMN max_deliveries")  # format 3's too
@@ -340,7 +342,7 @@ async def test_a_format_2_data_dir_is_migrated(tmp_path: Path, clock: FakeClock)
         await take(backend, 0)
         epoch = log.epoch
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == FORMAT_VERSION == 3
+        assert db.execute("PRAGMA user_version").fetchone()[0] == FORMAT_VERSION == 4
     async with running(config, clock) as backend:
         log = backend.engine(SPACE).changes
         assert log is not None and (log.epoch, log.head) == (epoch, 1)

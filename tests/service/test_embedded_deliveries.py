@@ -26,6 +26,7 @@ from outrig.v1 import space_pb2 as pb
 from ..durability.test_restart import running
 from ..field_values import value
 from ..polling import wait_until_async
+from ..store_formats import as_format_3
 
 SPACE = "jobs"
 WAIT = 5.0
@@ -270,6 +271,7 @@ async def test_a_format_1_data_dir_is_migrated(tmp_path: Path, clock: FakeClock)
         await backend.write(SPACE, [job(0)], None)
     path = database_path(tmp_path / "data")
     with sqlite3.connect(path) as db:  # what a format-1 server left: no delivery columns
+        as_format_3(db)
         for column in ("hidden_until", "receipt", "deliveries", "dead_letter_reason", "max_deliveries"):
             db.execute(f"ALTER TABLE entries DROP COLUMN {column}")
         db.execute("PRAGMA user_version = 1")

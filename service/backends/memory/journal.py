@@ -134,11 +134,12 @@ class Journal(Protocol):
     def pending(self) -> asyncio.Future[None] | None:
         """The future of the last batch not yet durable, if any."""
 
-    async def write_answer(self, request_id: str) -> WriteAnswer:
-        """The stored answer of a write with this request id."""
+    async def write_answer(self, request_id: str, until: float) -> WriteAnswer:
+        """The stored answer of a write with this request id, whose window ends at `until` (its
+        `request` record's expires_at: the SQLite store finds the row by both)."""
 
-    async def taken_rows(self, request_id: str) -> list[TakenRow]:
-        """The entries a take with this request id took, in order."""
+    async def taken_rows(self, request_id: str, until: float) -> list[TakenRow]:
+        """The entries a take with this request id (its window ending at `until`) took, in order."""
 
     async def close(self) -> None:
         """Write what is queued, then stop."""

@@ -124,12 +124,14 @@ class Recorder:
             with contextlib.suppress(SpaceError):
                 await asyncio.shield(journal.pending)
         if outcome.kind == "write":
-            first_id, count, expires_at, granted = await journal.write_answer(outcome.request_id)
+            first_id, count, expires_at, granted = await journal.write_answer(
+                outcome.request_id, outcome.expires_at
+            )
             stride = ids_of(outcome.space).stride  # a partition's ids are its stride apart
             return [LeaseGrant(first_id + i * stride, expires_at, granted) for i in range(count)]
         if outcome.kind in ANSWERED_IN_ITS_ROW:  # the backend reads the row's columns
-            return await journal.write_answer(outcome.request_id)
-        rows = await journal.taken_rows(outcome.request_id)
+            return await journal.write_answer(outcome.request_id, outcome.expires_at)
+        rows = await journal.taken_rows(outcome.request_id, outcome.expires_at)
         return [
             StoredEntry(entry_id, codec.stored_entry(payload), expires_at)
             for entry_id, expires_at, payload in rows

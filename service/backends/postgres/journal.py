@@ -1053,14 +1053,14 @@ class PgJournal:
 
     # ------------------------------------------------------------------ reads
 
-    async def write_answer(self, request_id: str) -> WriteAnswer:
+    async def write_answer(self, request_id: str, until: float) -> WriteAnswer:  # the id is the key here
         ((first_id, count, expires_at, granted),) = await self._query(
             "SELECT first_id, count, lease_expires_at, granted FROM outrig_requests WHERE id = %s",
             (request_id,),
         )
         return first_id, count, expires_at, granted
 
-    async def taken_rows(self, request_id: str) -> list[TakenRow]:
+    async def taken_rows(self, request_id: str, until: float) -> list[TakenRow]:
         rows = await self._query(
             "SELECT id, expires_at, payload FROM ("
             "SELECT id, expires_at, payload, taken_position AS p FROM outrig_entries WHERE taken_by = %s "

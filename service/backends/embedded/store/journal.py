@@ -106,10 +106,13 @@ class _Writer:
                 self.connection.execute("ROLLBACK")
 
     def _delete_expired_requests(self, now: float) -> None:
-        expired = "SELECT id FROM requests WHERE expires_at <= ? ORDER BY expires_at, id LIMIT ?"
+        expired = "SELECT expires_at, id FROM requests WHERE expires_at <= ? ORDER BY expires_at, id LIMIT ?"
         execute = self.connection.execute
-        execute(f"DELETE FROM entries WHERE taken_by IN ({expired})", (now, PRUNE_LIMIT))
-        execute(f"DELETE FROM requests WHERE id IN ({expired})", (now, PRUNE_LIMIT))
+        execute(
+            f"DELETE FROM entries WHERE taken_by IS NOT NULL AND (taken_until, taken_by) IN ({expired})",
+            (now, PRUNE_LIMIT),
+        )
+        execute(f"DELETE FROM requests WHERE (expires_at, id) IN ({expired})", (now, PRUNE_LIMIT))
 
 
 class _StoreThread:
@@ -296,16 +299,18 @@ class Journal:
                 await asyncio.shield(self._writing.future)
         return self._writer.connection.execute(sql, parameters).fetchall()
 
-    async def write_answer(self, request_id: str) -> WriteAnswer:
+    async def write_answer(self, request_id: str, until: float) -> WriteAnswer:
         ((first_id, count, expires_at, granted),) = await self.read(
-            "SELECT first_id, count, lease_expires_at, granted FROM requests WHERE id = ?", (request_id,)
+            "SELECT first_id, count, lease_expires_at, granted FROM requests WHERE expires_at = ? AND id = ?",
+            (until, request_id),
         )
         return first_id, count, expires_at, granted
 
-    async def taken_rows(self, request_id: str) -> list[TakenRow]:
+    async def taken_rows(self, request_id: str, until: float) -> list[TakenRow]:
         rows = await self.read(
-            "SELECT id, expires_at, payload FROM entries WHERE taken_by = ? ORDER BY taken_position",
-            (request_id,),
+            "SELECT id, expires_at, payload FROM entries WHERE taken_until = ? AND taken_by = ? "
+            "ORDER BY taken_position",
+            (until, request_id),
         )
         return [(entry_id, expires_at, payload) for entry_id, expires_at, payload in rows]
 

@@ -182,9 +182,7 @@ def _recover(connection: sqlite3.Connection, backend: EmbeddedBackend, now: floa
         execute("DELETE FROM registrations WHERE expires_at <= ?", (now,))
         # The jump is stored at once, so a second crash before any event jumps again from here.
         execute("UPDATE registrations SET sequence = sequence + ?", (SEQUENCE_JUMP,))
-        execute(
-            "DELETE FROM entries WHERE taken_by IN (SELECT id FROM requests WHERE expires_at <= ?)", (now,)
-        )
+        execute("DELETE FROM entries WHERE taken_by IS NOT NULL AND taken_until <= ?", (now,))
         execute("DELETE FROM requests WHERE expires_at <= ?", (now,))
     return RecoveryReport(len(names), loaded, expired, registrations, requests, time.perf_counter() - started)
 

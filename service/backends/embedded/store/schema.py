@@ -12,10 +12,11 @@ names the space):
                                            (reserved in blocks, so not written at every write)
     types(space, name, supertypes)         declared types (supertypes as a JSON list)
     entries(space, id, arrival, expires_at, payload, taken_by, taken_position,
-            hidden_until, receipt, deliveries, dead_letter_reason, max_deliveries)
+            hidden_until, receipt, deliveries, dead_letter_reason, max_deliveries, taken_until)
                                            entries; payload is the protobuf-encoded
                                            outrig.v1.Entry. A row with taken_by set was taken by
-                                           that request id and is kept only to answer its retry.
+                                           that request id and is kept only to answer its retry,
+                                           until its window ends (taken_until).
                                            The delivery state (engine/deliveries.py): hidden until
                                            (a pending delivery's deadline or a delayed entry's
                                            time; NULL or past: visible), the pending delivery's
@@ -25,7 +26,8 @@ names the space):
     registrations(space, id, expires_at, templates, sequence)  notify registrations; templates
                                            is a protobuf-encoded outrig.v1.NotifyRequest
     requests(id, space, kind, expires_at, first_id, count, lease_expires_at, granted)
-                                           idempotency keys within their window; a write's
+                                           idempotency keys within their window, keyed by
+                                           (expires_at, id): the order they are added in; a write's
                                            answer is its leases (ids first_id .. first_id+count-1,
                                            one expiry and duration), a take's is its taken rows;
                                            a deliver's, ack's, nack's or extend's is in its
@@ -62,7 +64,14 @@ APPLICATION_ID = 0x6F757472
 # 3: the change log (change_logs, changes, change_subscriptions); a pending delivery keeps its
 #    take's own max_deliveries (0: the space's setting applies). A format-2 store is migrated
 #    (its spaces' logs start empty, their epochs made at their first change).
-FORMAT_VERSION = 3
+# 4: request ids are kept in the order their windows end: `requests` is keyed by (expires_at, id)
+#    instead of id, and a taken entry's row keeps its take's window end (`taken_until`), indexed
+#    with its taker. Request ids are random (uuid4), so a B-tree keyed by them dirtied a random
+#    leaf page for every row: most of a durable pair's WAL pages (docs/performance.md, "The durable
+#    path: request ids in the order they expire"). A retry finds its rows by both columns (the
+#    request log knows when its id's window ends). A format-3 store is migrated (a taken row whose
+#    request row is gone gets taken_until 0, so the next start removes it with the expired ones).
+FORMAT_VERSION = 4
 
 _CHANGE_TABLES = """
 CREATE TABLE IF NOT EXISTS change_logs (
@@ -80,6 +89,19 @@ CREATE TABLE IF NOT EXISTS change_subscriptions (
 ) WITHOUT ROWID;
 """
 
+# Keyed by the window's end first: rows arrive in about that order, so a batch's rows go to the
+# last leaf pages (format 4).
+_REQUESTS = """
+CREATE TABLE requests (
+    id TEXT NOT NULL, space TEXT NOT NULL, kind TEXT NOT NULL, expires_at REAL NOT NULL,
+    first_id INTEGER, count INTEGER NOT NULL, lease_expires_at REAL, granted REAL,
+    PRIMARY KEY (expires_at, id)
+) WITHOUT ROWID;
+"""
+_TAKER_INDEX = """
+CREATE INDEX entries_by_taker ON entries (taken_until, taken_by) WHERE taken_by IS NOT NULL;
+"""
+
 # The statements that bring a store of format n to n + 1, run in one transaction with the version.
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -92,6 +114,22 @@ ALTER TABLE entries ADD COLUMN dead_letter_reason TEXT;
     + """
 ALTER TABLE entries ADD COLUMN max_deliveries INTEGER NOT NULL DEFAULT 0;
 """,
+    # The taken rows' window ends are read from the old table while its key is still the id.
+    3: """
+ALTER TABLE entries ADD COLUMN taken_until REAL;
+UPDATE entries SET taken_until = coalesce(
+    (SELECT q.expires_at FROM requests AS q WHERE q.id = entries.taken_by), 0
+) WHERE taken_by IS NOT NULL;
+DROP INDEX entries_by_taker;
+"""
+    + _REQUESTS.replace("CREATE TABLE requests", "CREATE TABLE requests_4")
+    + """
+INSERT INTO requests_4 (id, space, kind, expires_at, first_id, count, lease_expires_at, granted)
+    SELECT id, space, kind, expires_at, first_id, count, lease_expires_at, granted FROM requests;
+DROP TABLE requests;
+ALTER TABLE requests_4 RENAME TO requests;
+"""
+    + _TAKER_INDEX,
 }
 
 _SCHEMA = (
@@ -106,21 +144,17 @@ CREATE TABLE entries (
     space INTEGER NOT NULL, id INTEGER NOT NULL, arrival INTEGER NOT NULL,
     expires_at REAL, payload BLOB NOT NULL, taken_by TEXT, taken_position INTEGER,
     hidden_until REAL, receipt INTEGER, deliveries INTEGER NOT NULL DEFAULT 0, dead_letter_reason TEXT,
-    max_deliveries INTEGER NOT NULL DEFAULT 0,
+    max_deliveries INTEGER NOT NULL DEFAULT 0, taken_until REAL,
     PRIMARY KEY (space, id)
 );
-CREATE INDEX entries_by_taker ON entries (taken_by) WHERE taken_by IS NOT NULL;
 CREATE TABLE registrations (
     space INTEGER NOT NULL, id INTEGER NOT NULL, expires_at REAL,
     templates BLOB NOT NULL, sequence INTEGER NOT NULL,
     PRIMARY KEY (space, id)
 );
-CREATE TABLE requests (
-    id TEXT PRIMARY KEY, space TEXT NOT NULL, kind TEXT NOT NULL, expires_at REAL NOT NULL,
-    first_id INTEGER, count INTEGER NOT NULL, lease_expires_at REAL, granted REAL
-) WITHOUT ROWID;
-CREATE INDEX requests_by_expiry ON requests (expires_at);
 """
+    + _TAKER_INDEX
+    + _REQUESTS
     + _CHANGE_TABLES
 )
 

@@ -49,11 +49,11 @@ def _entry_expiry(number: Number, dump: Dump, a: tuple[Any, ...]) -> tuple[tuple
 
 
 def _take(number: Number, dump: Dump, a: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-    """The row stays, marked, to answer the take's retry (`until`, the request's window end, is
-    kept in its request's row)."""
-    space, entry_id, request_id, position = a[:4]
+    """The row stays, marked, to answer the take's retry until `until`, the request's window end
+    (its request row's expires_at: the taker index is in that order, schema.py)."""
+    space, entry_id, request_id, position, until = a[:5]
     no = number(space)
-    return ("e", no, entry_id), (request_id, position, no, entry_id)
+    return ("e", no, entry_id), (request_id, position, until, no, entry_id)
 
 
 def _visibility(number: Number, dump: Dump, a: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
@@ -147,7 +147,10 @@ STATEMENTS: dict[str, tuple[str, Binder]] = {
     ),
     "delete": ("DELETE FROM entries WHERE space = ? AND id = ?", _entry),
     "entry_expiry": ("UPDATE entries SET expires_at = ? WHERE space = ? AND id = ?", _entry_expiry),
-    "take": ("UPDATE entries SET taken_by = ?, taken_position = ? WHERE space = ? AND id = ?", _take),
+    "take": (
+        "UPDATE entries SET taken_by = ?, taken_position = ?, taken_until = ? WHERE space = ? AND id = ?",
+        _take,
+    ),
     "visibility": (
         "UPDATE entries SET hidden_until = ?, receipt = ?, deliveries = ?, dead_letter_reason = ?, "
         "max_deliveries = ? WHERE space = ? AND id = ?",
