@@ -183,6 +183,15 @@ def unary(method: Unary[R]) -> Unary[R]:
     return handler
 
 
+class _Locate:
+    """What `SpaceServicer._admitted` leaves to ask the backend: where `space` is served."""
+
+    __slots__ = ("space",)
+
+    def __init__(self, space: str) -> None:
+        self.space = space
+
+
 class Failure:
     """How an operation failed: the status, message (`bounded`) and `ErrorReason` its call ends
     with, and what its ErrorInfo's metadata says (NOT_OWNER: "owner", the owner's address)."""
@@ -306,6 +315,8 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
         self._guard = guard or Guard(Authenticator(None, client_certificates=False), None, limits)
         config = config or ServerConfig(limits=limits)
         self._shared_address = config.worker is not None  # a worker: the listen port is shared
+        # Whether the backend may serve a space elsewhere (`locate`): a lone server's does not.
+        self._forwards: bool = getattr(backend, "forwards", True)
         self._peers = peers or Peers(config)
         self._router = Router(config)
         self._fan = Fan(config, self.served, self.served_stream)
@@ -322,7 +333,16 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
         checked the caller's credentials and grants) and is served here, never forwarded again
         (a backend that does not own its space refuses it: NotOwnerError). A wrong secret is
         UnauthenticatedError. Any other call passes the guard, then asks the backend
-        (`SpaceBackend.locate`) about its space, unless its method is ANSWERED_HERE."""
+        (`SpaceBackend.locate`) about its space, unless its method is ANSWERED_HERE, or the
+        backend serves every space itself (`forwards` false: a lone server)."""
+        place = self._admitted(name, request, context)
+        if isinstance(place, _Locate):
+            return await self._located(name, place.space, context)
+        return place
+
+    def _admitted(self, name: str, request: Any, context: handlers.Context) -> str | FanOut | _Locate | None:
+        """`admit`'s steps that need not wait: None (served here), the partitions, or the space
+        whose server `_located` asks the backend for."""
         secret = _peer_secret(context)
         if secret is not None:
             if not self._backend.accepts_peer(secret):
@@ -348,6 +368,11 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
             return fan
         message = request.message if isinstance(request, handlers.Received) else request
         space = self._space_named(message.space)
+        return _Locate(space) if self._forwards else None
+
+    async def _located(self, name: str, space: str, context: handlers.Context) -> str | None:
+        """Where the backend serves `space`: None here, else the address to forward the call to
+        (or NotOwnerError, for a call routed here as to the owner)."""
         address = await self._backend.locate(space)
         if address is None:
             return None
@@ -374,7 +399,10 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
         try:
             if isinstance(request, handlers.Undecodable):
                 raise refusal(request, name, self._limits)
-            address = await self.admit(name, request, context)
+            # `admit`, without a coroutine of its own for the common case (served here).
+            address = self._admitted(name, request, context)
+            if isinstance(address, _Locate):
+                address = await self._located(name, address.space, context)
             if address is None:
                 return await method(self, request, context)
             if isinstance(address, FanOut):

@@ -21,10 +21,10 @@ def _field(number: int, kind: int, value: int | bytes) -> bytes:
     if kind == 0:
         return key + varint(value)  # type: ignore[arg-type]
     if kind == 1:
-        return key + int(value).to_bytes(8, "little")  # type: ignore[arg-type]
+        return key + int(value).to_bytes(8, "little")
     if kind == 5:
-        return key + int(value).to_bytes(4, "little")  # type: ignore[arg-type]
-    data = bytes(value)  # type: ignore[arg-type]
+        return key + int(value).to_bytes(4, "little")
+    data = bytes(value)
     return key + varint(len(data)) + data
 
 
