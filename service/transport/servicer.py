@@ -19,7 +19,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, NoReturn, TypeVar
 
 import grpc
@@ -27,7 +27,7 @@ import grpc
 from outrig._protocol import DETAILS_KEY, DIRECT_KEY, METHODS, error_info, status_details
 from outrig.service.backends.base import SpaceBackend
 from outrig.service.config import Limits, ServerConfig
-from outrig.service.engine.model import StoredEntry
+from outrig.service.engine.model import StoredEntry, Template
 from outrig.service.engine.partitions import split_name
 from outrig.service.exceptions import (
     ChangesOffError,
@@ -114,6 +114,9 @@ MAX_STATUS_MESSAGE = 1024
 
 #: The most space names the servicer remembers as valid (`SpaceServicer._space_named`).
 CHECKED_NAMES = 4096
+
+#: The most templates the servicer remembers decoded (`SpaceServicer._templates`).
+KNOWN_TEMPLATES = 1024
 
 #: Seconds between two log lines of one kind that a client's requests can cause (`Throttle`).
 LOG_INTERVAL = 60.0
@@ -311,6 +314,7 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
         self._backend = backend
         self._limits = limits
         self._checked_names: set[str] = set()  # space names that passed `codec.space_name`
+        self._known_templates: dict[bytes, tuple[Template, ...]] = {}  # by their encoding
         self._metrics = metrics
         self._guard = guard or Guard(Authenticator(None, client_certificates=False), None, limits)
         config = config or ServerConfig(limits=limits)
@@ -544,7 +548,7 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
         ack = deliveries.ack_seconds(request, self._limits, take=take)
         if ack is None:
             deliveries.settle_receipts(request, self._limits, ack)  # refuses a settle without ack
-        templates = codec.templates(request.templates, self._limits, request.order_by)
+        templates = self._templates(request)
         if ack is not None:
             delivered = await self._backend.deliver(
                 space,
@@ -568,6 +572,25 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
             transaction=request.transaction,
         )
         return _entries_reply(found)  # an encoded MatchReply
+
+    def _templates(self, request: pb.MatchRequest) -> Sequence[Template]:
+        """`codec.templates` of a read's or take's request, remembered by the template's encoding
+        (a bounded map): a consumer takes with the same template again and again, and one that
+        passed is the same immutable `Template` every time. Only a request of one template with
+        neither matchers nor an order; any other is decoded each time."""
+        messages = request.templates
+        if len(messages) != 1 or request.order_by:
+            return codec.templates(messages, self._limits, request.order_by)
+        key = messages[0].SerializeToString()
+        known = self._known_templates.get(key)
+        if known is not None:
+            return known
+        templates = codec.templates(messages, self._limits)
+        if type(templates) is tuple:  # equality only: no matchers (`Templates`, with its order)
+            if len(self._known_templates) >= KNOWN_TEMPLATES:
+                self._known_templates.clear()
+            self._known_templates[key] = templates
+        return templates
 
     @unary
     async def Read(  # type: ignore[override]  # an encoded reply
