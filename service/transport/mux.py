@@ -81,6 +81,8 @@ _METADATA_ENTRY = pb.MuxError.MetadataEntry.DESCRIPTOR.fields_by_name  # the map
 _METADATA_KEY = tag(_METADATA_ENTRY["key"])
 _METADATA_VALUE = tag(_METADATA_ENTRY["value"])
 _RESULTS = tag(pb.MuxReply.DESCRIPTOR.fields_by_name["results"])
+#: The varints of one byte (0 to 127): a small reply's length, without a call of `varint`.
+_ONE_BYTE = tuple(bytes((value,)) for value in range(0x80))
 
 
 class Operation(NamedTuple):
@@ -158,7 +160,15 @@ class Result:
 
     def __init__(self, op_id: int, field: int, body: bytes) -> None:
         self.op_id = op_id
-        self.head = head = b"".join((_RESULT_ID, varint(op_id), _RESULT_TAGS[field], varint(len(body))))
+        length = len(body)
+        self.head = head = b"".join(
+            (
+                _RESULT_ID,
+                varint(op_id),
+                _RESULT_TAGS[field],
+                _ONE_BYTE[length] if length < 0x80 else varint(length),  # most replies: a call less
+            )
+        )
         self.body = body
         self.size = len(head) + len(body)  # read by batch_size, the limit's check and reply_message
 
@@ -208,7 +218,8 @@ def reply_message(results: list[Result]) -> bytes:
     """A MuxReply carrying `results`: one copy of each reply's bytes."""
     parts: list[bytes] = []
     for result in results:
-        parts += (_RESULTS, varint(result.size), result.head, result.body)
+        size = result.size
+        parts += (_RESULTS, _ONE_BYTE[size] if size < 0x80 else varint(size), result.head, result.body)
     return b"".join(parts)
 
 

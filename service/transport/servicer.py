@@ -516,7 +516,9 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
             transaction=request.transaction,
             visible_at=deliveries.visible_at(request, time.time()),
         )
-        return pb.WriteReply(lease=codec.lease_message(grant))
+        reply = pb.WriteReply()
+        codec.fill_lease(reply.lease, grant)
+        return reply
 
     @unary
     async def WriteMany(
