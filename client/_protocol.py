@@ -94,6 +94,8 @@ def varint(value: int) -> bytes:
     """`value` (>= 0) as a protobuf varint."""
     if value < 0x80:
         return bytes((value,))
+    if value < 0x4000:  # two bytes: a Mux op's id, a small reply's length
+        return bytes((value & 0x7F | 0x80, value >> 7))
     out = bytearray()
     while value >= 0x80:
         out.append((value & 0x7F) | 0x80)

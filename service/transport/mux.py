@@ -47,6 +47,8 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Mappi
 from typing import Any, NamedTuple, cast
 
 import grpc
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.message import DecodeError
 
 from outrig._protocol import BATCH_BYTES, LIMIT_KEY, OPS_BY_FIELD, tag, varint
 from outrig.service.exceptions import InvalidArgumentError
@@ -79,6 +81,8 @@ _METADATA_ENTRY = pb.MuxError.MetadataEntry.DESCRIPTOR.fields_by_name  # the map
 _METADATA_KEY = tag(_METADATA_ENTRY["key"])
 _METADATA_VALUE = tag(_METADATA_ENTRY["value"])
 _RESULTS = tag(pb.MuxReply.DESCRIPTOR.fields_by_name["results"])
+#: The varints of one byte (0 to 127): a small reply's length, without a call of `varint`.
+_ONE_BYTE = tuple(bytes((value,)) for value in range(0x80))
 
 
 class Operation(NamedTuple):
@@ -156,7 +160,15 @@ class Result:
 
     def __init__(self, op_id: int, field: int, body: bytes) -> None:
         self.op_id = op_id
-        self.head = head = b"".join((_RESULT_ID, varint(op_id), _RESULT_TAGS[field], varint(len(body))))
+        length = len(body)
+        self.head = head = b"".join(
+            (
+                _RESULT_ID,
+                varint(op_id),
+                _RESULT_TAGS[field],
+                _ONE_BYTE[length] if length < 0x80 else varint(length),  # most replies: a call less
+            )
+        )
         self.body = body
         self.size = len(head) + len(body)  # read by batch_size, the limit's check and reply_message
 
@@ -206,21 +218,91 @@ def reply_message(results: list[Result]) -> bytes:
     """A MuxReply carrying `results`: one copy of each reply's bytes."""
     parts: list[bytes] = []
     for result in results:
-        parts += (_RESULTS, varint(result.size), result.head, result.body)
+        size = result.size
+        parts += (_RESULTS, _ONE_BYTE[size] if size < 0x80 else varint(size), result.head, result.body)
     return b"".join(parts)
 
 
-def parse_request(raw: bytes) -> list[tuple[int, int, int | memoryview]]:
+def _view_classes() -> Any:
+    """The view of a MuxRequest (`parse_request`): a message class of this module's own (in a
+    descriptor pool of its own: nothing is added to protobuf's default pool) with MuxRequest's
+    field numbers, whose MuxOps carry their operation's request as bytes (each op field of the
+    oneof a bytes field of the same number; `cancel` the bool it is)."""
+    package, kind = "outrig.service.muxview", descriptor_pb2.FieldDescriptorProto
+    file = descriptor_pb2.FileDescriptorProto(
+        name="outrig/service/muxview.proto", package=package, syntax="proto3"
+    )
+    op = file.message_type.add(name="MuxOpView")
+    op.oneof_decl.add(name="op")
+    for field in pb.MuxOp.DESCRIPTOR.fields:
+        if field.containing_oneof is None:  # the id
+            op.field.add(name=field.name, number=field.number, type=field.type, label=kind.LABEL_OPTIONAL)
+        else:
+            carried = kind.TYPE_BYTES if field.type == field.TYPE_MESSAGE else field.type
+            op.field.add(
+                name=field.name, number=field.number, type=carried, label=kind.LABEL_OPTIONAL, oneof_index=0
+            )
+    request = file.message_type.add(name="MuxRequestView")
+    request.field.add(
+        name="ops",
+        number=_OPS,
+        type=kind.TYPE_MESSAGE,
+        type_name=f".{package}.MuxOpView",
+        label=kind.LABEL_REPEATED,
+    )
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(file)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{package}.MuxRequestView"))
+
+
+_RequestView = _view_classes()
+#: The number of each op field of the view's oneof, by its name.
+_OP_NUMBERS = {field.name: field.number for field in _RequestView.DESCRIPTOR.fields[0].message_type.fields}
+#: Requests up to this size are read through the view (a copy of each op's bytes, at C speed);
+#: larger ones (an HD array's write) as views of their bytes, never copied.
+VIEWED_REQUESTS = 64 * 1024
+
+
+def parse_request(raw: bytes) -> list[tuple[int, int, int | bytes | memoryview]]:
     """(id, op field, op value) for each MuxOp of an encoded MuxRequest; ValueError if malformed
     (`wire.fields`).
-    An op without an operation field has field 0."""
-    ops: list[tuple[int, int, int | memoryview]] = []
+    An op without an operation field has field 0.
+
+    A small request is decoded by protobuf as `_RequestView`, which is what reading its tags in
+    Python (`_parse_fields`) gives whenever the view holds all of it: if the view, its unknown
+    fields dropped, re-encodes to fewer bytes than arrived (a field of no known number, or of the
+    wrong wire type; a oneof or an id sent twice; a varint longer than it needs), or protobuf
+    refuses the bytes, they are read in Python after all, which answers each case as it always
+    did."""
+    if len(raw) > VIEWED_REQUESTS:
+        return _parse_fields(raw)
+    try:
+        view = _RequestView.FromString(raw)
+    except DecodeError:
+        return _parse_fields(raw)
+    view.DiscardUnknownFields()
+    if view.ByteSize() != len(raw):
+        return _parse_fields(raw)
+    ops: list[tuple[int, int, int | bytes | memoryview]] = []
+    numbers = _OP_NUMBERS
+    for op in view.ops:
+        which = op.WhichOneof("op")
+        if which is None:
+            ops.append((op.id, 0, b""))
+        else:
+            ops.append((op.id, numbers[which], getattr(op, which)))
+    return ops
+
+
+def _parse_fields(raw: bytes) -> list[tuple[int, int, int | bytes | memoryview]]:
+    """`parse_request`, reading the message's tags in Python (`wire.fields`)."""
+    ops: list[tuple[int, int, int | bytes | memoryview]] = []
     for number, op in wire.fields(memoryview(raw)):
         if number != _OPS:
             continue
         if not isinstance(op, memoryview):
             raise ValueError("ops: not a message")
-        op_id, field, value = 0, 0, memoryview(b"")  # type: int, int, int | memoryview
+        op_id, field, value = 0, 0, memoryview(b"")  # type: int, int, int | bytes | memoryview
         for part, content in wire.fields(op):
             if part == _OP_ID:
                 if not isinstance(content, int):
@@ -399,7 +481,7 @@ class MuxStream:
             else:
                 self._start(op_id, field, value)
 
-    def _start(self, op_id: int, field: int, value: int | memoryview) -> None:
+    def _start(self, op_id: int, field: int, value: int | bytes | memoryview) -> None:
         operation = OPERATIONS.get(field)
         if operation is None:
             what = "op: is required" if field == 0 else f"op: field {field} is no operation this server knows"
@@ -409,7 +491,7 @@ class MuxStream:
         name, message_type, decode, reply_field = operation
         # Bytes that are no valid request decode as a `handlers.Undecodable`, which `perform`
         # refuses as it does a unary call's.
-        if isinstance(value, memoryview):
+        if isinstance(value, (bytes, memoryview)):
             request = decode(value)
         else:
             request = handlers.Undecodable(

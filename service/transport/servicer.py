@@ -19,7 +19,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, NoReturn, TypeVar
 
 import grpc
@@ -27,7 +27,7 @@ import grpc
 from outrig._protocol import DETAILS_KEY, DIRECT_KEY, METHODS, error_info, status_details
 from outrig.service.backends.base import SpaceBackend
 from outrig.service.config import Limits, ServerConfig
-from outrig.service.engine.model import StoredEntry
+from outrig.service.engine.model import StoredEntry, Template
 from outrig.service.engine.partitions import split_name
 from outrig.service.exceptions import (
     ChangesOffError,
@@ -115,6 +115,9 @@ MAX_STATUS_MESSAGE = 1024
 #: The most space names the servicer remembers as valid (`SpaceServicer._space_named`).
 CHECKED_NAMES = 4096
 
+#: The most templates the servicer remembers decoded (`SpaceServicer._templates`).
+KNOWN_TEMPLATES = 1024
+
 #: Seconds between two log lines of one kind that a client's requests can cause (`Throttle`).
 LOG_INTERVAL = 60.0
 _throttle = Throttle(LOG_INTERVAL)
@@ -181,6 +184,15 @@ def unary(method: Unary[R]) -> Unary[R]:
 
     handler.operation = method  # type: ignore[attr-defined]  # what the Mux stream runs (service/transport/mux.py)
     return handler
+
+
+class _Locate:
+    """What `SpaceServicer._admitted` leaves to ask the backend: where `space` is served."""
+
+    __slots__ = ("space",)
+
+    def __init__(self, space: str) -> None:
+        self.space = space
 
 
 class Failure:
@@ -302,10 +314,13 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
         self._backend = backend
         self._limits = limits
         self._checked_names: set[str] = set()  # space names that passed `codec.space_name`
+        self._known_templates: dict[bytes, tuple[Template, ...]] = {}  # by their encoding
         self._metrics = metrics
         self._guard = guard or Guard(Authenticator(None, client_certificates=False), None, limits)
         config = config or ServerConfig(limits=limits)
         self._shared_address = config.worker is not None  # a worker: the listen port is shared
+        # Whether the backend may serve a space elsewhere (`locate`): a lone server's does not.
+        self._forwards: bool = getattr(backend, "forwards", True)
         self._peers = peers or Peers(config)
         self._router = Router(config)
         self._fan = Fan(config, self.served, self.served_stream)
@@ -322,7 +337,16 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
         checked the caller's credentials and grants) and is served here, never forwarded again
         (a backend that does not own its space refuses it: NotOwnerError). A wrong secret is
         UnauthenticatedError. Any other call passes the guard, then asks the backend
-        (`SpaceBackend.locate`) about its space, unless its method is ANSWERED_HERE."""
+        (`SpaceBackend.locate`) about its space, unless its method is ANSWERED_HERE, or the
+        backend serves every space itself (`forwards` false: a lone server)."""
+        place = self._admitted(name, request, context)
+        if isinstance(place, _Locate):
+            return await self._located(name, place.space, context)
+        return place
+
+    def _admitted(self, name: str, request: Any, context: handlers.Context) -> str | FanOut | _Locate | None:
+        """`admit`'s steps that need not wait: None (served here), the partitions, or the space
+        whose server `_located` asks the backend for."""
         secret = _peer_secret(context)
         if secret is not None:
             if not self._backend.accepts_peer(secret):
@@ -348,6 +372,11 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
             return fan
         message = request.message if isinstance(request, handlers.Received) else request
         space = self._space_named(message.space)
+        return _Locate(space) if self._forwards else None
+
+    async def _located(self, name: str, space: str, context: handlers.Context) -> str | None:
+        """Where the backend serves `space`: None here, else the address to forward the call to
+        (or NotOwnerError, for a call routed here as to the owner)."""
         address = await self._backend.locate(space)
         if address is None:
             return None
@@ -374,7 +403,10 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
         try:
             if isinstance(request, handlers.Undecodable):
                 raise refusal(request, name, self._limits)
-            address = await self.admit(name, request, context)
+            # `admit`, without a coroutine of its own for the common case (served here).
+            address = self._admitted(name, request, context)
+            if isinstance(address, _Locate):
+                address = await self._located(name, address.space, context)
             if address is None:
                 return await method(self, request, context)
             if isinstance(address, FanOut):
@@ -484,7 +516,9 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
             transaction=request.transaction,
             visible_at=deliveries.visible_at(request, time.time()),
         )
-        return pb.WriteReply(lease=codec.lease_message(grant))
+        reply = pb.WriteReply()
+        codec.fill_lease(reply.lease, grant)
+        return reply
 
     @unary
     async def WriteMany(
@@ -516,7 +550,7 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
         ack = deliveries.ack_seconds(request, self._limits, take=take)
         if ack is None:
             deliveries.settle_receipts(request, self._limits, ack)  # refuses a settle without ack
-        templates = codec.templates(request.templates, self._limits, request.order_by)
+        templates = self._templates(request)
         if ack is not None:
             delivered = await self._backend.deliver(
                 space,
@@ -540,6 +574,25 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
             transaction=request.transaction,
         )
         return _entries_reply(found)  # an encoded MatchReply
+
+    def _templates(self, request: pb.MatchRequest) -> Sequence[Template]:
+        """`codec.templates` of a read's or take's request, remembered by the template's encoding
+        (a bounded map): a consumer takes with the same template again and again, and one that
+        passed is the same immutable `Template` every time. Only a request of one template with
+        neither matchers nor an order; any other is decoded each time."""
+        messages = request.templates
+        if len(messages) != 1 or request.order_by:
+            return codec.templates(messages, self._limits, request.order_by)
+        key = messages[0].SerializeToString()
+        known = self._known_templates.get(key)
+        if known is not None:
+            return known
+        templates = codec.templates(messages, self._limits)
+        if type(templates) is tuple:  # equality only: no matchers (`Templates`, with its order)
+            if len(self._known_templates) >= KNOWN_TEMPLATES:
+                self._known_templates.clear()
+            self._known_templates[key] = templates
+        return templates
 
     @unary
     async def Read(  # type: ignore[override]  # an encoded reply

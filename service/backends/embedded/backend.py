@@ -49,6 +49,11 @@ class EmbeddedBackend(MemoryBackend):
 
     # ------------------------------------------------------------------ a worker's placement
 
+    @property
+    def forwards(self) -> bool:
+        """A worker's `locate` names the other workers' spaces (a subclass's may name anything)."""
+        return self._role is not None or type(self).locate is not EmbeddedBackend.locate
+
     async def locate(self, space: str) -> str | None:
         """A worker's spaces are its own; any other is served by the worker `worker_of` names."""
         role = self._role

@@ -913,6 +913,12 @@ class MemoryBackend(DeliveringMixin, ChangesMixin):
         """A lone server serves every space itself."""
         return None
 
+    @property
+    def forwards(self) -> bool:
+        """Whether `locate` may name another server for a space: the servicer asks it only then.
+        This one never does; a subclass with a `locate` of its own may (the owner tier's)."""
+        return type(self).locate is not MemoryBackend.locate
+
     async def placements(self) -> list[Placement]:
         return [Placement(name, "", "", 0, None, True) for name in self._spaces]
 

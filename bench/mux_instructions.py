@@ -1,0 +1,72 @@
+"""Instructions per write+take pair of bench/mux_inprocess.py, counted by valgrind's callgrind:
+a figure the load of a shared machine does not move, for changes too small to see in CPU time.
+
+    python bench/mux_instructions.py [--python PATH ...] [--pairs N1,N2]
+
+Each interpreter (default: this one; give another checkout's `.venv/bin/python` to compare, run
+in that checkout's bench directory) runs bench/mux_inprocess.py for N1 and for N2 pairs (one round
+each, PYTHONHASHSEED=0) under ``valgrind --tool=callgrind``; the difference of the two totals over
+N2 - N1 is the instructions (Ir) per pair, start-up and imports cancelled out. What a pair counts:
+the server's Python from the MuxRequest's bytes to the MuxReply's (mux.py, the servicer, the
+memory backend, the engine), and the SDK's building of the two requests in the same process (the
+same in both checkouts unless the SDK changed). Needs valgrind; takes 1-2 minutes per interpreter
+on a quiet machine (valgrind runs Python about 50 times slower). Asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+_COLLECTED = re.compile(r"Collected : (\d+)")
+
+
+def instructions(python: str, pairs: int) -> int:
+    """callgrind's instruction count of one run of mux_inprocess.py with `pairs` pairs."""
+    bench = Path(python).absolute().parents[2] / "bench"  # a checkout's .venv/bin/python
+    if not (bench / "mux_inprocess.py").exists():
+        bench = Path(__file__).resolve().parent
+    done = subprocess.run(
+        [
+            "valgrind",
+            "--tool=callgrind",
+            "--callgrind-out-file=/dev/null",
+            python,
+            "mux_inprocess.py",
+            "--pairs",
+            str(pairs),
+            "--rounds",
+            "1",
+        ],
+        cwd=bench,
+        env={**os.environ, "PYTHONHASHSEED": "0"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    found = _COLLECTED.search(done.stderr)
+    if found is None:
+        raise SystemExit(f"no instruction count from valgrind: {done.stderr[-500:]}")
+    return int(found.group(1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--python", action="append", help="an interpreter (repeatable); default this one")
+    parser.add_argument("--pairs", default="500,2500", help="the two run sizes (default 500,2500)")
+    args = parser.parse_args()
+    small, large = (int(n) for n in args.pairs.split(","))
+    print(f"instructions per pair (callgrind), {os.cpu_count()} cores, Python {sys.version.split()[0]}")
+    for python in args.python or [sys.executable]:
+        low, high = instructions(python, small), instructions(python, large)
+        print(f"{python}: {(high - low) / (large - small):,.0f} Ir per pair ({low:,} / {high:,})")
+
+
+if __name__ == "__main__":
+    main()
