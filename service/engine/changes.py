@@ -126,13 +126,7 @@ class ChangeLog:
         visible_at: float | None = None,
     ) -> Change:
         """Log a change at the next seq, then trim to the count and bytes limits."""
-        change = Change(self.head + 1, kind, entry, at, transaction, visible_at)
-        self._changes[change.seq] = change
-        self.head = change.seq
-        self._bytes += change.size
-        if len(self._changes) > self.max_count or self._bytes > self.max_bytes:
-            self._trim_size()
-        return change
+        return self.append_many(kind, (entry,), at, transaction, visible_at)[0]
 
     def append_many(
         self,
@@ -153,7 +147,7 @@ class ChangeLog:
         for change in made:
             changes[change.seq] = change
         self.head = first + len(made) - 1
-        self._bytes += sum(stored.size for stored in entries) + CHANGE_OVERHEAD * len(made)
+        self._bytes += sum(change.size for change in made)
         if len(changes) > self.max_count or self._bytes > self.max_bytes:
             self._trim_size()
         return made
@@ -191,7 +185,7 @@ class ChangeLog:
     def _trim_size(self) -> None:
         changes, oldest, size = self._changes, self._oldest, self._bytes
         while changes and (len(changes) > self.max_count or size > self.max_bytes):
-            size -= changes.pop(oldest).entry.size + CHANGE_OVERHEAD  # `_drop_oldest`, inline
+            size -= changes.pop(oldest).size  # `_drop_oldest`, with the figures in locals
             oldest += 1
         self._oldest, self._bytes = oldest, size
 

@@ -418,15 +418,12 @@ def fill_lease(lease: pb.Lease, grant: LeaseGrant) -> None:
 
 
 def write_many_reply(grants: Sequence[LeaseGrant]) -> pb.WriteManyReply:
-    """The reply of a write_many: each grant's `lease_message`, made in the reply's own list
-    (`add`), not made apart and copied in: 80 against 130 us for 100 leases."""
+    """The reply of a write_many: each grant's lease filled in the reply's own list (`add`,
+    `fill_lease`), not made apart and copied in: 80 against 130 us for 100 leases."""
     reply = pb.WriteManyReply()
     add = reply.leases.add
     for grant in grants:
-        if grant.granted is None:
-            add(id=grant.id, expires_at=grant.expires_at or 0.0)
-        else:
-            add(id=grant.id, expires_at=grant.expires_at or 0.0, granted_seconds=grant.granted)
+        fill_lease(add(), grant)
     return reply
 
 

@@ -70,12 +70,16 @@ def _classes() -> tuple[Any, ...]:
         type_name=f".{_PACKAGE}.EntryView",
         label=_Field.LABEL_REPEATED,
     )
+    return own_messages(file, "EntryView", "WriteManyView", "EntriesView")
+
+
+def own_messages(file: descriptor_pb2.FileDescriptorProto, *names: str) -> tuple[Any, ...]:
+    """The classes of `file`'s messages `names`, from a descriptor pool of their own: nothing is
+    added to protobuf's default pool (this module's views, transport/mux.py's MuxRequest view)."""
     pool = descriptor_pool.DescriptorPool()
     pool.Add(file)
-    return tuple(
-        message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{_PACKAGE}.{name}"))
-        for name in ("EntryView", "WriteManyView", "EntriesView")
-    )
+    found = pool.FindMessageTypeByName
+    return tuple(message_factory.GetMessageClass(found(f"{file.package}.{name}")) for name in names)
 
 
 EntryView, WriteManyView, EntriesView = _classes()

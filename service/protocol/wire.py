@@ -47,14 +47,15 @@ if _field(pb.WriteManyRequest, "entries").number != ENTRY_FIELD:
     raise AssertionError("WriteRequest.entry and WriteManyRequest.entries: not the same field")
 
 
-#: The varint of each length below 128 (a small entry's): `frame` looks it up, not encodes it.
-_SHORT_LENGTHS = [varint(length) for length in range(0x80)]
+#: The varints of one byte (0 to 127), looked up where a small length is framed on a hot path
+#: (`frame`, transport/mux.py's results) rather than encoded by a call of `varint`.
+ONE_BYTE_VARINTS = tuple(varint(value) for value in range(0x80))
 
 
 def frame(entry: bytes | memoryview) -> bytes:
     """An entry's payload: its encoding framed as a MatchReply's entries field (one copy)."""
     length = len(entry)
-    return b"".join((_ENTRIES, _SHORT_LENGTHS[length] if length < 0x80 else varint(length), entry))
+    return b"".join((_ENTRIES, ONE_BYTE_VARINTS[length] if length < 0x80 else varint(length), entry))
 
 
 def unframed(payload: bytes) -> memoryview:

@@ -47,12 +47,13 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Mappi
 from typing import Any, NamedTuple, cast
 
 import grpc
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf import descriptor_pb2
 from google.protobuf.message import DecodeError
 
 from outrig._protocol import BATCH_BYTES, LIMIT_KEY, OPS_BY_FIELD, tag, varint
 from outrig.service.exceptions import InvalidArgumentError
-from outrig.service.protocol import wire
+from outrig.service.protocol import views, wire
+from outrig.service.protocol.wire import ONE_BYTE_VARINTS
 from outrig.service.transport import handlers
 from outrig.service.transport.servicer import Failure, SpaceServicer, bounded
 from outrig.v1 import space_pb2 as pb
@@ -81,8 +82,6 @@ _METADATA_ENTRY = pb.MuxError.MetadataEntry.DESCRIPTOR.fields_by_name  # the map
 _METADATA_KEY = tag(_METADATA_ENTRY["key"])
 _METADATA_VALUE = tag(_METADATA_ENTRY["value"])
 _RESULTS = tag(pb.MuxReply.DESCRIPTOR.fields_by_name["results"])
-#: The varints of one byte (0 to 127): a small reply's length, without a call of `varint`.
-_ONE_BYTE = tuple(bytes((value,)) for value in range(0x80))
 
 
 class Operation(NamedTuple):
@@ -166,7 +165,7 @@ class Result:
                 _RESULT_ID,
                 varint(op_id),
                 _RESULT_TAGS[field],
-                _ONE_BYTE[length] if length < 0x80 else varint(length),  # most replies: a call less
+                ONE_BYTE_VARINTS[length] if length < 0x80 else varint(length),  # most replies: a call less
             )
         )
         self.body = body
@@ -219,7 +218,7 @@ def reply_message(results: list[Result]) -> bytes:
     parts: list[bytes] = []
     for result in results:
         size = result.size
-        parts += (_RESULTS, _ONE_BYTE[size] if size < 0x80 else varint(size), result.head, result.body)
+        parts += (_RESULTS, ONE_BYTE_VARINTS[size] if size < 0x80 else varint(size), result.head, result.body)
     return b"".join(parts)
 
 
@@ -250,9 +249,8 @@ def _view_classes() -> Any:
         type_name=f".{package}.MuxOpView",
         label=kind.LABEL_REPEATED,
     )
-    pool = descriptor_pool.DescriptorPool()
-    pool.Add(file)
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{package}.MuxRequestView"))
+    (view,) = views.own_messages(file, "MuxRequestView")
+    return view
 
 
 _RequestView = _view_classes()
