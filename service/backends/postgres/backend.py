@@ -535,6 +535,17 @@ class PostgresBackend(MemoryBackend):
             self.note(dead_letters.leaving(space, stored, dead, reason, self.clock.time()))
         finally:
             self._in_move = False
+        # Claimed once the letter's row has committed: a claim whose load read the table before
+        # then would miss the row and take it in only at its next look (a third of a lease later),
+        # and a read of the dead-letter space right after the nack would find it empty.
+        task = asyncio.current_task()
+        committed = None if task is None else self._moves.get(task)
+        if committed is None or committed.done():
+            self._claim_dead_letter_space(dead)
+        else:
+            committed.add_done_callback(lambda _: self._claim_dead_letter_space(dead))
+
+    def _claim_dead_letter_space(self, dead: str) -> None:
         if dead not in self._spaces and dead not in self._moving and not (self._draining or self.closing):
             self._start_claim(dead)  # refused (and logged) if another server owns it
 
