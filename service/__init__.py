@@ -6,11 +6,11 @@ objects, errors -> status codes) -> backend (where spaces live) -> engine (pure 
 
 from __future__ import annotations
 
-import importlib.metadata
-
 
 def software_version() -> str:
     """The installed outrig's version (recorded in the stores it creates)."""
+    import importlib.metadata  # here: 30 ms that `outrig serve` need not pay before its re-exec
+
     try:
         return importlib.metadata.version("outrig")
     except importlib.metadata.PackageNotFoundError:

@@ -3,7 +3,10 @@ decision, taken here on purpose (and in the CHANGELOG), never by accident."""
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -53,6 +56,29 @@ def test_outrig_exports_exactly_its_public_names() -> None:
     assert set(outrig.__all__) == OUTRIG
     assert len(outrig.__all__) == len(OUTRIG)  # no name twice
     assert all(hasattr(outrig, name) for name in outrig.__all__)
+
+
+def test_import_outrig_imports_no_sdk_module_until_a_name_is_used() -> None:
+    # PEP 562: `outrig serve` imports `outrig` (the package of outrig.service) before it may start
+    # itself again on tcmalloc, and a program that needs one name pays for that name's modules.
+    code = (
+        "import sys, outrig; before = sorted(m for m in sys.modules if m.startswith(('outrig.', 'grpc')));"
+        " outrig.Entry; entry = 'outrig._entry' in sys.modules and 'outrig._sync' not in sys.modules;"
+        " outrig.aio.connect; print(before, entry, 'outrig.aio._space' in sys.modules)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.split() == ["[]", "True", "True"]
+
+
+def test_each_name_is_its_modules_own() -> None:
+    for name in outrig.__all__:
+        if name != "__version__":
+            value = getattr(outrig, name)
+            home = importlib.import_module(outrig._WHERE[name])
+            assert getattr(home, name) is value, name
+    assert outrig.aio is importlib.import_module("outrig.aio")
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        outrig.nothing  # noqa: B018
 
 
 def test_outrig_aio_exports_exactly_its_public_names() -> None:

@@ -23,8 +23,6 @@ import dataclasses
 import json
 import re
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -148,6 +146,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _stats(address: str) -> int:
+    import urllib.error  # here, as gRPC is in the other commands: `outrig serve` has no use for them
+    import urllib.request
+
     url = address if "://" in address else f"http://{address}/metrics"
     try:
         with urllib.request.urlopen(url, timeout=10) as reply:

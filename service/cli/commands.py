@@ -245,7 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command != "serve":
         return _store_command(args)
     try:
-        from outrig.service import process, supervisor
+        from outrig.service import process
         from outrig.service.config import load_config
         from outrig.service.workers import WorkerRole, resolve_workers
     except ImportError as err:  # pragma: no cover - depends on the install
@@ -287,6 +287,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         configure_logging(config.log_level, config.log_format, "" if role is None else role.name)
         if own_command_line:
             process.run_on_allocator(config.allocator)  # tcmalloc: this process starts again on it
+        from outrig.service import supervisor  # after: what a re-executed process imports again
+
         if role is not None:
             config = supervisor.worker_config(config, role)
         elif resolve_workers(config.workers) > 1:

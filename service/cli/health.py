@@ -21,10 +21,12 @@ import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-
-import grpc
+from typing import TYPE_CHECKING
 
 from outrig.service.config import DEFAULT_LISTEN
+
+if TYPE_CHECKING:  # gRPC is imported by the probe itself: `outrig serve` has no use for it before its re-exec
+    import grpc
 
 _ANY_ADDRESS = {"0.0.0.0": "127.0.0.1", "::": "::1", "[::]": "[::1]", "": "127.0.0.1"}
 
@@ -66,6 +68,8 @@ def default_address(environ: Mapping[str, str] | None = None) -> str:
 
 
 def _channel(args: argparse.Namespace, address: str) -> grpc.Channel:
+    import grpc
+
     if args.tls_ca is None and args.tls_cert is None and args.tls_key is None:
         if args.server_name is not None:
             raise ValueError("--server-name needs TLS (--tls-ca)")
@@ -83,6 +87,7 @@ def _channel(args: argparse.Namespace, address: str) -> grpc.Channel:
 
 def probe(args: argparse.Namespace) -> tuple[bool, str]:
     """(serving, what to print)."""
+    import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     address = args.address or default_address()
