@@ -70,15 +70,24 @@ def start_server(
     cwd: Path | None = None,
     preexec_fn: Callable[[], None] | None = None,
     metrics: bool = False,
+    allocator: str | None = "glibc",
 ) -> ServerProcess:
     """Start `outrig serve --listen 127.0.0.1:0 ARGS...` and wait for its listening line.
     `preexec_fn` runs in the child before outrig starts (to set resource limits). With `metrics`,
-    it also serves Prometheus metrics on a free port, whose state tests can poll (tests/polling.py)."""
+    it also serves Prometheus metrics on a free port, whose state tests can poll (tests/polling.py).
+
+    `allocator` is its OUTRIG_ALLOCATOR (a flag in ARGS or the variable in `env` wins): glibc, the
+    allocator it starts with, unless a test asks for another; None leaves `outrig serve`'s default
+    (auto), which re-executes the process on tcmalloc where it is installed, 0.2-0.3 s of every
+    start that a test not about the allocator need not pay. The session's `server` runs on the
+    default, and tests/service/test_process.py checks each choice."""
     metrics_listen = f"127.0.0.1:{free_port()}" if metrics else None
     command = [sys.executable, "-m", "outrig.service", "serve", "--listen", "127.0.0.1:0", *args]
     if metrics_listen is not None:
         command += ["--metrics-listen", metrics_listen]
     environment = {k: v for k, v in os.environ.items() if not k.startswith("OUTRIG_")}
+    if allocator is not None:
+        environment["OUTRIG_ALLOCATOR"] = allocator
     environment.update(env or {})
     log = Path(tempfile.mkstemp(prefix="outrig-server-", suffix=".log")[1])
     with log.open("w") as stderr:
@@ -104,7 +113,9 @@ def start_server(
 
 @pytest.fixture(scope="session")
 def server() -> Iterator[ServerProcess]:
-    running = start_server(metrics=True)  # tests poll its parked waiters (tests/polling.py)
+    # On `outrig serve`'s default allocator, as operators run it; tests poll its parked waiters
+    # (tests/polling.py).
+    running = start_server(metrics=True, allocator=None)
     yield running
     assert running.stop() == 0, "the server did not shut down cleanly on SIGTERM"
 

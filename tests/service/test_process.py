@@ -296,7 +296,7 @@ def test_tcmalloc_is_found_in_the_library_directories(tmp_path: Path) -> None:
 def _serving_with(*args: str, env: dict[str, str] | None = None) -> tuple[bool, str]:
     """Whether a real `outrig serve ARGS` maps tcmalloc once it listens, and its log."""
     running = start_server(
-        "--in-memory", "--log-level", "DEBUG", *args, env=_clean_environment(**(env or {}))
+        "--in-memory", "--log-level", "DEBUG", *args, env=_clean_environment(**(env or {})), allocator=None
     )
     try:
         with open(f"/proc/{running.process.pid}/maps") as maps:
