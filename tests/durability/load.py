@@ -15,8 +15,14 @@ from dataclasses import dataclass, field
 
 import outrig
 
+from ..polling import wait_until
+
 WRITERS = 3
 TAKERS = 3
+#: The acknowledged writes, and the takes and moves, a run must have had to mean anything (check).
+ENOUGH = 100
+#: The longest load_through_kills waits for that much load after its last kill.
+ENOUGH_TIMEOUT = 120.0
 
 
 @dataclass
@@ -183,9 +189,10 @@ def load_through_kills(
     address: Callable[[], str], clients: Clients, kills: int, kill: Callable[[], None], pause: float = 1.5
 ) -> tuple[Tally, float]:
     """Run the load on `address()` while `kill()` is called `kills` times, each after a pause of
-    0.3 s to `pause` (random, from the clients' seed), and then half a second more; stop it.
-    What the clients were told, and the seconds the load ran (it checks every client stopped
-    and none saw a call fail despite its retries)."""
+    0.3 s to `pause` (random, from the clients' seed), and then half a second more, or until the
+    clients have written and taken ENOUGH (what `check` asks for: the pauses are times, and on a
+    loaded machine fewer calls fit in them); stop it. What the clients were told, and the seconds
+    the load ran (it checks every client stopped and none saw a call fail despite its retries)."""
     stop = threading.Event()
     tally = Tally()
     threads = start_load(address, stop, tally, clients)
@@ -196,12 +203,26 @@ def load_through_kills(
             time.sleep(rng.uniform(0.3, pause))
             kill()
         time.sleep(0.5)  # some load on the last incarnation too
+        wait_until(
+            lambda: tally.errors or enough(tally),
+            ENOUGH_TIMEOUT,
+            what=lambda: (
+                f"{ENOUGH} writes and takes (written {tally.count(tally.acknowledged)}, taken "
+                f"{tally.count(tally.taken) + tally.count(tally.moved)})"
+            ),
+        )
     finally:
         stop_load(threads, stop, clients)
     loaded = time.monotonic() - started
     assert not any(thread.is_alive() for thread in threads), "a client thread did not stop"
     assert not tally.errors, f"client calls failed despite retries: {tally.errors}"
     return tally, loaded
+
+
+def enough(tally: Tally) -> bool:
+    """Whether the clients have written and taken (or moved) ENOUGH entries."""
+    taken = tally.count(tally.taken) + tally.count(tally.moved)
+    return tally.count(tally.acknowledged) >= ENOUGH and taken >= ENOUGH
 
 
 def check(
@@ -235,7 +256,7 @@ def check(
         "the Moved entries are not the committed moves: "
         f"{sorted(set(map(str, moved_over)) ^ set(moved_list))[:20]}"
     )
-    assert len(acknowledged) >= 100 and len(taken) >= 100, (
+    assert len(acknowledged) >= ENOUGH and len(taken) >= ENOUGH, (
         f"too little load to mean anything: {len(acknowledged)} written, {len(taken)} taken"
     )
     assert retries > 0, "no call was interrupted by the kills, so nothing was tested"
