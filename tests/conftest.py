@@ -18,10 +18,17 @@ from pathlib import Path
 from typing import NoReturn
 
 import pytest
+from hypothesis import settings
 
 from .postgres_server import PostgresServer, find_bindir, running_postgres
 
 _LISTENING = re.compile(r"outrig listening on (\S+)")
+
+# No per-example deadline in any property test: hypothesis' default (200 ms) is a timing assertion,
+# which a loaded machine fails on an example that is merely slow (test_wire's 70 kB entries did).
+# A test keeps its own `@settings`; only the deadline's default changes.
+settings.register_profile("outrig", deadline=None)
+settings.load_profile("outrig")
 
 
 def missing_tool(what: str, install: str) -> NoReturn:
