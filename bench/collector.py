@@ -8,7 +8,8 @@ with that checkout's bench directory) serves R rounds of N pairs, one fresh proc
 interpreters' rounds interleaved. A round builds the in-memory server as mux_inprocess.py does
 (`tune_collector`, then a collection and `gc.freeze()` of the start-up heap, as `outrig serve`
 does) and serves its stream with `gc.callbacks` timing every collection in thread CPU time.
-Prints, per pair, medians over the rounds: the collector's CPU, the whole CPU (so its share),
+Prints, per pair, medians over the rounds: the collector's CPU (all, and by generation), the
+whole CPU (so its share),
 collections per 1,000 pairs of each generation, and the tracked objects the server still holds
 once the stream is over (len(gc.get_objects()) after a collection, less the count before the
 stream); ``--types`` adds those objects by type (the last round's). Asserts nothing.
@@ -30,14 +31,14 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-_FIGURES = ("collector_us", "cpu_us", "kept", "gen0", "gen1", "gen2")
+_FIGURES = ("collector_us", "cpu_us", "kept", "gen0", "gen1", "gen2", "gen0_us", "gen1_us", "gen2_us")
 
 
 class _Timer:
     """A `gc.callbacks` entry: thread CPU time and count of collections, by generation."""
 
     def __init__(self) -> None:
-        self.seconds = 0.0
+        self.seconds = [0.0, 0.0, 0.0]
         self.collections = [0, 0, 0]
         self._began = 0.0
 
@@ -45,11 +46,13 @@ class _Timer:
         if phase == "start":
             self._began = time.thread_time()
         else:
-            self.seconds += time.thread_time() - self._began
+            self.seconds[info["generation"]] += time.thread_time() - self._began
             self.collections[info["generation"]] += 1
 
 
-async def _serve(rounds: list[tuple[bytes, bytes]], pairs: int) -> dict[str, Any]:
+async def _serve(
+    rounds: list[tuple[bytes, bytes]], pairs: int, thresholds: tuple[int, ...] | None
+) -> dict[str, Any]:
     from mux_inprocess import _Context
 
     from outrig.service import process
@@ -59,6 +62,8 @@ async def _serve(rounds: list[tuple[bytes, bytes]], pairs: int) -> dict[str, Any
     server = OutrigServer(ServerConfig(in_memory=True, listen="127.0.0.1:0", log_level="WARNING"))
     context = _Context()
     process.tune_collector()
+    if thresholds:
+        gc.set_threshold(*thresholds)
     gc.collect()
     gc.freeze()
     before = len(gc.get_objects())
@@ -82,7 +87,10 @@ async def _serve(rounds: list[tuple[bytes, bytes]], pairs: int) -> dict[str, Any
     held = gc.get_objects()
     types = collections.Counter(type(each).__qualname__ for each in held)
     return {
-        "collector_us": timer.seconds / pairs * 1e6,
+        "collector_us": sum(timer.seconds) / pairs * 1e6,
+        "gen0_us": timer.seconds[0] / pairs * 1e6,
+        "gen1_us": timer.seconds[1] / pairs * 1e6,
+        "gen2_us": timer.seconds[2] / pairs * 1e6,
         "cpu_us": cpu / pairs * 1e6,
         "kept": (len(held) - before) / pairs,
         "gen0": timer.collections[0] / pairs * 1000,
@@ -93,12 +101,12 @@ async def _serve(rounds: list[tuple[bytes, bytes]], pairs: int) -> dict[str, Any
     }
 
 
-def _round(pairs: int, tasks: int) -> None:
+def _round(pairs: int, tasks: int, thresholds: tuple[int, ...] | None) -> None:
     """One round in this process; prints its figures as JSON."""
     from mux_inprocess import _messages
 
     rounds = _messages(tasks, pairs)
-    figures = asyncio.run(_serve(rounds, pairs))
+    figures = asyncio.run(_serve(rounds, pairs, thresholds))
     del figures["server"]
     print(json.dumps(figures))
 
@@ -116,6 +124,7 @@ def _run(python: str, args: argparse.Namespace) -> dict[str, Any]:
             str(args.pairs),
             "--tasks",
             str(args.tasks),
+            *(["--thresholds", args.thresholds] if args.thresholds else []),
         ],
         cwd=bench,
         env={**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": str(bench)},
@@ -136,10 +145,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tasks", type=int, default=10)
     parser.add_argument("--types", action="store_true", help="the objects kept, by type")
+    parser.add_argument(
+        "--thresholds", help="the collector's thresholds after tune_collector's, e.g. 10000,10,10"
+    )
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        _round(args.pairs, args.tasks)
+        thresholds = tuple(int(each) for each in args.thresholds.split(",")) if args.thresholds else None
+        _round(args.pairs, args.tasks, thresholds)
         return
     load = " ".join(f"{figure:.2f}" for figure in os.getloadavg())
     print(
@@ -155,7 +168,8 @@ def main() -> None:
         median = {name: statistics.median(run[name] for run in runs) for name in _FIGURES}
         print(
             f"{python}: collector {median['collector_us']:.1f} us of {median['cpu_us']:.1f} "
-            f"({median['collector_us'] / median['cpu_us']:.1%}); collections per 1,000 pairs "
+            f"({median['collector_us'] / median['cpu_us']:.1%}; by generation {median['gen0_us']:.1f} / "
+            f"{median['gen1_us']:.1f} / {median['gen2_us']:.1f}); collections per 1,000 pairs "
             f"{median['gen0']:.1f} / {median['gen1']:.2f} / {median['gen2']:.3f}; "
             f"tracked objects kept {median['kept']:.2f}"
         )
