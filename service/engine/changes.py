@@ -21,6 +21,14 @@ Durable subscriptions (named, per space) are positions kept here too: `subscribe
 attaches one, at most one stream attached at once; `ack` moves it forward; `unsubscribe`
 deletes it. They do not hold back retention.
 
+What the log holds, for the cyclic collector: the changes' entries by seq (a taken entry lives
+on here until retention drops its change) and, by seq too, each change's kind, time, transaction
+and visible_at as one tuple of atomic values (shared by a batch's changes), which CPython's
+collector untracks. A `Change` is made for whoever asks (the hook of `append_many`, `after`) and
+not kept: an in-memory server's log holds 100,000 changes by default, and a slotted object per
+change was walked by every full collection (docs/performance.md, "What the server keeps per pair,
+and the collector").
+
 Pure: no I/O; the backend records each change (its `on_change` hook) and restores the log at load.
 """
 
@@ -93,8 +101,10 @@ class ChangeLog:
         self.space = space  # for messages
         self.epoch = new_epoch() if epoch is None else epoch
         self.head = 0  # seq of the newest change; 0: none yet
-        # By seq, looked up by key only (never iterated from the front, where trimming deletes).
-        self._changes: dict[int, Change] = {}
+        # By seq, looked up by key only (never iterated from the front, where trimming deletes):
+        # each change's entry, and its (kind, at, transaction, visible_at).
+        self._entries: dict[int, StoredEntry] = {}
+        self._facts: dict[int, tuple[str, float, int, float | None]] = {}
         self._oldest = 1
         self._bytes = 0
         self.subscriptions: dict[str, int] = {}  # durable subscription -> position
@@ -109,7 +119,7 @@ class ChangeLog:
 
     @property
     def count(self) -> int:
-        return len(self._changes)
+        return len(self._entries)
 
     @property
     def bytes(self) -> int:
@@ -139,16 +149,18 @@ class ChangeLog:
         """`append` of a call's entries, in order, at one time: the same changes, trimmed once
         for the batch (so a full log drops its oldest in one pass, not one call per change)."""
         first = self.head + 1
-        made = [
-            Change(seq, kind, stored, at, transaction, visible_at)
-            for seq, stored in zip(range(first, first + len(entries)), entries, strict=True)
-        ]
-        changes = self._changes
-        for change in made:
-            changes[change.seq] = change
+        facts = (kind, at, transaction, visible_at)
+        held, known = self._entries, self._facts
+        made = []
+        size = 0
+        for seq, stored in zip(range(first, first + len(entries)), entries, strict=True):
+            held[seq] = stored
+            known[seq] = facts
+            size += stored.size
+            made.append(Change(seq, kind, stored, at, transaction, visible_at))
         self.head = first + len(made) - 1
-        self._bytes += sum(change.size for change in made)
-        if len(changes) > self.max_count or self._bytes > self.max_bytes:
+        self._bytes += size + CHANGE_OVERHEAD * len(made)  # Change.size of each
+        if len(held) > self.max_count or self._bytes > self.max_bytes:
             self._trim_size()
         return made
 
@@ -157,8 +169,11 @@ class ChangeLog:
         is older: the caller checks positions with `check`)."""
         start = max(seq + 1, self._oldest)
         stop = min(self.head, start + limit - 1)
-        changes = self._changes
-        return [changes[each] for each in range(start, stop + 1)]
+        held, known, changes = self._entries, self._facts, []
+        for each in range(start, stop + 1):
+            kind, at, transaction, visible_at = known[each]
+            changes.append(Change(each, kind, held[each], at, transaction, visible_at))
+        return changes
 
     def check(self, position: int, field: str = "since") -> None:
         """Refuse a position this log cannot read after: compacted (older than the oldest held
@@ -178,14 +193,16 @@ class ChangeLog:
     # ------------------------------------------------------------------ retention
 
     def _drop_oldest(self) -> None:
-        change = self._changes.pop(self._oldest)
-        self._bytes -= change.size
+        del self._facts[self._oldest]
+        self._bytes -= self._entries.pop(self._oldest).size + CHANGE_OVERHEAD  # its Change.size
         self._oldest += 1
 
     def _trim_size(self) -> None:
-        changes, oldest, size = self._changes, self._oldest, self._bytes
-        while changes and (len(changes) > self.max_count or size > self.max_bytes):
-            size -= changes.pop(oldest).size  # `_drop_oldest`, with the figures in locals
+        held, known, oldest, size = self._entries, self._facts, self._oldest, self._bytes
+        while held and (len(held) > self.max_count or size > self.max_bytes):
+            # `_drop_oldest`, with the figures in locals
+            del known[oldest]
+            size -= held.pop(oldest).size + CHANGE_OVERHEAD
             oldest += 1
         self._oldest, self._bytes = oldest, size
 
@@ -195,17 +212,18 @@ class ChangeLog:
         before = self._oldest
         self._trim_size()
         cutoff = now - self.max_age
-        changes = self._changes
-        while changes and changes[self._oldest].at < cutoff:
+        known = self._facts
+        while known and known[self._oldest][1] < cutoff:  # its `at`
             self._drop_oldest()
         return self._oldest if self._oldest != before else None
 
     def rewind(self, head: int) -> None:
         """Undo of a failed batch: drop the changes above `head` (what they trimmed stays gone)."""
         while self.head > head:
-            change = self._changes.pop(self.head, None)
-            if change is not None:
-                self._bytes -= change.size
+            stored = self._entries.pop(self.head, None)
+            if stored is not None:
+                del self._facts[self.head]
+                self._bytes -= stored.size + CHANGE_OVERHEAD
             self.head -= 1
         self._oldest = min(self._oldest, self.head + 1)
 
@@ -215,7 +233,8 @@ class ChangeLog:
         with a gap, or whose last change is not its head, is held from after the gap (what
         cannot be shown whole is compacted, never shown with a hole)."""
         self.epoch = epoch
-        self._changes.clear()
+        self._entries.clear()
+        self._facts.clear()
         self._bytes = 0
         loaded = list(changes)
         last = loaded[-1].seq if loaded else 0
@@ -227,7 +246,8 @@ class ChangeLog:
                 loaded = loaded[at:]
                 break
         for change in loaded:
-            self._changes[change.seq] = change
+            self._entries[change.seq] = change.entry
+            self._facts[change.seq] = (change.kind, change.at, change.transaction, change.visible_at)
             self._bytes += change.size
         self._oldest = loaded[0].seq if loaded else self.head + 1
         self._trim_size()

@@ -4,9 +4,14 @@ in flight waits for it, and learns whether it acted; a call nobody waits for mak
 from __future__ import annotations
 
 import asyncio
+import gc
+
+import pytest
 
 from outrig.service.backends.memory.idempotency import Outcome, RequestLog
 from outrig.service.engine.clock import FakeClock
+from outrig.service.engine.model import LeaseGrant
+from outrig.service.exceptions import RequestConflictError
 
 
 async def _retry_waits(settle: str) -> tuple[bool, bool]:
@@ -41,7 +46,8 @@ async def test_a_call_nobody_waits_for_makes_no_future() -> None:
     log.finish(outcome, ["entry"])
     # Asked once the call is over, it says so: nothing to wait for, the result is there.
     assert outcome.done is None
-    assert log.find("id-2", "default", "take") is outcome and outcome.result == ["entry"]
+    found = log.find("id-2", "default", "take")
+    assert found is not None and found.done is None and found.result == ["entry"]
 
 
 async def test_forgetting_a_space_ends_its_waits() -> None:
@@ -59,3 +65,78 @@ def test_an_id_recovered_from_the_store_has_nothing_to_wait_for() -> None:
     log.restore("id-4", "default", "write", expires_at=2_000_000.0)
     found = log.find("id-4", "default", "write")
     assert isinstance(found, Outcome) and found.done is None
+
+
+@pytest.mark.parametrize(
+    ("kind", "result"),
+    [
+        ("write", [LeaseGrant(7, 1_000.5, 300.0), LeaseGrant(9, None, None)]),
+        ("take", ["entry-1", "entry-2"]),
+        ("deliver", (12, 1, None, None)),
+        ("commit", None),
+        ("take", []),
+    ],
+)
+def test_a_retry_gets_the_result_the_first_call_returned(kind: str, result: object) -> None:
+    log = RequestLog(60.0, FakeClock())
+    log.finish(log.begin("id", "jobs", kind), result)
+    found = log.find("id", "jobs", kind)
+    assert found is not None and found.done is None
+    assert found.result == result and type(found.result) is type(result)
+    assert (found.space, found.kind) == ("jobs", kind)
+    with pytest.raises(RequestConflictError):
+        log.find("id", "other", kind)
+
+
+def test_a_finished_write_leaves_nothing_for_the_collector_to_walk() -> None:
+    log = RequestLog(60.0, FakeClock())
+    for number in range(100):
+        log.finish(log.begin(f"id-{number}", "jobs", "write"), [LeaseGrant(number, 1_000.0, 60.0)])
+    gc.collect()  # untracks tuples of atomic values
+    records = list(log._outcomes.values()) + list(log._order)
+    assert len(records) == 200 and not any(gc.is_tracked(record) for record in records)
+
+
+def test_an_id_abandoned_after_it_finished_is_forgotten() -> None:
+    # A durable server under `interval`: the call answered (finish), then its batch failed.
+    log = RequestLog(60.0, FakeClock())
+    outcome = log.begin("id", "jobs", "write")
+    log.finish(outcome, None)
+    log.abandon(outcome, store_failed=True)
+    assert log.find("id", "jobs", "write") is None and len(log) == 0
+
+
+def test_an_abandoned_call_does_not_forget_a_later_call_with_its_id() -> None:
+    log = RequestLog(60.0, FakeClock())
+    first = log.begin("id", "jobs", "write")
+    log.abandon(first)
+    second = log.begin("id", "jobs", "write")
+    log.finish(second, [LeaseGrant(1, None, None)])
+    log.abandon(first)
+    found = log.find("id", "jobs", "write")
+    assert found is not None and found.result == [LeaseGrant(1, None, None)]
+
+
+def test_ids_are_forgotten_once_their_window_has_passed() -> None:
+    clock = FakeClock()
+    log = RequestLog(60.0, clock)
+    log.finish(log.begin("a", "jobs", "write"), [LeaseGrant(1, None, None)])
+    clock.advance(30.0)
+    log.restore("b", "jobs", "take", expires_at=clock.time() + 60.0)
+    in_flight = log.begin("c", "jobs", "take")
+    clock.advance(30.0)
+    assert log.prune() == 1 and log.find("a", "jobs", "write") is None and len(log) == 2
+    clock.advance(60.0)
+    assert log.prune() == 2 and len(log) == 0
+    log.finish(in_flight, ["late"])  # the window passed while it acted: nothing kept
+    assert len(log) == 0
+
+
+def test_forgetting_a_space_forgets_its_finished_ids_only() -> None:
+    log = RequestLog(60.0, FakeClock())
+    log.finish(log.begin("a", "jobs", "write"), [LeaseGrant(1, None, None)])
+    log.finish(log.begin("b", "other", "write"), [LeaseGrant(2, None, None)])
+    log.restore("c", "jobs", "take", expires_at=2_000_000.0)
+    log.forget_space("jobs")
+    assert log.find("a", "jobs", "write") is None and log.find("c", "jobs", "take") is None
+    assert log.find("b", "other", "write") is not None

@@ -9,6 +9,15 @@ survives a crash, and a restart reloads the ids still inside their window.
 Memory: an id costs a small record for its window. Results are kept in memory only on an
 in-memory server (there is nowhere else to keep them); a durable server reads a result back from
 the store in the rare case of a retry.
+
+The cyclic collector: an in-memory server keeps two ids per write+take pair for 120 s (the
+default window), so what they are kept as is walked by every full collection. A call in flight is
+an `Outcome` (its waiters need its future); once it has acted, its record is replaced by a
+`_Finished` tuple of atomic values (space, kind, expiry, and a write's leases as their ids,
+expiries and grants, flat), which CPython's collector untracks at its first young collection; the queue of
+expiries holds (expires_at, request id) tuples likewise. A take's result keeps its entries
+(a tuple of them: one tracked object). A retry is given an `Outcome` made from the record
+(docs/performance.md, "What the server keeps per pair, and the collector").
 """
 
 from __future__ import annotations
@@ -18,13 +27,24 @@ from collections import deque
 from typing import Any
 
 from outrig.service.engine.clock import Clock
+from outrig.service.engine.model import LeaseGrant
 from outrig.service.exceptions import RequestConflictError
 
 
 class Outcome:
     """What is known of one request id: which call made it, and its result once done."""
 
-    __slots__ = ("_done", "_in_flight", "committing", "expires_at", "kind", "request_id", "result", "space")
+    __slots__ = (
+        "_done",
+        "_in_flight",
+        "committing",
+        "expires_at",
+        "kind",
+        "record",
+        "request_id",
+        "result",
+        "space",
+    )
 
     def __init__(
         self, request_id: str, space: str, kind: str, expires_at: float, *, in_flight: bool = False
@@ -39,6 +59,8 @@ class Outcome:
         self.committing = False
         self._in_flight = in_flight  # a first call still acting (not an id recovered from the store)
         self._done: asyncio.Future[bool] | None = None
+        # What the request log holds for it once it acted (RequestLog.finish): its `_Finished`.
+        self.record: tuple[Any, ...] | None = None
 
     @property
     def done(self) -> asyncio.Future[bool] | None:
@@ -58,22 +80,62 @@ class Outcome:
             self._done.set_result(acted)
 
 
+#: A `_Finished` record's forms of a result: as given, a list of leases, another list.
+_AS_GIVEN, _LEASES, _LIST = 0, 1, 2
+
+#: An id whose first call has acted: (space, kind, expires_at, form, result ...), one plain tuple
+#: (CPython untracks only exact tuples, and a tuple in a tuple only one collection after its
+#: members, so the result's values are its last members), of atomic values but a take's entries.
+_Finished = tuple[Any, ...]
+
+
+def _finished(outcome: Outcome, result: Any) -> _Finished:
+    """The record of `outcome`, which acted with `result`: a list of leases as their (id,
+    expires_at, granted) values, any other list as its members (a retry is given a list again)."""
+    head = (outcome.space, outcome.kind, outcome.expires_at)
+    if result.__class__ is list:
+        if result and all(each.__class__ is LeaseGrant for each in result):
+            leases = [value for grant in result for value in (grant.id, grant.expires_at, grant.granted)]
+            return (*head, _LEASES, *leases)
+        return (*head, _LIST, *result)
+    return (*head, _AS_GIVEN, result)
+
+
+def _given(request_id: str, record: _Finished) -> Outcome:
+    """A finished record as an `Outcome` with the first call's result (nothing to wait for)."""
+    space, kind, expires_at, form = record[:4]
+    outcome = Outcome(request_id, space, kind, expires_at)
+    if form == _LEASES:
+        outcome.result = [LeaseGrant(*record[at : at + 3]) for at in range(4, len(record), 3)]
+    elif form == _LIST:
+        outcome.result = list(record[4:])
+    else:
+        outcome.result = record[4]
+    return outcome
+
+
 class RequestLog:
     """Request ids seen within the window, oldest first."""
 
     def __init__(self, window: float, clock: Clock) -> None:
         self.window = window
         self._clock = clock
-        self._outcomes: dict[str, Outcome] = {}
-        self._order: deque[Outcome] = deque()
+        # An id's call in flight, or its `_Finished` record once it acted.
+        self._outcomes: dict[str, Outcome | _Finished] = {}
+        self._order: deque[tuple[float, str]] = deque()  # (expires_at, request id), oldest first
 
     def __len__(self) -> int:
         return len(self._outcomes)
 
     def find(self, request_id: str, space: str, kind: str) -> Outcome | None:
-        """The earlier call with this id, if it is still remembered; a conflict if it was another call."""
-        outcome = self._outcomes.get(request_id)
-        if outcome is None or outcome.expires_at <= self._clock.time():
+        """The earlier call with this id, if it is still remembered; a conflict if it was another
+        call. One that has acted is given as a new `Outcome` with its result."""
+        record = self._outcomes.get(request_id)
+        if record is None:
+            return None
+        outcome = _given(request_id, record) if record.__class__ is tuple else record
+        assert isinstance(outcome, Outcome)
+        if outcome.expires_at <= self._clock.time():
             return None
         if outcome.space != space or outcome.kind != kind:
             raise RequestConflictError(
@@ -90,40 +152,59 @@ class RequestLog:
 
     def restore(self, request_id: str, space: str, kind: str, expires_at: float) -> None:
         """Remember an id recovered from the store (its result stays there)."""
-        self._add(Outcome(request_id, space, kind, expires_at))
+        self._outcomes[request_id] = (space, kind, expires_at, _AS_GIVEN, None)
+        self._order.append((expires_at, request_id))
 
     def _add(self, outcome: Outcome) -> None:
         self._outcomes[outcome.request_id] = outcome
-        self._order.append(outcome)
+        self._order.append((outcome.expires_at, outcome.request_id))
 
     def finish(self, outcome: Outcome, result: Any) -> None:
-        """The first call acted; `result` is kept for retries when there is no store."""
+        """The first call acted; `result` is kept for retries when there is no store (as a
+        `_Finished` record, in the place of `outcome`)."""
         outcome.result = result
         outcome.settle(True)
+        if self._holds(outcome):
+            outcome.record = _finished(outcome, result)
+            self._outcomes[outcome.request_id] = outcome.record
+
+    def _holds(self, outcome: Outcome) -> bool:
+        """Whether the log's record of `outcome`'s id is still `outcome`'s (or its `_Finished`)."""
+        record = self._outcomes.get(outcome.request_id)
+        return record is not None and (record is outcome or record is outcome.record)
 
     def abandon(self, outcome: Outcome, *, store_failed: bool = False) -> None:
         """The first call failed without acting: forget the id, so a retry acts afresh. Once its
         change is queued for the store, only the store's failure counts as not acting."""
         if outcome.committing and not store_failed:
             return
-        if self._outcomes.get(outcome.request_id) is outcome:
+        if self._holds(outcome):
             del self._outcomes[outcome.request_id]
         outcome.settle(False)
 
     def forget_space(self, space: str) -> None:
         """Forget every id of `space` (no longer served here); calls in flight see theirs fail."""
-        for request_id, outcome in list(self._outcomes.items()):
-            if outcome.space == space:
+        for request_id, record in list(self._outcomes.items()):
+            if isinstance(record, Outcome):
+                if record.space == space:
+                    del self._outcomes[request_id]
+                    record.settle(False)
+            elif record[0] == space:
                 del self._outcomes[request_id]
-                outcome.settle(False)
 
     def prune(self, limit: int = 10_000) -> int:
         """Forget up to `limit` ids whose window has passed; returns how many."""
         now = self._clock.time()
-        order, pruned = self._order, 0
-        while order and pruned < limit and order[0].expires_at <= now:
-            outcome = order.popleft()
-            if self._outcomes.get(outcome.request_id) is outcome:
-                del self._outcomes[outcome.request_id]
+        order, outcomes, pruned = self._order, self._outcomes, 0
+        while order and pruned < limit and order[0][0] <= now:
+            _, request_id = order.popleft()
+            # The id's record now may be a later call's (the first abandoned): only if it is over.
+            record = outcomes.get(request_id)
+            if record is not None and _expiry(record) <= now:
+                del outcomes[request_id]
             pruned += 1
         return pruned
+
+
+def _expiry(record: Outcome | _Finished) -> float:
+    return record.expires_at if isinstance(record, Outcome) else record[2]

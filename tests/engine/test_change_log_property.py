@@ -1,0 +1,141 @@
+"""The change log alone (engine/changes.py) against a naive model, a list of `Change`s: for random
+batches of appends (kinds, sizes, times, transactions, visible_at), trims by count, bytes and age,
+rewinds of the last batch and restores, the log holds exactly the model's changes (the same
+`Change`s back from `after`, from any position in batches of any size), the same oldest, head,
+count and bytes; and what it keeps per change is untracked by the cyclic collector but for the
+entry itself."""
+
+from __future__ import annotations
+
+import gc
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from outrig.service.engine.changes import CHANGE_KINDS, CHANGE_OVERHEAD, Change, ChangeLog
+from outrig.service.engine.model import NewEntry, StoredEntry
+
+APPEND = st.tuples(
+    st.just("append"),
+    st.sampled_from(CHANGE_KINDS),
+    st.lists(st.integers(0, 300), min_size=1, max_size=4),  # the entries' sizes
+    st.floats(0.0, 5.0),  # time passed before it
+    st.integers(0, 2),  # transaction
+    st.none() | st.floats(0.0, 100.0),  # visible_at
+)
+OPS = st.one_of(
+    APPEND,
+    st.tuples(st.just("trim"), st.floats(0.0, 20.0)),
+    st.tuples(st.just("rewind")),
+    st.tuples(st.just("restore")),
+)
+
+
+def _entry(entry_id: int, size: int) -> StoredEntry:
+    return StoredEntry(entry_id, NewEntry("T", (), {}, b"x" * size, size), None)
+
+
+class Model:
+    """The log as a list of changes, trimmed as the module docstring says."""
+
+    def __init__(self, max_count: int, max_age: float, max_bytes: int) -> None:
+        self.max_count, self.max_age, self.max_bytes = max_count, max_age, max_bytes
+        self.changes: list[Change] = []
+        self.head = 0
+        self.oldest = 1
+
+    def bytes(self) -> int:
+        return sum(change.entry.size + CHANGE_OVERHEAD for change in self.changes)
+
+    def trim_size(self) -> None:
+        while self.changes and (len(self.changes) > self.max_count or self.bytes() > self.max_bytes):
+            self.changes.pop(0)
+            self.oldest += 1
+
+    def append(self, made: list[Change]) -> None:
+        self.changes += made
+        self.head = made[-1].seq
+        self.trim_size()
+
+    def trim(self, now: float) -> None:
+        self.trim_size()
+        while self.changes and self.changes[0].at < now - self.max_age:
+            self.changes.pop(0)
+            self.oldest += 1
+
+    def rewind(self, head: int) -> None:
+        self.changes = [change for change in self.changes if change.seq <= head]
+        self.head = head
+        self.oldest = min(self.oldest, head + 1)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    max_count=st.integers(1, 8),
+    max_age=st.floats(1.0, 10.0),
+    max_bytes=st.integers(100, 2_000),
+    ops=st.lists(OPS, max_size=30),
+    limit=st.integers(1, 5),
+)
+def test_the_log_holds_what_the_model_holds(
+    max_count: int, max_age: float, max_bytes: int, ops: list[tuple], limit: int
+) -> None:
+    log = ChangeLog(max_count, max_age, max_bytes)
+    model = Model(max_count, max_age, max_bytes)
+    now, entry_id, before_last = 0.0, 0, None
+    for op in ops:
+        if op[0] == "append":
+            _, kind, sizes, passed, transaction, visible_at = op
+            now += passed
+            entries = [_entry(entry_id + at, size) for at, size in enumerate(sizes)]
+            entry_id += len(sizes)
+            before_last = log.head
+            made = log.append_many(kind, entries, now, transaction, visible_at)
+            first = model.head + 1
+            expected = [
+                Change(first + at, kind, stored, now, transaction, visible_at)
+                for at, stored in enumerate(entries)
+            ]
+            assert made == expected
+            model.append(expected)
+        elif op[0] == "trim":
+            now += op[1]
+            moved = log.trim(now)
+            oldest = model.oldest
+            model.trim(now)
+            assert moved == (model.oldest if model.oldest != oldest else None)
+        elif op[0] == "rewind" and before_last is not None:
+            log.rewind(before_last)  # the undo of the last batch, as a failed store batch does
+            model.rewind(before_last)
+            before_last = None
+        elif op[0] == "restore":
+            held = log.after(log.oldest - 1, log.count)
+            restored = ChangeLog(max_count, max_age, max_bytes)
+            restored.restore(log.epoch, held, log.head)
+            log, before_last = restored, None
+        assert (log.oldest, log.head, log.count, log.bytes) == (
+            model.oldest,
+            model.head,
+            len(model.changes),
+            model.bytes(),
+        )
+        for position in range(log.oldest - 1, log.head + 1):
+            read, at = [], position
+            while at < log.head:
+                batch = log.after(at, limit)
+                read += batch
+                at = batch[-1].seq
+            assert read == [change for change in model.changes if change.seq > position]
+
+
+def test_a_logged_change_keeps_only_its_entry_tracked_by_the_collector() -> None:
+    log = ChangeLog(1_000, 60.0, 1 << 30)
+    entries = [_entry(number, 10) for number in range(100)]
+    for stored in entries:
+        log.append("write", stored, 1.0)
+    log.append_many("take", entries, 2.0, 7, 3.0)
+    del stored
+    gc.collect()  # untracks tuples of atomic values
+    held = gc.get_referents(log._entries, log._facts)
+    tracked = {type(each) for each in held if gc.is_tracked(each)}
+    assert tracked == {StoredEntry} and len(log._facts) == 200
