@@ -242,12 +242,12 @@ class EntryIndex:
         filed = ""
         least = 0
         for name, value in template.fields:
-            bucket = by_field.get((type_name, name, value.key))
-            if bucket is None:
+            found = by_field.get((type_name, name, value.key))
+            if found is None:
                 return None
-            size = 1 if bucket.__class__ is StoredEntry else len(bucket)
+            size = 1 if isinstance(found, StoredEntry) else len(found)
             if smallest is None or size < least:
-                smallest, filed, least = bucket, name, size
+                smallest, filed, least = found, name, size
         assert smallest is not None
         return smallest, filed
 
