@@ -14,6 +14,7 @@ import re
 import struct
 from collections.abc import Mapping, Sequence
 
+from google.protobuf import unknown_fields
 from google.protobuf.message import DecodeError
 
 from outrig.service.config import SPACE_NAME, Limits
@@ -264,8 +265,10 @@ def _viewed_entries(encodings: Sequence[bytes | memoryview], limits: Limits) -> 
         if supertypes is None:
             return None
     items = list(batch.fields)
+    distinct = dict.fromkeys(items)
+    del distinct[b""]  # the separators
+    known = _viewed_fields(list(distinct), limits)
     longest, most = limits.max_name_length, limits.max_fields
-    known: dict[bytes, tuple[str, FieldValue] | None] = {}
     lineages: dict[tuple[str, tuple[str, ...]], bool] = {}
     result: list[dict[str, FieldValue]] = []  # each entry's fields
     append = result.append
@@ -274,9 +277,7 @@ def _viewed_entries(encodings: Sequence[bytes | memoryview], limits: Limits) -> 
     index = -1  # the entry whose fields `fields` holds
     for item in items:
         if item:
-            found = known.get(item, _UNKNOWN)
-            if found is _UNKNOWN:
-                found = known[item] = _viewed_field(item, limits)
+            found = known[item]
             if found is None:
                 return None
             fields[found[0]] = found[1]
@@ -319,7 +320,51 @@ def _grouped(names: list[str], count: int) -> list[tuple[str, ...]] | None:
     return groups
 
 
-_UNKNOWN: tuple[str, FieldValue] = ("", NULL)  # a field `_viewed_entries` has not decoded yet
+def _viewed_fields(items: list[bytes], limits: Limits) -> dict[bytes, tuple[str, FieldValue] | None]:
+    """`_viewed_field` of each of a batch's distinct fields (encoded map items), the plain ones
+    read at once: the items as one `views.items_view` (each one's key and Value), and their
+    Values of plain kinds as one `views.values_view`, so that a batch's ints, say, come as one
+    list rather than as a message object, a Value and a `WhichOneof` each.
+
+    Each item has exactly one key and one Value only if the lists alternate with the
+    separators' empty ones (an item that sends none or two puts them out of step, as for
+    `views.batch_view`'s type names); each of those Values opened by a plain kind's tag has at
+    least that one value, and exactly one if the kinds' lists hold as many values as there are
+    such Values and nothing else was in them (a second value, or a field of another kind, which
+    a Value would keep as its last). Otherwise, and for the other kinds, one at a time."""
+    try:
+        flat = views.items_view(items)
+        names, values = list(flat.key), list(flat.value)
+        count = len(items)
+        if (
+            len(names) != 2 * count
+            or len(values) != 2 * count
+            or any(names[0::2])
+            or any(values[0::2])
+            or not all(values[1::2])
+        ):
+            return {item: _viewed_field(item, limits) for item in items}
+        names, values = names[1::2], values[1::2]
+        openings = views.PLAIN_TAGS
+        plain = [value for value in values if value[0] in openings]
+        decoded = views.values_view(plain)
+        lists = {kind: list(getattr(decoded, kind)) for kind in views.PLAIN_KINDS}
+    except DecodeError:  # checked as it arrived: a safety net
+        return {item: _viewed_field(item, limits) for item in items}
+    if sum(map(len, lists.values())) != len(plain) or unknown_fields.UnknownFieldSet(decoded):
+        return {item: _viewed_field(item, limits) for item in items}
+    streams = {kind: iter(found) for kind, found in lists.items()}
+    longest = limits.max_name_length
+    result: dict[bytes, tuple[str, FieldValue] | None] = {}
+    for item, name, value in zip(items, names, values, strict=True):
+        kind = openings.get(value[0])
+        if kind is None:  # not a plain kind: as its own message
+            result[item] = _viewed_field(item, limits)
+        elif not name or len(name) > longest:
+            result[item] = None
+        else:
+            result[item] = name, FieldValue(_PLAIN[kind], next(streams[kind]))
+    return result
 
 
 def _valid_lineage(type_name: str, supertypes: tuple[str, ...], longest: int) -> bool:

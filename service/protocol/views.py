@@ -34,8 +34,13 @@ def _number(message: Any, name: str) -> int:
     return number
 
 
+#: The kinds of Value whose engine form is the value itself (codec.py's `_PLAIN`), read by
+#: `values_view`.
+PLAIN_KINDS = ("int_value", "string_value", "bool_value", "bytes_value")
+
+
 def _classes() -> tuple[Any, ...]:
-    """The view message classes: (EntriesView, BatchView)."""
+    """The view message classes: (EntriesView, BatchView, ItemsView, ValuesView)."""
     file = descriptor_pb2.FileDescriptorProto(
         name="outrig/service/views.proto", package=_PACKAGE, syntax="proto3"
     )
@@ -56,7 +61,21 @@ def _classes() -> tuple[Any, ...]:
     batch.field.add(
         name="fields", number=_number(pb.Entry, "fields"), type=_Field.TYPE_BYTES, label=_Field.LABEL_REPEATED
     )
-    return own_messages(file, "EntriesView", "BatchView")
+    # A batch's distinct fields (map items), each opened by `ITEM_SEPARATOR`, read as one MapItem
+    # whose key and value (as bytes) are repeated; and their Values of plain kinds end to end,
+    # read as one Value whose kinds are repeated (`items_view`, `values_view`).
+    items = file.message_type.add(name="ItemsView")
+    items.field.add(
+        name="key", number=_number(pb.MapItem, "key"), type=_Field.TYPE_STRING, label=_Field.LABEL_REPEATED
+    )
+    items.field.add(
+        name="value", number=_number(pb.MapItem, "value"), type=_Field.TYPE_BYTES, label=_Field.LABEL_REPEATED
+    )
+    values = file.message_type.add(name="ValuesView")
+    for name in PLAIN_KINDS:
+        field = pb.Value.DESCRIPTOR.fields_by_name[name]
+        values.field.add(name=name, number=field.number, type=field.type, label=_Field.LABEL_REPEATED)
+    return own_messages(file, "EntriesView", "BatchView", "ItemsView", "ValuesView")
 
 
 def own_messages(file: descriptor_pb2.FileDescriptorProto, *names: str) -> tuple[Any, ...]:
@@ -68,7 +87,7 @@ def own_messages(file: descriptor_pb2.FileDescriptorProto, *names: str) -> tuple
     return tuple(message_factory.GetMessageClass(found(f"{file.package}.{name}")) for name in names)
 
 
-EntriesView, BatchView = _classes()
+EntriesView, BatchView, ItemsView, ValuesView = _classes()
 
 # A map item is a MapItem on the wire (key = 1, value = 2), as Entry.fields' entries are.
 _ITEM: Any = pb.Entry.DESCRIPTOR.fields_by_name["fields"].message_type
@@ -101,6 +120,31 @@ def entry_encodings(raw: bytes | memoryview) -> list[bytes]:
     request, where a copy costs less than finding them without one, `wire.entry_encodings`).
     DecodeError if they are not protobuf's."""
     return list(EntriesView.FromString(raw).entries)
+
+
+#: What opens each map item in an `items_view`: an empty key and an empty value, which no valid
+#: field has (the same reasoning as `BATCH_SEPARATOR`'s).
+ITEM_SEPARATOR = b"".join(
+    tag(pb.MapItem.DESCRIPTOR.fields_by_name[name]) + b"\x00" for name in ("key", "value")
+)
+_OPENINGS = {name: tag(pb.Value.DESCRIPTOR.fields_by_name[name]) for name in PLAIN_KINDS}
+if any(len(opening) != 1 for opening in _OPENINGS.values()):
+    raise AssertionError("a plain Value kind's tag is not one byte")
+#: A plain kind's name by the tag (one byte) that opens a Value of it.
+PLAIN_TAGS = {opening[0]: name for name, opening in _OPENINGS.items()}
+
+
+def items_view(items: Sequence[bytes]) -> Any:
+    """Encoded map items decoded as one `ItemsView`, each opened by `ITEM_SEPARATOR`: its `key`
+    and `value` lists are every item's, in order, each item's after a separator's empty one.
+    DecodeError if they are not protobuf's."""
+    return ItemsView.FromString(ITEM_SEPARATOR.join((b"", *items)))
+
+
+def values_view(values: Sequence[bytes]) -> Any:
+    """Encoded Values of plain kinds, end to end, decoded as one `ValuesView`: each kind's list
+    holds the values of that kind, in order. DecodeError if they are not protobuf's."""
+    return ValuesView.FromString(b"".join(values))
 
 
 def map_item(item: bytes) -> pb.MapItem:

@@ -169,3 +169,53 @@ def test_each_entry_keeps_its_own_supertypes(supertypes: list[tuple[str, ...]]) 
     made = _made(raw, viewed=True)
     assert made == _made(raw, viewed=False)
     assert [(entry[0], entry[1]) for entry in made] == [(f"T{i}", s) for i, s in enumerate(supertypes)]
+
+
+def _delimited(number: int, data: bytes) -> bytes:
+    return tag_of(number, 2) + varint(len(data)) + data
+
+
+# A Value as pieces end to end: a plain or other kind's value, a packed run of ints (which a
+# Value's singular int_value does not take as its value), an unknown field, so that one Value
+# may send two values, two kinds, or none that protobuf reads as its kind.
+_INT = pb.Value.DESCRIPTOR.fields_by_name["int_value"].number
+value_pieces = st.one_of(
+    scalars.map(lambda value: value.SerializeToString()),
+    st.lists(st.integers(0, 300), max_size=2).map(
+        lambda run: _delimited(_INT, b"".join(varint(n) for n in run))  # packed
+    ),
+    st.just(tag_of(15, 0) + b"\x01"),  # unknown
+)
+encoded_values = st.lists(value_pieces, max_size=2).map(b"".join)
+# A field (a map item) as pieces: its key and its Value, each sent once, twice or not at all.
+encoded_items = st.lists(
+    st.one_of(
+        st.sampled_from(["x", "y", ""]).map(lambda key: _delimited(1, key.encode())),
+        encoded_values.map(lambda value: _delimited(2, value)),
+    ),
+    max_size=3,
+).map(b"".join)
+
+
+def _item(key: str, *values: pb.Value) -> bytes:
+    return _delimited(1, key.encode()) + _delimited(2, b"".join(v.SerializeToString() for v in values))
+
+
+_ONE = pb.Entry(type_name="T")
+
+
+@given(batch=st.lists(st.tuples(st.lists(encoded_items, max_size=3), valid_entries), min_size=1, max_size=3))
+# A Value of two ints (the last is its value), and of an int then a null (then it is null).
+@example(batch=[([_item("x", pb.Value(int_value=1), pb.Value(int_value=2))], _ONE)])
+@example(batch=[([_item("x", pb.Value(int_value=1), pb.Value(null_value=pb.Null()))], _ONE)])
+@example(
+    batch=[([_item("x", pb.Value(int_value=1))], _ONE), ([_item("y", pb.Value(string_value="s"))], _ONE)]
+)
+def test_viewed_fields_of_any_encoding_are_new_entrys(batch: list[tuple[list[bytes], pb.Entry]]) -> None:
+    fields = pb.Entry.DESCRIPTOR.fields_by_name["fields"].number
+    sent = [
+        entry.SerializeToString() + b"".join(_delimited(fields, item) for item in items)
+        for items, entry in batch
+    ]
+    raw = b"".join(tag(_ENTRY) + varint(len(entry)) + entry for entry in sent)
+    assert _made(raw, viewed=True) == _made(raw, viewed=False)
