@@ -227,16 +227,29 @@ class EntryIndex:
 
     def bucket(self, template: Template) -> Bucket | None:
         """The smallest bucket holding every entry that can match `template`."""
+        found = self.bucket_of(template)
+        return None if found is None else found[0]
+
+    def bucket_of(self, template: Template) -> tuple[Bucket, str | None] | None:
+        """`bucket`, and the field whose bucket it is (None: the type's), for
+        `Template.unfiled`: what its entries are known to match already."""
+        type_name = template.type_name
         if not template.fields:
-            return self._by_type.get(template.type_name)
+            bucket = self._by_type.get(type_name)
+            return None if bucket is None else (bucket, None)
+        by_field = self._by_field
         smallest: Bucket | None = None
+        filed = ""
+        least = 0
         for name, value in template.fields:
-            bucket = self._by_field.get((template.type_name, name, value.key))
-            if bucket is None:
+            found = by_field.get((type_name, name, value.key))
+            if found is None:
                 return None
-            if smallest is None or _size(bucket) < _size(smallest):
-                smallest = bucket
-        return smallest
+            size = 1 if isinstance(found, StoredEntry) else len(found)
+            if smallest is None or size < least:
+                smallest, filed, least = found, name, size
+        assert smallest is not None
+        return smallest, filed
 
     def members(self, bucket: Bucket) -> Iterable[StoredEntry]:
         """A bucket's entries in the space's order (oldest first when FIFO)."""

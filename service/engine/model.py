@@ -11,7 +11,7 @@ from typing import Final
 
 from outrig.service.engine.locks import EntryLock
 from outrig.service.engine.matchers import Matcher
-from outrig.service.engine.values import FieldValue
+from outrig.service.engine.values import FULL_KEY_LIMIT, FieldValue
 
 
 class Record:
@@ -123,7 +123,7 @@ class Template:
     with matchers too is a `MatcherTemplate`: this class, the equality fast path, stays as it was.
     """
 
-    __slots__ = ("fields", "type_name")
+    __slots__ = ("_unfiled", "fields", "type_name")
 
     matchers: tuple[tuple[str, Matcher], ...] = ()  # none: see MatcherTemplate
 
@@ -132,6 +132,8 @@ class Template:
         self.fields: tuple[tuple[str, FieldValue], ...] = tuple(
             sorted((name, value) for name, value in fields.items() if value.kind != "null")
         )
+        # `unfiled`'s answers by the bucket's field (a template is matched again and again).
+        self._unfiled: dict[str | None, tuple[tuple[str, FieldValue], ...]] = {}
 
     def matches(self, entry: StoredEntry) -> bool:
         """True when `entry` is of this type (or a subtype) and equals every set field."""
@@ -140,6 +142,33 @@ class Template:
         fields = entry.fields
         for name, value in self.fields:  # noqa: SIM110 - a plain loop: this is the hottest path
             if fields.get(name) != value:
+                return False
+        return True
+
+    def unfiled(self, filed: str | None) -> tuple[tuple[str, FieldValue], ...]:
+        """The fields an entry filed in this template's bucket of the field `filed` (None: of its
+        type, `EntryIndex.bucket_of`) may still differ in: every other one, and `filed` itself
+        when its bucket is keyed by a sample of a large value (values.py). Such an entry is of
+        the type (or a subtype) already: a bucket is filed under each type of a lineage."""
+        rest = self._unfiled.get(filed)
+        if rest is None:
+            rest = self._unfiled[filed] = tuple(
+                (name, value) for name, value in self.fields if name != filed or value.size > FULL_KEY_LIMIT
+            )
+        return rest
+
+    def matches_filed(self, entry: StoredEntry, unfiled: tuple[tuple[str, FieldValue], ...]) -> bool:
+        """`matches` of an entry from the bucket `unfiled` was asked for (`unfiled`'s answer):
+        only those fields are compared, each by its key (a small value's key is the value)
+        before its data: no `FieldValue.__eq__` call per field."""
+        fields = entry.fields
+        for name, value in unfiled:
+            found = fields.get(name)
+            if (
+                found is None
+                or found.key != value.key
+                or (value.size > FULL_KEY_LIMIT and found.data != value.data)
+            ):
                 return False
         return True
 
@@ -167,6 +196,12 @@ class MatcherTemplate(Template):
         """True when `entry` is of this type (or a subtype), equals every set field and satisfies
         every matcher."""
         if not super().matches(entry):
+            return False
+        fields = entry.fields
+        return all(matcher.test(fields.get(name)) for name, matcher in self.matchers)
+
+    def matches_filed(self, entry: StoredEntry, unfiled: tuple[tuple[str, FieldValue], ...]) -> bool:
+        if not super().matches_filed(entry, unfiled):
             return False
         fields = entry.fields
         return all(matcher.test(fields.get(name)) for name, matcher in self.matchers)

@@ -660,20 +660,24 @@ class SpaceEngine(TransactionsMixin, DeliveriesMixin):
         candidates: Iterable[StoredEntry]
         if order_by is not None:  # matchers or an order: planned (index.plan)
             candidates = index.plan(template, order_by, limit)
-        else:  # equality: the fast path, as it always was
-            bucket = index.bucket(template)
-            if bucket is None:
+            unfiled = None
+        else:  # equality: the fast path, each candidate checked for what its bucket does not say
+            filed = index.bucket_of(template)
+            if filed is None:
                 return [], False
-            candidates = index.members(bucket)
+            candidates = index.members(filed[0])
+            unfiled = template.unfiled(filed[1])
+        matches, matches_filed = template.matches, template.matches_filed
         found: list[StoredEntry] = []
         expired: list[StoredEntry] = []
         conflicted = False
         access = take_access if take else read_access
         for stored in candidates:
-            if self._expired(stored, now):
+            expires_at = stored.expires_at  # `_expired`, inline: a call per candidate otherwise
+            if expires_at is not None and expires_at <= now:
                 if len(expired) < _LAZY_REMOVALS:
                     expired.append(stored)
-            elif template.matches(stored):
+            elif matches_filed(stored, unfiled) if unfiled is not None else matches(stored):
                 lock = stored.lock
                 if lock is not None:
                     verdict = access(lock, txn)

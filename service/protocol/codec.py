@@ -14,6 +14,7 @@ import re
 import struct
 from collections.abc import Mapping, Sequence
 
+from google.protobuf import unknown_fields
 from google.protobuf.message import DecodeError
 
 from outrig.service.config import SPACE_NAME, Limits
@@ -229,7 +230,7 @@ def new_entries(
     if encodings is None or len(encodings) != len(entries):
         return [new_entry(entry, f"entries[{i}]", limits) for i, entry in enumerate(entries)]
     if raw is not None:
-        viewed = _viewed_entries(raw, encodings, limits)
+        viewed = _viewed_entries(encodings, limits)
         if viewed is not None:
             return viewed
     return [
@@ -238,51 +239,132 @@ def new_entries(
     ]
 
 
-def _viewed_entries(
-    raw: bytes, encodings: Sequence[bytes | memoryview], limits: Limits
-) -> list[NewEntry] | None:
-    """`new_entries` of a write_many's small entries, read through views of the request's bytes
-    (protocol/views.py): each distinct field (its name and value as encoded) decoded once for the
-    whole batch, and the same `FieldValue` shared by the entries that have it. None when any entry
-    needs `new_entry` (a large one, whose arrays are views; anything to refuse, so that the
-    refusal names its entry and field; a name sent twice, which the map decodes as its last)."""
+def _viewed_entries(encodings: Sequence[bytes | memoryview], limits: Limits) -> list[NewEntry] | None:
+    """`new_entries` of a write_many's small entries, read in one pass (`views.batch_view`):
+    each distinct field (its name and value as encoded) decoded once for the whole batch, and
+    the same `FieldValue` shared by the entries that have it. None when any entry needs
+    `new_entry` (a large one, whose arrays are views; anything to refuse, so that the refusal
+    names its entry and field; a name sent twice, which the map decodes as its last; a type
+    name sent twice, or a separator's empty name or field sent by the entry itself)."""
     if any(len(encoding) > wire.VIEW_ARRAYS_ABOVE for encoding in encodings):
         return None
     try:
-        viewed = views.write_many_view(raw).entries
+        batch = views.batch_view(encodings)
     except DecodeError:  # checked as it arrived: a safety net
         return None
-    if len(viewed) != len(encodings):
+    count = len(encodings)
+    # Each entry's type name after its separator's "": every other one from the first is "" only
+    # if each entry sent exactly one (see views.BATCH_SEPARATOR).
+    names = list(batch.type_name)
+    if len(names) != 2 * count or any(names[0::2]):
         return None
-    longest, most = limits.max_name_length, limits.max_fields
-    known: dict[bytes, tuple[str, FieldValue] | None] = {}
-    lineages: dict[tuple[str, tuple[str, ...]], bool] = {}
-    result = []
-    for entry, encoding in zip(viewed, encodings, strict=True):
-        type_name = entry.type_name
-        supertypes = tuple(entry.supertypes)
-        lineage = (type_name, supertypes)
-        valid = lineages.get(lineage)
-        if valid is None:
-            valid = lineages[lineage] = _valid_lineage(type_name, supertypes, longest)
-        items = entry.fields
-        if not valid or len(items) > most:
+    type_names = names[1::2]
+    supertypes: list[tuple[str, ...]] | None = None  # None: no entry has any
+    if len(batch.supertypes) != count:
+        supertypes = _grouped(list(batch.supertypes), count)
+        if supertypes is None:
             return None
-        fields: dict[str, FieldValue] = {}
-        for item in items:
-            found = known.get(item, _UNKNOWN)
-            if found is _UNKNOWN:
-                found = known[item] = _viewed_field(item, limits)
+    items = list(batch.fields)
+    distinct = dict.fromkeys(items)
+    del distinct[b""]  # the separators
+    known = _viewed_fields(list(distinct), limits)
+    longest, most = limits.max_name_length, limits.max_fields
+    lineages: dict[tuple[str, tuple[str, ...]], bool] = {}
+    result: list[dict[str, FieldValue]] = []  # each entry's fields
+    append = result.append
+    fields: dict[str, FieldValue] = {}
+    sent = 0  # fields the entry sent
+    index = -1  # the entry whose fields `fields` holds
+    for item in items:
+        if item:
+            found = known[item]
             if found is None:
                 return None
             fields[found[0]] = found[1]
-        if len(fields) != len(items):  # a name sent twice
+            sent += 1
+            continue
+        # A separator: the entry before it is complete.
+        if index >= 0:
+            if sent > most or len(fields) != sent:  # too many fields, or a name sent twice
+                return None
+            append(fields)
+        index += 1
+        fields, sent = {}, 0
+    if index != count - 1 or sent > most or len(fields) != sent:  # an entry sent an empty field
+        return None
+    append(fields)
+    made: list[NewEntry] = []
+    for i, (type_name, encoding) in enumerate(zip(type_names, encodings, strict=True)):
+        lineage_of = () if supertypes is None else supertypes[i]
+        lineage = (type_name, lineage_of)
+        valid = lineages.get(lineage)
+        if valid is None:
+            valid = lineages[lineage] = _valid_lineage(type_name, lineage_of, longest)
+        if not valid:
             return None
-        result.append(NewEntry(type_name, supertypes, fields, wire.frame(encoding), len(encoding)))
+        made.append(NewEntry(type_name, lineage_of, result[i], wire.frame(encoding), len(encoding)))
+    return made
+
+
+def _grouped(names: list[str], count: int) -> list[tuple[str, ...]] | None:
+    """A `BatchView`'s supertypes by entry (each group after its separator's ""); None if an entry
+    sent an empty supertype itself (there are then more groups than entries)."""
+    groups: list[tuple[str, ...]] = []
+    start = 1
+    for end in range(1, len(names) + 1):
+        if end == len(names) or not names[end]:
+            groups.append(tuple(names[start:end]))
+            start = end + 1
+    if len(groups) != count or (names and names[0]):
+        return None
+    return groups
+
+
+def _viewed_fields(items: list[bytes], limits: Limits) -> dict[bytes, tuple[str, FieldValue] | None]:
+    """`_viewed_field` of each of a batch's distinct fields (encoded map items), the plain ones
+    read at once: the items as one `views.items_view` (each one's key and Value), and their
+    Values of plain kinds as one `views.values_view`, so that a batch's ints, say, come as one
+    list rather than as a message object, a Value and a `WhichOneof` each.
+
+    Each item has exactly one key and one Value only if the lists alternate with the
+    separators' empty ones (an item that sends none or two puts them out of step, as for
+    `views.batch_view`'s type names); each of those Values opened by a plain kind's tag has at
+    least that one value, and exactly one if the kinds' lists hold as many values as there are
+    such Values and nothing else was in them (a second value, or a field of another kind, which
+    a Value would keep as its last). Otherwise, and for the other kinds, one at a time."""
+    try:
+        flat = views.items_view(items)
+        names, values = list(flat.key), list(flat.value)
+        count = len(items)
+        if (
+            len(names) != 2 * count
+            or len(values) != 2 * count
+            or any(names[0::2])
+            or any(values[0::2])
+            or not all(values[1::2])
+        ):
+            return {item: _viewed_field(item, limits) for item in items}
+        names, values = names[1::2], values[1::2]
+        openings = views.PLAIN_TAGS
+        plain = [value for value in values if value[0] in openings]
+        decoded = views.values_view(plain)
+        lists = {kind: list(getattr(decoded, kind)) for kind in views.PLAIN_KINDS}
+    except DecodeError:  # checked as it arrived: a safety net
+        return {item: _viewed_field(item, limits) for item in items}
+    if sum(map(len, lists.values())) != len(plain) or unknown_fields.UnknownFieldSet(decoded):
+        return {item: _viewed_field(item, limits) for item in items}
+    streams = {kind: iter(found) for kind, found in lists.items()}
+    longest = limits.max_name_length
+    result: dict[bytes, tuple[str, FieldValue] | None] = {}
+    for item, name, value in zip(items, names, values, strict=True):
+        kind = openings.get(value[0])
+        if kind is None:  # not a plain kind: as its own message
+            result[item] = _viewed_field(item, limits)
+        elif not name or len(name) > longest:
+            result[item] = None
+        else:
+            result[item] = name, FieldValue(_PLAIN[kind], next(streams[kind]))
     return result
-
-
-_UNKNOWN: tuple[str, FieldValue] = ("", NULL)  # a field `_viewed_entries` has not decoded yet
 
 
 def _valid_lineage(type_name: str, supertypes: tuple[str, ...], longest: int) -> bool:

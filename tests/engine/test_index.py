@@ -6,11 +6,12 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-from hypothesis import assume, given
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from outrig.service.engine import StoredEntry
 from outrig.service.engine.index import EntryIndex, _reorder
+from outrig.service.engine.model import NewEntry, Template
 from outrig.service.engine.values import FULL_KEY_LIMIT, FieldValue
 
 from .test_space import DOG, MAMMAL, ids, new, tpl
@@ -176,3 +177,58 @@ def test_a_batch_that_fails_to_unfile_midway_is_filed_again_in_order() -> None:
     assert _state(index) == before
     index.remove_many([entries[1], entries[3]])
     assert ids(index.candidates([tpl("Dog")])) == [1, 3, 5]
+
+
+# Values that differ only where a large value's key does not look (the middle of a long string),
+# small ones that a key tells apart (1, True, "1"), and null (a template's wildcard).
+_LONG = "a" * FULL_KEY_LIMIT
+_VALUES = st.sampled_from(
+    [
+        FieldValue("int", 1),
+        FieldValue("bool", True),
+        FieldValue("string", "1"),
+        FieldValue("string", _LONG + "x" + _LONG),
+        FieldValue("string", _LONG + "y" + _LONG),
+        FieldValue("bytes", memoryview((_LONG + "x" + _LONG).encode())),
+        FieldValue("bytes", (_LONG + "x" + _LONG).encode()),
+        FieldValue("null", None),
+    ]
+)
+_LINEAGES = st.sampled_from([("Dog", "Mammal"), ("Cat", "Mammal"), ("Mammal",), ("Other",)])
+_FIELDS = st.dictionaries(st.sampled_from(["a", "b"]), _VALUES, max_size=2)
+
+
+@settings(max_examples=300)
+@given(
+    st.lists(st.tuples(_LINEAGES, _FIELDS), max_size=12),
+    st.sampled_from(["Dog", "Mammal", "Other", "Cow"]),
+    _FIELDS,
+)
+@example(  # a long value's bucket holds another long value of the same key
+    [(("Dog",), {"a": FieldValue("string", _LONG + "y" + _LONG)})],
+    "Dog",
+    {"a": FieldValue("string", _LONG + "x" + _LONG)},
+)
+def test_a_bucket_s_entries_checked_for_what_it_does_not_say_match_as_in_full(
+    entries: list[tuple[tuple[str, ...], dict[str, FieldValue]]],
+    type_name: str,
+    fields: dict[str, FieldValue],
+) -> None:
+    """The equality fast path (`bucket_of`, `Template.unfiled`, `matches_filed`) finds what
+    `matches` finds among all the entries, each of them, in the same order."""
+    index = EntryIndex()
+    stored = []
+    for i, (lineage, values) in enumerate(entries):
+        stored.append(StoredEntry(i + 1, NewEntry(lineage[0], lineage[1:], values, None, 1), None))
+        index.insert(stored[-1])
+    template = Template(type_name, fields)
+    expected = [entry for entry in stored if template.matches(entry)]
+    found = index.bucket_of(template)
+    if found is None:
+        assert expected == []
+        return
+    bucket, field = found
+    assert bucket is index.bucket(template)
+    unfiled = template.unfiled(field)
+    assert template.unfiled(field) is unfiled  # kept for the template's next call
+    assert [entry for entry in index.members(bucket) if template.matches_filed(entry, unfiled)] == expected

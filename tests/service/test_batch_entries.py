@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from outrig._protocol import tag, varint
@@ -125,3 +125,97 @@ def test_a_small_write_with_a_group_or_cut_short_is_refused_as_the_server_reads_
     with pytest.raises(ValueError, match="truncated") as err:
         wire.entry_encodings(raw[:-1])
     assert cut.reason == str(err.value)
+
+
+_ENTRY = pb.WriteManyRequest.DESCRIPTOR.fields_by_name["entries"]
+# What a hand-made encoder may send inside an entry that protobuf's own does not: an explicit
+# empty type name, supertype or field (the one-pass reading's separators, views.BATCH_SEPARATOR).
+_EMPTIES = st.sampled_from(
+    [tag(pb.Entry.DESCRIPTOR.fields_by_name[name]) + b"\x00" for name in ("type_name", "supertypes")]
+    + [tag(pb.Entry.DESCRIPTOR.fields_by_name["fields"]) + b"\x00"]
+)
+# An entry as pieces end to end: each an Entry's encoding or an empty field, so that one entry may
+# send its type name twice or not at all, its supertypes and fields in several runs, or an empty
+# one (protobuf merges the pieces: the last type name, every supertype and field).
+# Entries `new_entry` takes, mostly: a refusal elsewhere in a batch hides how the rest was read.
+valid_entries = st.builds(
+    lambda type_name, supertypes, fields: pb.Entry(type_name=type_name, supertypes=supertypes, fields=fields),
+    st.sampled_from(["T", "S"]),
+    st.lists(st.sampled_from(["U", "V"]), max_size=2, unique=True),
+    st.dictionaries(st.sampled_from(["a", "b", "key"]), scalars, max_size=3),
+)
+encoded_entries = st.lists(
+    st.one_of(valid_entries, entries).map(lambda entry: entry.SerializeToString()) | _EMPTIES,
+    min_size=0,
+    max_size=3,
+).map(b"".join)
+_VALID = pb.Entry(type_name="T", fields={"a": pb.Value(int_value=1)}).SerializeToString()
+
+
+@given(batch=st.lists(encoded_entries, min_size=1, max_size=4), repeat=st.booleans())
+@example(batch=[_VALID + b"\x1a\x00"], repeat=False)  # an empty field (a separator) sent
+@example(batch=[_VALID + b"\x12\x00", _VALID], repeat=False)  # an empty supertype
+@example(batch=[_VALID + b"\x0a\x00" + _VALID, b"", b""], repeat=False)  # three type names, then none
+def test_viewed_entries_of_any_encoding_are_new_entrys(batch: list[bytes], repeat: bool) -> None:
+    sent = batch + batch if repeat else batch
+    raw = b"".join(tag(_ENTRY) + varint(len(entry)) + entry for entry in sent)
+    assert _made(raw, viewed=True) == _made(raw, viewed=False)
+
+
+@pytest.mark.parametrize("supertypes", [[(), ("A",), ()], [("A", "B"), (), ("C",)], [("A",), ("A",), ("A",)]])
+def test_each_entry_keeps_its_own_supertypes(supertypes: list[tuple[str, ...]]) -> None:
+    batch = [pb.Entry(type_name=f"T{i}", supertypes=s) for i, s in enumerate(supertypes)]
+    raw = pb.WriteManyRequest(space="s", entries=batch).SerializeToString()
+    made = _made(raw, viewed=True)
+    assert made == _made(raw, viewed=False)
+    assert [(entry[0], entry[1]) for entry in made] == [(f"T{i}", s) for i, s in enumerate(supertypes)]
+
+
+def _delimited(number: int, data: bytes) -> bytes:
+    return tag_of(number, 2) + varint(len(data)) + data
+
+
+# A Value as pieces end to end: a plain or other kind's value, a packed run of ints (which a
+# Value's singular int_value does not take as its value), an unknown field, so that one Value
+# may send two values, two kinds, or none that protobuf reads as its kind.
+_INT = pb.Value.DESCRIPTOR.fields_by_name["int_value"].number
+value_pieces = st.one_of(
+    scalars.map(lambda value: value.SerializeToString()),
+    st.lists(st.integers(0, 300), max_size=2).map(
+        lambda run: _delimited(_INT, b"".join(varint(n) for n in run))  # packed
+    ),
+    st.just(tag_of(15, 0) + b"\x01"),  # unknown
+)
+encoded_values = st.lists(value_pieces, max_size=2).map(b"".join)
+# A field (a map item) as pieces: its key and its Value, each sent once, twice or not at all.
+encoded_items = st.lists(
+    st.one_of(
+        st.sampled_from(["x", "y", ""]).map(lambda key: _delimited(1, key.encode())),
+        encoded_values.map(lambda value: _delimited(2, value)),
+    ),
+    max_size=3,
+).map(b"".join)
+
+
+def _item(key: str, *values: pb.Value) -> bytes:
+    return _delimited(1, key.encode()) + _delimited(2, b"".join(v.SerializeToString() for v in values))
+
+
+_ONE = pb.Entry(type_name="T")
+
+
+@given(batch=st.lists(st.tuples(st.lists(encoded_items, max_size=3), valid_entries), min_size=1, max_size=3))
+# A Value of two ints (the last is its value), and of an int then a null (then it is null).
+@example(batch=[([_item("x", pb.Value(int_value=1), pb.Value(int_value=2))], _ONE)])
+@example(batch=[([_item("x", pb.Value(int_value=1), pb.Value(null_value=pb.Null()))], _ONE)])
+@example(
+    batch=[([_item("x", pb.Value(int_value=1))], _ONE), ([_item("y", pb.Value(string_value="s"))], _ONE)]
+)
+def test_viewed_fields_of_any_encoding_are_new_entrys(batch: list[tuple[list[bytes], pb.Entry]]) -> None:
+    fields = pb.Entry.DESCRIPTOR.fields_by_name["fields"].number
+    sent = [
+        entry.SerializeToString() + b"".join(_delimited(fields, item) for item in items)
+        for items, entry in batch
+    ]
+    raw = b"".join(tag(_ENTRY) + varint(len(entry)) + entry for entry in sent)
+    assert _made(raw, viewed=True) == _made(raw, viewed=False)
