@@ -357,11 +357,11 @@ def report(title: str, run: Run, top: int = 8) -> None:
         if share < 0.005:
             continue
         name = run.server.names.get(tid, "gRPC core (no Python frames)")
-        samples = run.server.thread_samples[name]
+        samples_of = run.server.thread_samples[name]
         under = ", ".join(
-            f"{function} {count / samples:.1%}" for function, count in run.server.under[name].most_common()
+            f"{function} {count / samples_of:.1%}" for function, count in run.server.under[name].most_common()
         )
-        print(f"| {name} ({tid}) | {share:.1%} | {samples:,} | {under} |")
+        print(f"| {name} ({tid}) | {share:.1%} | {samples_of:,} | {under} |")
     print()
     sides = (
         ("server", run.server, run.server_threads["Python threads"]),

@@ -276,7 +276,7 @@ async def _child(
                     _thread_cpu(loop_ident),
                     _thread_cpu(store_ident),
                     _process_cpu(),
-                    0 if journal is None else journal.statistics().batches,
+                    journal.statistics().batches if isinstance(journal, Journal) else 0,
                     done[0],
                 )
             )
@@ -374,10 +374,10 @@ def main() -> None:
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        run = _child(
+        child = _child(
             int(args.tasks), args.seconds, args.warmup, args.prefill, args.waits, args.count, args.memory
         )
-        print(json.dumps(asyncio.run(run)))
+        print(json.dumps(asyncio.run(child)))
         return
     if args.instructions:
         tasks = int(args.tasks.split(",")[0])
