@@ -15,6 +15,11 @@ Two windows of S seconds each (default 5), after a 1 s warm-up:
    dropped): the share of busy samples by the owner of the innermost frame that is not the
    interpreter's or libc's own C code (outrig, grpc, protobuf, asyncio, threading, other).
 
+It also prints how busy each of the server's threads was in window 1 (its CPU over the wall
+time, named by py-spy's thread names from window 2: MainThread is the event loop, outrig-store
+the durable store's commit thread), and, per Python thread of the server, the share of its busy
+samples under each of a few functions (inclusive; the durable path's, `_FRAMES`).
+
 It prints, per shape and transport, the CPU microseconds per pair of each process split by owner
 (share x CPU per pair), and the top functions of each process. Needs py-spy and ptrace rights
 (root here). The raw profiles stay in DIR (default: a temporary directory, printed).
@@ -49,6 +54,20 @@ _IDLE = {"epoll_wait", "poll", "read", "syscall", "sem_wait", "pthread_cond_wait
 _TICKS = os.sysconf("SC_CLK_TCK")
 _SHAPES = ("sync1", "shared10")
 _LEASE = 300.0
+#: The functions whose inclusive share of each server thread's busy samples is printed.
+_FRAMES = (
+    "Journal._begin",
+    "_Writer.apply",
+    "Journal.submit",
+    "Recorder.commit",
+    "Journal._finished",
+    "MemoryBackend._write_records",
+    "MemoryBackend._commit_take",
+    "Journal._commit",
+    "fdatasync",
+    "gc_collect_main",
+)
+_THREAD = re.compile(r"thread \((\d+)\): ([^;]*)")
 
 
 # ---------------------------------------------------------------- the client process
@@ -145,13 +164,29 @@ def _thread_seconds(pid: int) -> defaultdict[str, float]:
     return seconds
 
 
+def _task_seconds(pid: int) -> dict[int, float]:
+    """CPU seconds (user and kernel) of each of the process's threads, by thread id."""
+    seconds: dict[int, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rpartition(")")[2].split()
+        except FileNotFoundError:
+            continue
+        seconds[int(task.name)] = (int(fields[11]) + int(fields[12])) / _TICKS
+    return seconds
+
+
 @dataclass
 class Busy:
-    """One process's busy samples, by owner and by function."""
+    """One process's busy samples, by owner and by function; per thread (py-spy's name), the busy
+    samples and those under each of `frames` (inclusive)."""
 
     samples: int = 0
     owners: Counter[str] = field(default_factory=Counter)
     functions: Counter[str] = field(default_factory=Counter)
+    names: dict[int, str] = field(default_factory=dict)  # thread id -> py-spy's thread name
+    thread_samples: Counter[str] = field(default_factory=Counter)
+    under: defaultdict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
 
 
 def _owner(frame: re.Match[str]) -> str:
@@ -168,15 +203,24 @@ def _waiting(stack: list[re.Match[str]]) -> bool:
     return any(frame["function"] == "_client.<locals>.answer" for frame in stack)  # the bench's own
 
 
-def parse(raw: Path) -> Busy:
+def parse(raw: Path, frames: Sequence[str] = _FRAMES) -> Busy:
     busy = Busy()
     for line in raw.read_text().splitlines():
         stack, _, count_text = line.rpartition(" ")
+        thread = _THREAD.match(stack)
+        if thread is not None:
+            busy.names[int(thread[1])] = thread[2]
         parsed = [match for frame in stack.split(";")[1:] if (match := _FRAME.match(frame))]
         if not parsed or _waiting(parsed):
             continue
         count = int(count_text)
         busy.samples += count
+        name = "?" if thread is None else thread[2]
+        busy.thread_samples[name] += count
+        called = {frame["function"] for frame in parsed}
+        for function in frames:
+            if function in called:
+                busy.under[name][function] += count
         owned = [frame for frame in parsed if category(frame) != "cpython"]
         leaf = owned[-1] if owned else parsed[-1]
         busy.owners[_owner(leaf) if owned else "cpython"] += count
@@ -191,6 +235,7 @@ class Run:
     client_threads: defaultdict[str, float]
     server: Busy
     client: Busy
+    server_busy: dict[int, float] = field(default_factory=dict)  # thread id -> CPU over wall time
 
     @property
     def server_us(self) -> float:
@@ -239,15 +284,18 @@ def measure(server: ServerProcess, shape: str, mux: bool, seconds: float, out: P
     client = Client(server.address, shape, mux)
     try:
         pid = client.process.pid
-        first, server_cpu, client_cpu, began = (
+        first, server_cpu, client_cpu, tasks, began = (
             client.pairs(),
             _thread_seconds(server.pid),
             _thread_seconds(pid),
+            _task_seconds(server.pid),
             time.monotonic(),
         )
         time.sleep(seconds)
         pairs = client.pairs() - first
         elapsed = time.monotonic() - began
+        tasks_after = _task_seconds(server.pid)
+        server_busy = {tid: (tasks_after[tid] - tasks.get(tid, 0.0)) / elapsed for tid in tasks_after}
         server_cpu = _per_pair(_thread_seconds(server.pid), server_cpu, pairs)
         client_cpu = _per_pair(_thread_seconds(pid), client_cpu, pairs)
         name = f"{shape}-{'mux' if mux else 'unary'}"
@@ -267,6 +315,7 @@ def measure(server: ServerProcess, shape: str, mux: bool, seconds: float, out: P
         client_cpu,
         parse(out / f"{name}-server.txt"),
         parse(out / f"{name}-client.txt"),
+        server_busy,
     )
 
 
@@ -301,6 +350,18 @@ def report(title: str, run: Run, top: int = 8) -> None:
     print()
     samples = f"server {run.server.samples:,}, client {run.client.samples:,}"
     print(f"(busy py-spy samples in Python threads: {samples})")
+    print()
+    print("| server thread | busy (CPU / wall, window 1) | busy samples | under: share of its busy samples |")
+    print("|---|---|---|---|")
+    for tid, share in sorted(run.server_busy.items(), key=lambda item: -item[1]):
+        if share < 0.005:
+            continue
+        name = run.server.names.get(tid, "gRPC core (no Python frames)")
+        samples_of = run.server.thread_samples[name]
+        under = ", ".join(
+            f"{function} {count / samples_of:.1%}" for function, count in run.server.under[name].most_common()
+        )
+        print(f"| {name} ({tid}) | {share:.1%} | {samples_of:,} | {under} |")
     print()
     sides = (
         ("server", run.server, run.server_threads["Python threads"]),

@@ -13,6 +13,15 @@ thread (all the process's other threads together), and the store's commits. With
 that venv has installed), alternating with this one, the order rotated per round; medians over
 the rounds, and after / before. What the rows say: the loop's CPU per pair is what the durable
 path costs the thread that also serves gRPC (bench/before_after.py shows the whole server's).
+Each run also reports how busy the loop's and the store's threads were (CPU over the window's
+wall time). ``--waits`` (this checkout only) times, in the window, where each operation's wall
+time goes: from its call to its batch's submission (the engine's work), to the batch's start
+(waiting for the commit before it), the batch's statements on the loop, the hand-off to the
+store thread, the COMMIT with its fsync, the hop back to the loop, and the caller's resumption;
+means in microseconds (means add up; medians would not).
+``--instructions N1,N2`` counts instead, with valgrind's callgrind, the instructions per pair of
+each interpreter's child (a run of N1 and one of N2 pairs: the difference over N2 - N1), a figure
+the load of a shared machine does not move.
 Prints the core count and the load average at the start and the end; asserts nothing.
 """
 
@@ -22,6 +31,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -30,6 +40,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 _SPACE = "bench"
 _LEASE = 300.0
@@ -84,7 +95,99 @@ def _prefill(data_dir: Path, pairs: int, payload: bytes) -> None:
     connection.close()
 
 
-async def _child(tasks: int, seconds: float, warmup: float, prefill: int = 0) -> dict[str, float]:
+class _Waits:
+    """Timestamps of each batch's steps and each operation's call and answer (``--waits``): the
+    journal's methods wrapped on this one instance (they are looked up at each call)."""
+
+    def __init__(self, journal: Any) -> None:
+        self.on = False
+        # Keyed by the batch itself, which this keeps alive: an id() would be reused.
+        self.batches: dict[Any, dict[str, float]] = {}
+        self.operations: list[tuple[float, float, float, Any]] = []  # call, submit, answer, batch
+        self._submitted: dict[Any, tuple[float, Any]] = {}
+        self._journal = journal
+        clock = time.perf_counter
+        submit, begin, finished = journal.submit, journal._begin, journal._finished
+        commit = journal._commit
+
+        def timed_submit(*args: Any, **kwargs: Any) -> Any:
+            opening = journal._open is None
+            result = submit(*args, **kwargs)
+            batch = journal._open
+            marks = self.batches.setdefault(batch, {})
+            if opening:
+                marks["open"] = clock()
+            task = asyncio.current_task()
+            if task is not None:
+                self._submitted[task] = (clock(), batch)
+            return result
+
+        def timed_begin() -> None:
+            batch = journal._open
+            started = clock()
+            begin()
+            if batch is not None and journal._writing is batch:
+                marks = self.batches[batch]
+                marks["begin"], marks["handed"] = started, clock()
+
+        def timed_commit(writer: Any, batch: Any, started: float) -> None:
+            marks = self.batches[batch]
+            marks["commit"] = clock()
+            writer_commit = writer.commit
+
+            def committed() -> None:
+                writer_commit()
+                marks["committed"] = clock()
+
+            writer.commit = committed
+            try:
+                commit(writer, batch, started)
+            finally:
+                del writer.commit
+
+        def timed_finished(batch: Any, started: float, error: Any) -> None:
+            self.batches[batch]["finished"] = clock()
+            finished(batch, started, error)
+
+        journal.submit, journal._begin = timed_submit, timed_begin
+        journal._commit, journal._finished = timed_commit, timed_finished
+
+    def answered(self, called: float) -> None:
+        task = asyncio.current_task()
+        submitted = self._submitted.pop(task, None)
+        if self.on and submitted is not None:
+            self.operations.append((called, submitted[0], time.perf_counter(), submitted[1]))
+
+    def summary(self) -> dict[str, float]:
+        steps: dict[str, list[float]] = {}
+        for called, submitted, answered, batch in self.operations:
+            marks = self.batches.get(batch, {})
+            if not {"begin", "handed", "commit", "committed", "finished"} <= set(marks):
+                continue
+            points = [
+                ("engine, to the submit", called, submitted),
+                ("to the batch's start", submitted, marks["begin"]),
+                ("the statements (loop)", marks["begin"], marks["handed"]),
+                ("hand-off to the store thread", marks["handed"], marks["commit"]),
+                ("COMMIT and fsync (store thread)", marks["commit"], marks["committed"]),
+                ("hop back to the loop", marks["committed"], marks["finished"]),
+                ("to the caller's answer", marks["finished"], answered),
+                ("call to answer", called, answered),
+            ]
+            for name, start, end in points:
+                steps.setdefault(name, []).append(1e6 * (end - start))
+        return {f"wait: {name}": statistics.fmean(values) for name, values in steps.items()}
+
+
+async def _child(
+    tasks: int,
+    seconds: float,
+    warmup: float,
+    prefill: int = 0,
+    waits: bool = False,
+    count: int = 0,
+    memory: bool = False,
+) -> dict[str, float]:
     from outrig.service.backends.embedded.backend import EmbeddedBackend
     from outrig.service.backends.embedded.store.journal import Journal
     from outrig.service.config import ServerConfig
@@ -108,19 +211,25 @@ async def _child(tasks: int, seconds: float, warmup: float, prefill: int = 0) ->
     with tempfile.TemporaryDirectory(prefix="outrig-bench-store-") as data_dir:
         if prefill:
             _prefill(Path(data_dir), prefill, entry(0).payload)  # type: ignore[arg-type]
-        config = ServerConfig(data_dir=Path(data_dir), durability="always")
+        config = ServerConfig(data_dir=None if memory else Path(data_dir), durability="always")
         backend = EmbeddedBackend(config)
         await backend.start()
         journal = backend.journal
-        assert isinstance(journal, Journal)
+        assert memory or isinstance(journal, Journal)
         counting = [False]
         done = [0]
+        timing = _Waits(journal) if waits and journal is not None else None
+        clock = time.perf_counter
 
         async def client(number: int) -> None:
             new = entry(number)
             template = Template("bench.Small", {"client": new.fields["client"]})
             while True:
+                called = clock()
                 await backend.write(_SPACE, [new], _LEASE, request_id=uuid.uuid4().hex)
+                if timing is not None:
+                    timing.answered(called)
+                    called = clock()
                 taken = await backend.match(
                     _SPACE,
                     [template],
@@ -130,10 +239,27 @@ async def _child(tasks: int, seconds: float, warmup: float, prefill: int = 0) ->
                     if_exists=False,
                     request_id=uuid.uuid4().hex,
                 )
+                if timing is not None:
+                    timing.answered(called)
                 assert taken, "a take of the entry just written took nothing"
                 if counting[0]:
                     done[0] += 1
+                    if done[0] == count:
+                        enough.set()
+                if memory:  # nothing awaited suspends in memory: let the other tasks run
+                    await asyncio.sleep(0)
 
+        enough = asyncio.Event()
+        if count:  # a fixed number of pairs from the start (for callgrind), no window
+            counting[0] = True
+            workers = [asyncio.get_running_loop().create_task(client(n)) for n in range(tasks)]
+            await enough.wait()
+            for worker in workers:
+                worker.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+            await backend.close()
+            await backend.shutdown()
+            return {"pairs": done[0]}
         workers = [asyncio.get_running_loop().create_task(client(n)) for n in range(tasks)]
         await asyncio.sleep(warmup)
         store = [t for t in threading.enumerate() if t.name.startswith("outrig-store")]
@@ -142,13 +268,15 @@ async def _child(tasks: int, seconds: float, warmup: float, prefill: int = 0) ->
         edges = []
         for phase in (True, False):
             counting[0] = phase
+            if timing is not None:
+                timing.on = phase
             edges.append(
                 (
                     time.perf_counter(),
                     _thread_cpu(loop_ident),
                     _thread_cpu(store_ident),
                     _process_cpu(),
-                    journal.statistics().batches,
+                    journal.statistics().batches if isinstance(journal, Journal) else 0,
                     done[0],
                 )
             )
@@ -167,13 +295,52 @@ async def _child(tasks: int, seconds: float, warmup: float, prefill: int = 0) ->
         "store": store1 - store0,
         "process": proc1 - proc0,
         "commits": batches1 - batches0,
+        **({} if timing is None else timing.summary()),
     }
 
 
-def _run(python: str, tasks: int, seconds: float, warmup: float, prefill: int) -> dict[str, float]:
+def _run(
+    python: str, tasks: int, seconds: float, warmup: float, prefill: int, waits: bool = False
+) -> dict[str, float]:
     options = [f"--tasks={tasks}", f"--seconds={seconds}", f"--warmup={warmup}", f"--prefill={prefill}"]
+    options += ["--waits"] if waits else []
     out = subprocess.run([python, __file__, "--child", *options], check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def _counted(python: str, tasks: int, pairs: int, prefill: int, memory: bool = False) -> int:
+    """callgrind's instruction count of one child doing `pairs` pairs (every thread's, not the
+    kernel's: an fsync counts as its system call)."""
+    command = [
+        "valgrind",
+        "--tool=callgrind",
+        "--callgrind-out-file=/dev/null",
+        python,
+        __file__,
+        "--child",
+        f"--tasks={tasks}",
+        f"--count={pairs}",
+        f"--prefill={prefill}",
+        *(["--memory"] if memory else []),
+    ]
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+    found = re.search(r"Collected : (\d+)", done.stderr)
+    if found is None:
+        raise SystemExit(f"no instruction count from valgrind: {done.stderr[-500:]}")
+    return int(found.group(1))
+
+
+def _instructions(baseline: str | None, tasks: int, sizes: str, prefill: int, memory: bool = False) -> None:
+    """Instructions per pair: the difference of two runs' totals over the difference of their
+    pairs (start-up, imports and the store's opening cancel out), a count the load does not move."""
+    small, large = (int(n) for n in sizes.split(","))
+    kind = "in-memory" if memory else "durable"
+    print(f"instructions per {kind} pair (callgrind), {tasks} tasks, Python {sys.version.split()[0]}")
+    for python in [*([baseline] if baseline else []), sys.executable]:
+        low = _counted(python, tasks, small, prefill, memory)
+        high = _counted(python, tasks, large, prefill, memory)
+        print(f"{python}: {(high - low) / (large - small):,.0f} Ir per pair ({low:,} / {high:,})", flush=True)
 
 
 def _load() -> str:
@@ -192,10 +359,29 @@ def main() -> None:
     parser.add_argument(
         "--prefill", type=int, default=0, help="start from a store holding N earlier pairs' rows (default 0)"
     )
+    parser.add_argument(
+        "--waits", action="store_true", help="time each operation's steps (this checkout's runs only)"
+    )
+    parser.add_argument(
+        "--instructions",
+        metavar="N1,N2",
+        help="instead: callgrind's instructions per pair (runs of N1 and N2 pairs, the first task count)",
+    )
+    parser.add_argument(
+        "--memory", action="store_true", help="the backend without a data dir (in memory), to compare"
+    )
+    parser.add_argument("--count", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(asyncio.run(_child(int(args.tasks), args.seconds, args.warmup, args.prefill))))
+        child = _child(
+            int(args.tasks), args.seconds, args.warmup, args.prefill, args.waits, args.count, args.memory
+        )
+        print(json.dumps(asyncio.run(child)))
+        return
+    if args.instructions:
+        tasks = int(args.tasks.split(",")[0])
+        _instructions(args.baseline_python, tasks, args.instructions, args.prefill, args.memory)
         return
     targets = {"after": sys.executable}
     if args.baseline_python:
@@ -211,7 +397,8 @@ def main() -> None:
         for tasks in shapes:
             shift = index % len(names)
             for name in names[shift:] + names[:shift]:
-                run = _run(targets[name], tasks, args.seconds, args.warmup, args.prefill)
+                waits = args.waits and name == "after"
+                run = _run(targets[name], tasks, args.seconds, args.warmup, args.prefill, waits)
                 results.setdefault((name, tasks), []).append(run)
                 print(
                     f"  round {index + 1} {tasks:>2} tasks {name:<6} "
@@ -224,9 +411,9 @@ def main() -> None:
     print()
     print(
         "| tasks | target | pairs/s | loop thread us/pair (min - max) | store thread us/pair | "
-        "process us/pair | pairs per commit | loop after / before |"
+        "process us/pair | pairs per commit | loop / store thread busy | loop after / before |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for tasks in shapes:
         loops = {}
         for name in names:
@@ -237,12 +424,24 @@ def main() -> None:
             store = statistics.median(1e6 * r["store"] / r["pairs"] for r in runs)
             proc = statistics.median(1e6 * r["process"] / r["pairs"] for r in runs)
             per_commit = statistics.median(r["pairs"] / max(r["commits"], 1) for r in runs)
+            busy = statistics.median(r["loop"] / r["seconds"] for r in runs)
+            store_busy = statistics.median(r["store"] / r["seconds"] for r in runs)
             versus = f"{loops[name] / loops['before']:.2f}" if name != "before" and "before" in loops else ""
             print(
                 f"| {tasks} | {name} | {rate:,.0f} | {loops[name]:,.1f} "
                 f"({min(per):,.1f} - {max(per):,.1f}) | {store:,.1f} | {proc:,.1f} | "
-                f"{per_commit:.2f} | {versus} |"
+                f"{per_commit:.2f} | {busy:.0%} / {store_busy:.0%} | {versus} |"
             )
+    waited = [
+        (key, tasks) for tasks in shapes for key in results[("after", tasks)][0] if key.startswith("wait:")
+    ]
+    if waited:
+        print()
+        print("| tasks | where an operation's wall time goes (this checkout) | us (median of the means) |")
+        print("|---|---|---|")
+        for key, tasks in waited:
+            value = statistics.median(r[key] for r in results[("after", tasks)] if key in r)
+            print(f"| {tasks} | {key.removeprefix('wait: ')} | {value:,.0f} |")
 
 
 if __name__ == "__main__":

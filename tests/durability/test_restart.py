@@ -28,6 +28,7 @@ from outrig.service.exceptions import (
     RequestConflictError,
     StoreError,
     StoreLockedError,
+    StoreUnavailableError,
     TransactionAbortedError,
     TypeConflictError,
 )
@@ -250,6 +251,42 @@ async def test_a_retried_take_returns_the_same_entries_across_a_restart(
         assert [s.id for s in again] == [s.id for s in first]
         assert [s.payload for s in again] == [s.payload for s in first]
         assert numbers(await read_all(backend)) == [2]  # nothing was taken twice
+
+
+async def test_request_ids_of_a_refused_batch_act_afresh_and_those_of_a_committed_one_once(
+    config: ServerConfig, clock: FakeClock
+) -> None:
+    """The end of a batch settles every request id in it (Recorder: one callback per batch): two
+    writes refused in one batch are forgotten, so their retries act; a committed one's retry is
+    answered from the store and writes nothing."""
+    assert config.data_dir is not None
+    path = database_path(config.data_dir)
+    async with running(config, clock) as backend:
+        assert backend.journal is not None
+        backend.journal._probe_interval = 0.01  # type: ignore[attr-defined]
+        (kept,) = await backend.write(SPACE, [entry(n=1)], None, request_id="w-ok")
+        with sqlite3.connect(path) as db:  # a real SQLite error for the next batch with an entry
+            db.execute("CREATE TRIGGER refuse BEFORE INSERT ON entries BEGIN SELECT RAISE(ABORT, 'no'); END")
+        refused = await asyncio.gather(
+            backend.write(SPACE, [entry(n=2)], None, request_id="w-a"),
+            backend.write(SPACE, [entry(n=3)], None, request_id="w-b"),
+            return_exceptions=True,
+        )
+        assert [type(error) for error in refused] == [StoreUnavailableError, StoreUnavailableError]
+        with sqlite3.connect(path) as db:
+            db.execute("DROP TRIGGER refuse")
+
+        async def accepted() -> bool:
+            try:
+                await backend.write(SPACE, [entry(n=2)], None, request_id="w-a")
+            except StoreUnavailableError:
+                return False
+            return True
+
+        await wait_until_async(accepted, 10.0, what="the store to accept changes again")
+        await backend.write(SPACE, [entry(n=3)], None, request_id="w-b")
+        assert await backend.write(SPACE, [entry(n=1)], None, request_id="w-ok") == [kept]
+        assert numbers(await read_all(backend)) == [1, 2, 3]  # in arrival order
 
 
 async def test_a_call_cancelled_while_its_change_commits_still_counts(

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -379,9 +380,13 @@ class MemoryBackend(DeliveringMixin, ChangesMixin):
                 # The store learns of the entries at commit; their ids are reserved now.
                 self.note(recorder.id_records(space, engine))
             elif recorder is not None:
-                with self._undone_on_error(lambda: engine.revoke(written)):
+                undo = functools.partial(engine.revoke, written)
+                try:  # the write is applied in memory: if making its records fails, undo it
                     records = self._write_records(space, engine, written, grants, outcome, txn)
-                await self._commit(records, lambda: engine.revoke(written), written, outcome)
+                except BaseException:
+                    undo()
+                    raise
+                await recorder.commit(records, undo, written, outcome)  # not through _commit: a frame less
         self._acted(outcome, grants, keep=txn is not None)
         return grants
 
@@ -494,8 +499,10 @@ class MemoryBackend(DeliveringMixin, ChangesMixin):
                 ("take", space, s.id, outcome.request_id, i, outcome.expires_at) for i, s in enumerate(found)
             ]
             records.append((*Recorder.request_head(outcome), None, len(found), None, None))
-        try:
-            await self._commit(records, lambda: engine.restore(found), outcome=outcome, hands_out=True)
+        recorder = self._recorder
+        assert recorder is not None  # only a recorded space's takes come here
+        try:  # not through _commit: a coroutine less
+            await recorder.commit(records, lambda: engine.restore(found), outcome=outcome, hands_out=True)
         except asyncio.CancelledError:
             # The caller is gone. With a request id its retry gets these entries; without one,
             # nobody will: put them back, as a cancelled blocked take does.
@@ -504,7 +511,7 @@ class MemoryBackend(DeliveringMixin, ChangesMixin):
                 self.note(
                     [("put", space, s.id, s.arrival, s.expires_at, s.payload) for s in found]
                     + [visibility_record(space, s) for s in found if s.deliveries]  # its count
-                    + (self._recorder.id_records(space, engine) if self._recorder else [])
+                    + recorder.id_records(space, engine)
                 )
             raise
 

@@ -37,6 +37,11 @@ class Recorder:
         self._requests = requests
         # Entries whose write is not yet durable, with the batch that will make it so.
         self._unsynced: dict[StoredEntry, asyncio.Future[None]] = {}
+        # The batch the last change joined, and the request outcomes and written entries its
+        # end settles: one done callback per batch (`_batch_done`), not one per caller.
+        self._batch: asyncio.Future[None] | None = None
+        self._outcomes: list[Outcome] = []
+        self._written: list[StoredEntry] = []
         # Per space, the id the store has reserved up to (see id_records).
         self._reserved: dict[str, int] = {}
 
@@ -73,23 +78,17 @@ class Recorder:
             if undo is not None:
                 undo()
             raise
+        if future is not self._batch or future.done():
+            self._follow(future)
         if outcome is not None:
             outcome.committing = True
-            future.add_done_callback(lambda done: self._settle(outcome, done))
+            self._outcomes.append(outcome)
         if waiter is None:  # the interval policy: the reply does not wait
             return
         unsynced = self._unsynced
-        written = list(written)
-        if written:
-            for stored in written:
-                unsynced[stored] = future
-
-            def synced(_: asyncio.Future[None]) -> None:
-                for stored in written:
-                    if unsynced.get(stored) is future:
-                        del unsynced[stored]
-
-            future.add_done_callback(synced)
+        for stored in written:
+            unsynced[stored] = future
+            self._written.append(stored)
         await waiter  # its own future: cancelling this call cancels nothing shared
 
     async def settled(self, entries: Sequence[StoredEntry]) -> bool:
@@ -111,11 +110,29 @@ class Recorder:
             with contextlib.suppress(SpaceError):
                 await asyncio.shield(pending)
 
-    def _settle(self, outcome: Outcome, batch: asyncio.Future[None]) -> None:
+    def _follow(self, batch: asyncio.Future[None]) -> None:
+        """Changes join `batch` from now on: its end settles what they leave in these lists. (A
+        batch already done settles only the change that met it: the next one gets lists anew.)"""
+        self._batch, self._outcomes, self._written = batch, [], []
+        outcomes, written = self._outcomes, self._written
+        batch.add_done_callback(lambda done: self._batch_done(done, outcomes, written))
+
+    def _batch_done(
+        self, batch: asyncio.Future[None], outcomes: list[Outcome], written: list[StoredEntry]
+    ) -> None:
+        """The batch is durable (or failed): its entries are no longer unsynced, and its request
+        ids are answered from the store from now on (or forgotten, if it failed)."""
+        unsynced = self._unsynced
+        for stored in written:
+            if unsynced.get(stored) is batch:
+                del unsynced[stored]
+        requests = self._requests
         if batch.cancelled() or batch.exception() is not None:
-            self._requests.abandon(outcome, store_failed=True)
+            for outcome in outcomes:
+                requests.abandon(outcome, store_failed=True)
         else:
-            self._requests.finish(outcome, None)
+            for outcome in outcomes:
+                requests.finish(outcome, None)
 
     async def stored_result(self, outcome: Outcome) -> Any:
         """The first call's answer to a request id, read back from the store."""

@@ -7,9 +7,12 @@ epoch, a durable subscription. Statements on different rows commute (no statemen
 row, no triggers, no foreign keys), so only the order of a row's own records matters. The plan
 puts each record in a layer: the layer of its row's previous record if that was of the same kind
 (one `executemany` keeps their order), the next layer if it was of another kind, else the first.
-Layers run in order; inside one, each kind's parameters are one `executemany`. A pair's batch of
-5 writes and 5 takes is then 5 statements (the puts, the takes of entries written in an earlier
-batch, those of entries written earlier in this one, the requests, the changes) instead of 30.
+Layers run in order; inside one, each statement's parameters are one `executemany` (a kind may
+have a variant statement for its common case: NULL literals instead of None parameters, which
+Python's sqlite3 binds slowly; see `_blob`). A pair's batch of 5 writes and 5 takes is then 7
+statements (the puts, the takes of entries written in an earlier batch, those of entries written
+earlier in this one, the writes' and the takes' requests, the writes' and the takes' changes)
+instead of 30.
 
 `change_trim` deletes a range of the log: a barrier (what is planned before it runs first).
 `prune_requests` has no statement here: the journal runs its deletions at COMMIT.
@@ -25,178 +28,196 @@ from outrig.service.backends.memory.journal import Record
 
 Dump = Callable[[object], bytes | memoryview]
 Number = Callable[[str], int]
-# A record's arguments (after its kind) -> (its row's key, its statement's parameters).
-Binder = Callable[[Number, Dump, tuple[Any, ...]], tuple[tuple[Any, ...], tuple[Any, ...]]]
+# A record's arguments (after its kind) -> (its row's key, its statement, the parameters).
+Bound = tuple[tuple[Any, ...], str, tuple[Any, ...]]
+Binder = Callable[[Number, Dump, tuple[Any, ...]], Bound]
 
 
-def _put(number: Number, dump: Dump, a: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+#: Blobs up to this size are bound as a bytearray copy (see `_blob`).
+_COPIED = 4096
+
+
+def _blob(data: bytes | memoryview) -> bytes | memoryview | bytearray:
+    """A payload as the cheapest parameter to bind: Python's sqlite3 binds an exact int, float,
+    str or bytearray at once, but looks every other value (bytes, a memoryview, None) up in its
+    adapter registry first, which costs about 0.85 us a parameter (two failed attribute lookups,
+    each raising and clearing an AttributeError); a bytearray copy of a small entry costs 0.12.
+    Larger payloads are bound as they are: the copy would cost more than the lookup."""
+    return bytearray(data) if len(data) <= _COPIED else data
+
+
+# The statements, each with every column a parameter (FULL below); for the two kinds every pair
+# records twice, a variant with the columns that are NULL in the common case written as NULL
+# literals, for the same reason as `_blob`: a None parameter costs an adapter lookup.
+_PUT = "INSERT OR REPLACE INTO entries (space, id, arrival, expires_at, payload) VALUES (?, ?, ?, ?, ?)"
+_DELETE = "DELETE FROM entries WHERE space = ? AND id = ?"
+_ENTRY_EXPIRY = "UPDATE entries SET expires_at = ? WHERE space = ? AND id = ?"
+_TAKE = "UPDATE entries SET taken_by = ?, taken_position = ?, taken_until = ? WHERE space = ? AND id = ?"
+_VISIBILITY = (
+    "UPDATE entries SET hidden_until = ?, receipt = ?, deliveries = ?, dead_letter_reason = ?, "
+    "max_deliveries = ? WHERE space = ? AND id = ?"
+)
+_NEXT_ID = "UPDATE spaces SET next_id = max(next_id, ?) WHERE no = ?"
+_TYPE = "INSERT OR IGNORE INTO types (space, name, supertypes) VALUES (?, ?, ?)"
+_REGISTER = (
+    "INSERT OR REPLACE INTO registrations (space, id, expires_at, templates, sequence) VALUES (?, ?, ?, ?, ?)"
+)
+_UNREGISTER = "DELETE FROM registrations WHERE space = ? AND id = ?"
+_REGISTRATION_EXPIRY = "UPDATE registrations SET expires_at = ? WHERE space = ? AND id = ?"
+_SEQUENCE = "UPDATE registrations SET sequence = max(sequence, ?) WHERE space = ? AND id = ?"
+_REQUEST_INTO = (
+    "INSERT OR REPLACE INTO requests "
+    "(id, space, kind, expires_at, first_id, count, lease_expires_at, granted) "
+)
+_REQUEST = _REQUEST_INTO + "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+_REQUEST_TAKE = _REQUEST_INTO + "VALUES (?, ?, ?, ?, NULL, ?, NULL, NULL)"  # no first id, lease, grant
+_CHANGE_INTO = "INSERT OR REPLACE INTO changes (space, seq, kind, entry_id, at, txn, visible_at, payload) "
+_CHANGE = _CHANGE_INTO + "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+_CHANGE_WRITE = _CHANGE_INTO + "VALUES (?, ?, ?, ?, ?, ?, NULL, NULL)"  # visible at once, payload in its row
+_CHANGE_GONE = _CHANGE_INTO + "VALUES (?, ?, ?, ?, ?, ?, NULL, ?)"  # visible at once, the payload kept
+_CHANGE_EPOCH = (
+    "INSERT INTO change_logs (space, epoch, oldest) VALUES (?, ?, 1) "
+    "ON CONFLICT (space) DO UPDATE SET epoch = excluded.epoch"
+)
+_SUBSCRIPTION = "INSERT OR REPLACE INTO change_subscriptions (space, name, position) VALUES (?, ?, ?)"
+_SUBSCRIPTION_DELETE = "DELETE FROM change_subscriptions WHERE space = ? AND name = ?"
+
+
+def _put(number: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
     space, entry_id, arrival, expires_at, payload = a
     no = number(space)
-    return ("e", no, entry_id), (no, entry_id, arrival, expires_at, dump(payload))
+    return ("e", no, entry_id), _PUT, (no, entry_id, arrival, expires_at, _blob(dump(payload)))
 
 
-def _entry(number: Number, dump: Dump, a: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+def _entry(number: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
     """delete(space, id): the key columns are the statement's only parameters."""
     space, entry_id = a
     no = number(space)
-    return ("e", no, entry_id), (no, entry_id)
+    return ("e", no, entry_id), _DELETE, (no, entry_id)
 
 
-def _entry_expiry(number: Number, dump: Dump, a: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+def _entry_expiry(number: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
     space, entry_id, expires_at = a
     no = number(space)
-    return ("e", no, entry_id), (expires_at, no, entry_id)
+    return ("e", no, entry_id), _ENTRY_EXPIRY, (expires_at, no, entry_id)
 
 
-def _take(number: Number, dump: Dump, a: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+def _take(number: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
     """The row stays, marked, to answer the take's retry until `until`, the request's window end
     (its request row's expires_at: the taker index is in that order, schema.py)."""
     space, entry_id, request_id, position, until = a[:5]
     no = number(space)
-    return ("e", no, entry_id), (request_id, position, until, no, entry_id)
+    return ("e", no, entry_id), _TAKE, (request_id, position, until, no, entry_id)
 
 
-def _visibility(number: Number, dump: Dump, a: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+def _visibility(number: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
     space, entry_id, hidden_until, receipt, deliveries, reason = a[:6]
     limit = a[6] if len(a) > 6 else 0
     no = number(space)
-    return ("e", no, entry_id), (hidden_until, receipt, deliveries, reason, limit, no, entry_id)
+    return ("e", no, entry_id), _VISIBILITY, (hidden_until, receipt, deliveries, reason, limit, no, entry_id)
 
 
-def _next_id(number: Number, dump: Dump, a: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+def _next_id(number: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
     space, mark = a
     no = number(space)
-    return ("s", no), (mark, no)
+    return ("s", no), _NEXT_ID, (mark, no)
 
 
-def _type(number: Number, dump: Dump, a: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+def _type(number: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
     space, name, supertypes = a
     no = number(space)
-    return ("t", no, name), (no, name, supertypes)
+    return ("t", no, name), _TYPE, (no, name, supertypes)
 
 
-def _register(number: Number, dump: Dump, a: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+def _register(number: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
     space, registration_id, expires_at, templates, sequence = a
     no = number(space)
-    return ("r", no, registration_id), (no, registration_id, expires_at, templates, sequence)
+    return ("r", no, registration_id), _REGISTER, (no, registration_id, expires_at, templates, sequence)
 
 
-def _registration(number: Number, dump: Dump, a: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+def _registration(number: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
     """unregister(space, id)."""
     space, registration_id = a
     no = number(space)
-    return ("r", no, registration_id), (no, registration_id)
+    return ("r", no, registration_id), _UNREGISTER, (no, registration_id)
 
 
-def _registration_value(
-    number: Number, dump: Dump, a: tuple[Any, ...]
-) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-    """registration_expiry(space, id, expires_at) and sequence(space, id, seq)."""
+def _registration_expiry(number: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
     space, registration_id, value = a
     no = number(space)
-    return ("r", no, registration_id), (value, no, registration_id)
+    return ("r", no, registration_id), _REGISTRATION_EXPIRY, (value, no, registration_id)
 
 
-def _request(number: Number, dump: Dump, a: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+def _sequence(number: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
+    space, registration_id, value = a
+    no = number(space)
+    return ("r", no, registration_id), _SEQUENCE, (value, no, registration_id)
+
+
+def _request(number: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
     """request(request_id, space, kind, expires_at, first_id, count, lease_expires_at, granted):
-    the requests table names its space (no number)."""
-    return ("q", a[0]), a
+    the requests table names its space (no number). A take's has no first id, lease or grant."""
+    if a[4] is None and a[6] is None and a[7] is None:
+        return ("q", a[0]), _REQUEST_TAKE, (a[0], a[1], a[2], a[3], a[5])
+    return ("q", a[0]), _REQUEST, a
 
 
-def _change(number: Number, dump: Dump, a: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+def _change(number: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
     """A change of the space's log (a write's payload None: its entry's row holds it)."""
     space, seq, kind, entry_id, at, txn, visible_at, payload = a
     no = number(space)
-    return ("c", no, seq), (
-        no,
-        seq,
-        kind,
-        entry_id,
-        at,
-        txn,
-        visible_at,
-        None if payload is None else dump(payload),
+    key = ("c", no, seq)
+    if visible_at is None:
+        if payload is None:
+            return key, _CHANGE_WRITE, (no, seq, kind, entry_id, at, txn)
+        return key, _CHANGE_GONE, (no, seq, kind, entry_id, at, txn, _blob(dump(payload)))
+    return (
+        key,
+        _CHANGE,
+        (no, seq, kind, entry_id, at, txn, visible_at, None if payload is None else dump(payload)),
     )
 
 
-def _change_epoch(number: Number, dump: Dump, a: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+def _change_epoch(number: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
     space, epoch = a
     no = number(space)
-    return ("l", no), (no, epoch)
+    return ("l", no), _CHANGE_EPOCH, (no, epoch)
 
 
-def _subscription(number: Number, dump: Dump, a: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+def _subscription(number: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
     space, name, position = a
     no = number(space)
-    return ("u", no, name), (no, name, position)
+    return ("u", no, name), _SUBSCRIPTION, (no, name, position)
 
 
-def _subscription_delete(
-    number: Number, dump: Dump, a: tuple[Any, ...]
-) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+def _subscription_delete(number: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
     space, name = a
     no = number(space)
-    return ("u", no, name), (no, name)
+    return ("u", no, name), _SUBSCRIPTION_DELETE, (no, name)
 
 
-#: Per kind of record: its statement, and how a record binds to it.
-STATEMENTS: dict[str, tuple[str, Binder]] = {
-    "put": (
-        "INSERT OR REPLACE INTO entries (space, id, arrival, expires_at, payload) VALUES (?, ?, ?, ?, ?)",
-        _put,
-    ),
-    "delete": ("DELETE FROM entries WHERE space = ? AND id = ?", _entry),
-    "entry_expiry": ("UPDATE entries SET expires_at = ? WHERE space = ? AND id = ?", _entry_expiry),
-    "take": (
-        "UPDATE entries SET taken_by = ?, taken_position = ?, taken_until = ? WHERE space = ? AND id = ?",
-        _take,
-    ),
-    "visibility": (
-        "UPDATE entries SET hidden_until = ?, receipt = ?, deliveries = ?, dead_letter_reason = ?, "
-        "max_deliveries = ? WHERE space = ? AND id = ?",
-        _visibility,
-    ),
-    "next_id": ("UPDATE spaces SET next_id = max(next_id, ?) WHERE no = ?", _next_id),
-    "type": ("INSERT OR IGNORE INTO types (space, name, supertypes) VALUES (?, ?, ?)", _type),
-    "register": (
-        "INSERT OR REPLACE INTO registrations (space, id, expires_at, templates, sequence) "
-        "VALUES (?, ?, ?, ?, ?)",
-        _register,
-    ),
-    "unregister": ("DELETE FROM registrations WHERE space = ? AND id = ?", _registration),
-    "registration_expiry": (
-        "UPDATE registrations SET expires_at = ? WHERE space = ? AND id = ?",
-        _registration_value,
-    ),
-    "sequence": (
-        "UPDATE registrations SET sequence = max(sequence, ?) WHERE space = ? AND id = ?",
-        _registration_value,
-    ),
-    "request": (
-        "INSERT OR REPLACE INTO requests "
-        "(id, space, kind, expires_at, first_id, count, lease_expires_at, granted) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-        _request,
-    ),
-    "change": (
-        "INSERT OR REPLACE INTO changes (space, seq, kind, entry_id, at, txn, visible_at, payload) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-        _change,
-    ),
-    "change_epoch": (
-        "INSERT INTO change_logs (space, epoch, oldest) VALUES (?, ?, 1) "
-        "ON CONFLICT (space) DO UPDATE SET epoch = excluded.epoch",
-        _change_epoch,
-    ),
-    "subscription": (
-        "INSERT OR REPLACE INTO change_subscriptions (space, name, position) VALUES (?, ?, ?)",
-        _subscription,
-    ),
-    "subscription_delete": (
-        "DELETE FROM change_subscriptions WHERE space = ? AND name = ?",
-        _subscription_delete,
-    ),
+#: Per kind of record: how a record binds to its statement.
+STATEMENTS: dict[str, Binder] = {
+    "put": _put,
+    "delete": _entry,
+    "entry_expiry": _entry_expiry,
+    "take": _take,
+    "visibility": _visibility,
+    "next_id": _next_id,
+    "type": _type,
+    "register": _register,
+    "unregister": _registration,
+    "registration_expiry": _registration_expiry,
+    "sequence": _sequence,
+    "request": _request,
+    "change": _change,
+    "change_epoch": _change_epoch,
+    "subscription": _subscription,
+    "subscription_delete": _subscription_delete,
 }
+
+#: Per kind, the statement with every column a parameter: what a variant must equal (the tests).
+FULL: dict[str, str] = {"request": _REQUEST, "change": _CHANGE}
 
 #: Batches of at most this many records run one statement each, in order, unplanned.
 _FEW = 4
@@ -215,37 +236,39 @@ def run(
     statements = STATEMENTS
     if len(records) <= _FEW:  # a lone caller's batch: nothing to group, planning would cost more
         for record in records:
-            spec = statements.get(record[0])
-            if spec is None:
+            bind = statements.get(record[0])
+            if bind is None:
                 prune = _unbound(connection, record, number, prune)
             else:
-                connection.execute(spec[0], spec[1](number, dump, record[1:])[1])
+                _, sql, parameters = bind(number, dump, record[1:])
+                connection.execute(sql, parameters)
         return prune
+    # Each layer: per statement, its parameters. A statement stands for its kind here: a row's
+    # records of one kind but different variants go to different layers, so they keep their order.
     layers: list[dict[str, list[tuple[Any, ...]]]] = []
-    rows: dict[tuple[Any, ...], tuple[int, str]] = {}  # a row's key -> its last record's layer, kind
+    rows: dict[tuple[Any, ...], tuple[int, str]] = {}  # a row's key -> its last record's layer, statement
     for record in records:
-        kind = record[0]
-        spec = statements.get(kind)
-        if spec is None:
-            if kind != PRUNE:  # a barrier: what was planned before it runs first
+        bind = statements.get(record[0])
+        if bind is None:
+            if record[0] != PRUNE:  # a barrier: what was planned before it runs first
                 _execute(connection, layers)
                 layers, rows = [], {}
             prune = _unbound(connection, record, number, prune)
             continue
-        key, parameters = spec[1](number, dump, record[1:])
+        key, sql, parameters = bind(number, dump, record[1:])
         last = rows.get(key)
         if last is None:
             layer = 0
-        elif last[1] == kind:
+        elif last[1] == sql:
             layer = last[0]
         else:
             layer = last[0] + 1
-        rows[key] = (layer, kind)
+        rows[key] = (layer, sql)
         if layer == len(layers):
             layers.append({})
-        group = layers[layer].get(kind)
+        group = layers[layer].get(sql)
         if group is None:
-            layers[layer][kind] = [parameters]
+            layers[layer][sql] = [parameters]
         else:
             group.append(parameters)
     _execute(connection, layers)
@@ -269,10 +292,8 @@ def _unbound(
 
 
 def _execute(connection: sqlite3.Connection, layers: list[dict[str, list[tuple[Any, ...]]]]) -> None:
-    statements = STATEMENTS
     for layer in layers:
-        for kind, parameters in layer.items():
-            sql = statements[kind][0]
+        for sql, parameters in layer.items():
             if len(parameters) == 1:
                 connection.execute(sql, parameters[0])
             else:
