@@ -35,7 +35,7 @@ def instructions(python: str, pairs: int) -> int:
             "valgrind",
             "--tool=callgrind",
             "--callgrind-out-file=/dev/null",
-            python,
+            str(Path(python).absolute()),  # run from the bench directory: a relative path would not resolve
             "mux_inprocess.py",
             "--pairs",
             str(pairs),

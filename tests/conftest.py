@@ -4,8 +4,10 @@ stopped when the session ends."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -23,6 +25,11 @@ from hypothesis import settings
 from .postgres_server import PostgresServer, find_bindir, running_postgres
 
 _LISTENING = re.compile(r"outrig listening on (\S+)")
+
+# The servers' stderr logs, one file each, in one directory removed when the test run ends (a
+# failing test reads its server's log before then: ServerProcess.log).
+_SERVER_LOGS = tempfile.mkdtemp(prefix="outrig-test-servers-")
+atexit.register(shutil.rmtree, _SERVER_LOGS, ignore_errors=True)
 
 # No per-example deadline in any property test: hypothesis' default (200 ms) is a timing assertion,
 # which a loaded machine fails on an example that is merely slow (test_wire's 70 kB entries did).
@@ -96,7 +103,7 @@ def start_server(
     if allocator is not None:
         environment["OUTRIG_ALLOCATOR"] = allocator
     environment.update(env or {})
-    log = Path(tempfile.mkstemp(prefix="outrig-server-", suffix=".log")[1])
+    log = Path(tempfile.mkstemp(prefix="outrig-server-", suffix=".log", dir=_SERVER_LOGS)[1])
     with log.open("w") as stderr:
         process = subprocess.Popen(
             command,
