@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
+import pytest
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
@@ -144,13 +145,25 @@ def _state(index: EntryIndex) -> tuple[object, ...]:
     )
 
 
-def test_a_batch_that_fails_midway_is_filed_not_at_all() -> None:
+def _sharing(shared: bool, entries: list[StoredEntry]) -> list[StoredEntry]:
+    """`entries`, whose equal values are made one object if `shared` (as the codec's one-pass
+    reading makes a batch's: `insert_many` and `remove_many` then remember their buckets)."""
+    if shared:
+        values: dict[object, FieldValue] = {}
+        for stored in entries:
+            stored.fields = {name: values.setdefault(v.key, v) for name, v in stored.fields.items()}
+    return entries
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_batch_that_fails_midway_is_filed_not_at_all(shared: bool) -> None:
     index = EntryIndex(indexes=[("Mammal", "legs")])
     filed(index, 1, *DOG, legs=4, name="rex")
     filed(index, 2, *DOG, legs=2)
     before = _state(index)
     batch = [StoredEntry(3 + i, new(*DOG, legs=4, name="rex", n=i), None) for i in range(3)]
     bad = StoredEntry(9, new(*DOG, legs=4), None)
+    batch = _sharing(shared, [*batch, bad])[:3]
     bad.fields = {**bad.fields, "odd": FieldValue("int", _Unhashable())}  # type: ignore[arg-type]
     try:
         index.insert_many([*batch, bad])
@@ -163,11 +176,14 @@ def test_a_batch_that_fails_midway_is_filed_not_at_all() -> None:
     assert ids(index.candidates([tpl("Mammal", legs=4)])) == [1, 3, 4, 5]
 
 
-def test_a_batch_that_fails_to_unfile_midway_is_filed_again_in_order() -> None:
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_batch_that_fails_to_unfile_midway_is_filed_again_in_order(shared: bool) -> None:
     index = EntryIndex()
-    entries = [filed(index, i, *DOG, legs=4, n=i) for i in range(1, 6)]
-    before = _state(index)
+    made = [StoredEntry(i, new(*DOG, legs=4, n=i), None) for i in range(1, 6)]
     stranger = StoredEntry(99, new(*DOG, legs=4), None)  # never filed: unfiling it fails
+    entries = _sharing(shared, [*made, stranger])[:5]
+    index.insert_many(entries)
+    before = _state(index)
     try:
         index.remove_many([entries[1], entries[3], stranger])
     except KeyError:
@@ -232,3 +248,85 @@ def test_a_bucket_s_entries_checked_for_what_it_does_not_say_match_as_in_full(
     unfiled = template.unfiled(field)
     assert template.unfiled(field) is unfiled  # kept for the template's next call
     assert [entry for entry in index.members(bucket) if template.matches_filed(entry, unfiled)] == expected
+
+
+# A batch's values: the same objects again (as the codec's one-pass reading shares a batch's equal
+# values) and equal ones that are other objects (each a slot's value too), of kinds a key tells
+# apart and long ones whose keys are equal.
+_SHARED = [FieldValue("int", 1), FieldValue("int", 1), FieldValue("int", 2), FieldValue("bool", True)]
+_SHARED += [FieldValue("string", _LONG + "x" + _LONG), FieldValue("string", _LONG + "y" + _LONG)]
+_BATCH_FIELDS = st.dictionaries(st.sampled_from(["a", "b", "c"]), st.sampled_from(_SHARED), max_size=3)
+_BATCH = st.lists(st.tuples(_LINEAGES, _BATCH_FIELDS), max_size=10)
+
+
+def _layout(index: EntryIndex) -> tuple[object, ...]:
+    """`_state`, with the order of the slots and types themselves."""
+    return (
+        [(t, list(bucket)) for t, bucket in index._by_type.items()],
+        [
+            (slot, current.id if isinstance(current, StoredEntry) else list(current))
+            for slot, current in index._by_field.items()
+        ],
+        index.ordered_indexes(),
+    )
+
+
+@settings(max_examples=300)
+@given(_BATCH, _BATCH, st.lists(st.integers(0, 19), unique=True), st.booleans(), st.booleans())
+@example(  # three of one value object: a bare slot made a container, then emptied by the take
+    [],
+    [(("Dog", "Mammal"), {"a": _SHARED[0]})] * 3,
+    [0, 1, 2],
+    True,
+    False,
+)
+@example(  # the batch's first entry joins a bare slot; a taken pair of one value shared
+    [(("Dog", "Mammal"), {"a": _SHARED[0]})],
+    [(("Dog", "Mammal"), {"a": _SHARED[0]}), (("Dog", "Mammal"), {"a": _SHARED[1]})],
+    [1, 2],
+    True,
+    False,
+)
+def test_a_batch_is_filed_and_unfiled_as_one_entry_after_the_other(
+    before: list[tuple[tuple[str, ...], dict[str, FieldValue]]],
+    batch: list[tuple[tuple[str, ...], dict[str, FieldValue]]],
+    picked: list[int],
+    in_order: bool,
+    ordered: bool,
+) -> None:
+    """`insert_many` and `remove_many` leave the index as `insert` and `remove` of each entry in
+    turn: the same buckets, holding the same entries in the same order, the same slots in the
+    same order, and the same candidates for every template."""
+    indexes = [("Mammal", "a")] if ordered else []
+    each, batched = EntryIndex(indexes=indexes), EntryIndex(indexes=indexes)
+    entries = [
+        StoredEntry(i + 1, NewEntry(lineage[0], lineage[1:], values, None, 1), None)
+        for i, (lineage, values) in enumerate([*before, *batch])
+    ]
+    old, new = entries[: len(before)], entries[len(before) :]
+    for stored in old:
+        each.insert(stored)
+        batched.insert(stored)
+    for stored in new:
+        each.insert(stored)
+    batched.insert_many(new)
+    assert _layout(batched) == _layout(each)
+    templates = [tpl(t) for t in ("Dog", "Mammal", "Cat", "Other")]
+    templates += [Template("Mammal", {"a": value}) for value in _SHARED]
+    templates += [Template("Dog", {"a": _SHARED[0], "b": _SHARED[2]})]
+    for template in templates:
+        assert ids(batched.candidates([template])) == ids(each.candidates([template]))
+    # A take's batch: some of the entries (of either write), in arrival order or not.
+    taken = [entries[i] for i in picked if i < len(entries)]
+    if in_order:
+        taken.sort(key=_arrival_of)
+    for stored in taken:
+        each.remove(stored)
+    batched.remove_many(taken)
+    assert _layout(batched) == _layout(each)
+    for template in templates:
+        assert ids(batched.candidates([template])) == ids(each.candidates([template]))
+
+
+def _arrival_of(stored: StoredEntry) -> int:
+    return stored.arrival
