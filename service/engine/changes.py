@@ -38,7 +38,14 @@ import secrets
 from collections.abc import Iterable, Sequence
 from typing import Final
 
-from outrig.service.engine.model import Record, StoredEntry
+from outrig.service.engine.model import (
+    FROZEN_SIZE,
+    FrozenEntry,
+    Record,
+    StoredEntry,
+    frozen_entry,
+    thawed_entry,
+)
 from outrig.service.exceptions import (
     CompactedError,
     InvalidCursorError,
@@ -52,6 +59,11 @@ CHANGE_KINDS = ("write", "take", "expire", "cancel", "purge", "dead")
 
 #: What a change counts for towards changes_max_bytes, beyond its entry's payload.
 CHANGE_OVERHEAD = 64
+
+#: The kinds of change after which the entry is gone from its space for good: the log keeps it as
+#: a `FrozenEntry` (model.py), in the place of its write's change too. Not "dead": a dead-letter
+#: move may file the same entry in another space.
+_GONE = frozenset(("take", "expire", "cancel", "purge"))
 
 
 def new_epoch() -> int:
@@ -102,8 +114,8 @@ class ChangeLog:
         self.epoch = new_epoch() if epoch is None else epoch
         self.head = 0  # seq of the newest change; 0: none yet
         # By seq, looked up by key only (never iterated from the front, where trimming deletes):
-        # each change's entry, and its (kind, at, transaction, visible_at).
-        self._entries: dict[int, StoredEntry] = {}
+        # each change's entry (a gone one frozen), and its (kind, at, transaction, visible_at).
+        self._entries: dict[int, StoredEntry | FrozenEntry] = {}
         self._facts: dict[int, tuple[str, float, int, float | None]] = {}
         self._oldest = 1
         self._bytes = 0
@@ -153,8 +165,18 @@ class ChangeLog:
         held, known = self._entries, self._facts
         made = []
         size = 0
+        gone = kind in _GONE
         for seq, stored in zip(range(first, first + len(entries)), entries, strict=True):
-            held[seq] = stored
+            if gone:
+                # The entry as it leaves, in its write's place too (if the log still holds that
+                # change as this entry), so that nothing of it is tracked here.
+                frozen = held[seq] = frozen_entry(stored)
+                if held.get(stored.logged) is stored:
+                    held[stored.logged] = frozen
+            else:
+                held[seq] = stored
+                if kind == "write":
+                    stored.logged = seq
             known[seq] = facts
             size += stored.size
             made.append(Change(seq, kind, stored, at, transaction, visible_at))
@@ -172,7 +194,9 @@ class ChangeLog:
         held, known, changes = self._entries, self._facts, []
         for each in range(start, stop + 1):
             kind, at, transaction, visible_at = known[each]
-            changes.append(Change(each, kind, held[each], at, transaction, visible_at))
+            entry = held[each]
+            stored = thawed_entry(entry) if isinstance(entry, tuple) else entry
+            changes.append(Change(each, kind, stored, at, transaction, visible_at))
         return changes
 
     def check(self, position: int, field: str = "since") -> None:
@@ -194,7 +218,7 @@ class ChangeLog:
 
     def _drop_oldest(self) -> None:
         del self._facts[self._oldest]
-        self._bytes -= self._entries.pop(self._oldest).size + CHANGE_OVERHEAD  # its Change.size
+        self._bytes -= _size(self._entries.pop(self._oldest)) + CHANGE_OVERHEAD  # its Change.size
         self._oldest += 1
 
     def _trim_size(self) -> None:
@@ -202,7 +226,7 @@ class ChangeLog:
         while held and (len(held) > self.max_count or size > self.max_bytes):
             # `_drop_oldest`, with the figures in locals
             del known[oldest]
-            size -= held.pop(oldest).size + CHANGE_OVERHEAD
+            size -= _size(held.pop(oldest)) + CHANGE_OVERHEAD
             oldest += 1
         self._oldest, self._bytes = oldest, size
 
@@ -223,7 +247,7 @@ class ChangeLog:
             stored = self._entries.pop(self.head, None)
             if stored is not None:
                 del self._facts[self.head]
-                self._bytes -= stored.size + CHANGE_OVERHEAD
+                self._bytes -= _size(stored) + CHANGE_OVERHEAD
             self.head -= 1
         self._oldest = min(self._oldest, self.head + 1)
 
@@ -300,3 +324,11 @@ class ChangeLog:
                 f"durable: subscription {name!r} of space {self.space!r} is unknown"
             )
         return position
+
+
+def _size(entry: StoredEntry | FrozenEntry) -> int:
+    """A held entry's size (model.py), frozen or not."""
+    if isinstance(entry, tuple):
+        size: int = entry[FROZEN_SIZE]
+        return size
+    return entry.size

@@ -1,9 +1,10 @@
 """The change log alone (engine/changes.py) against a naive model, a list of `Change`s: for random
 batches of appends (kinds, sizes, times, transactions, visible_at), trims by count, bytes and age,
 rewinds of the last batch and restores, the log holds exactly the model's changes (the same
-`Change`s back from `after`, from any position in batches of any size), the same oldest, head,
-count and bytes; and what it keeps per change is untracked by the cyclic collector but for the
-entry itself."""
+`Change`s back from `after`, from any position in batches of any size: an entry gone from its
+space, which the log keeps frozen, back as an equal one), the same oldest, head, count and bytes;
+and what it keeps per change is untracked by the cyclic collector but for an entry still in its
+space."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 
 from outrig.service.engine.changes import CHANGE_KINDS, CHANGE_OVERHEAD, Change, ChangeLog
 from outrig.service.engine.model import NewEntry, StoredEntry
+from outrig.service.engine.values import FieldValue
 
 APPEND = st.tuples(
     st.just("append"),
@@ -23,8 +25,17 @@ APPEND = st.tuples(
     st.integers(0, 2),  # transaction
     st.none() | st.floats(0.0, 100.0),  # visible_at
 )
+# A change of entries the log already holds (their write's), which then are gone: by index among
+# the model's entries still in their space.
+GONE = st.tuples(
+    st.just("gone"),
+    st.sampled_from(("take", "expire", "cancel", "purge")),
+    st.lists(st.integers(0, 1_000), min_size=1, max_size=3, unique=True),
+    st.floats(0.0, 5.0),
+)
 OPS = st.one_of(
     APPEND,
+    GONE,
     st.tuples(st.just("trim"), st.floats(0.0, 20.0)),
     st.tuples(st.just("rewind")),
     st.tuples(st.just("restore")),
@@ -32,7 +43,16 @@ OPS = st.one_of(
 
 
 def _entry(entry_id: int, size: int) -> StoredEntry:
-    return StoredEntry(entry_id, NewEntry("T", (), {}, b"x" * size, size), None)
+    fields = {"n": FieldValue("int", entry_id), "s": FieldValue("string", "y" * (size % 7))}
+    return StoredEntry(entry_id, NewEntry("T", ("S",), fields, b"x" * size, size), None)
+
+
+def _shown(change: Change) -> tuple[object, ...]:
+    """What a change shows of itself and its entry: a frozen entry comes back a new StoredEntry."""
+    entry = change.entry
+    shown = tuple(getattr(entry, name) for name in StoredEntry.__slots__ if name not in ("fields", "lock"))
+    fields = {name: (value.kind, value.data, value.key) for name, value in entry.fields.items()}
+    return (change.seq, change.kind, change.at, change.transaction, change.visible_at, shown, fields)
 
 
 class Model:
@@ -83,8 +103,19 @@ def test_the_log_holds_what_the_model_holds(
     log = ChangeLog(max_count, max_age, max_bytes)
     model = Model(max_count, max_age, max_bytes)
     now, entry_id, before_last = 0.0, 0, None
+    present: list[StoredEntry] = []  # written entries still in their space
     for op in ops:
-        if op[0] == "append":
+        if op[0] == "gone" and present:
+            _, kind, picks, passed = op
+            now += passed
+            entries = [present[at] for at in dict.fromkeys(pick % len(present) for pick in picks)]
+            present = [each for each in present if each not in entries]
+            before_last = log.head
+            made = log.append_many(kind, entries, now)
+            expected = [Change(model.head + 1 + at, kind, stored, now) for at, stored in enumerate(entries)]
+            assert made == expected
+            model.append(expected)
+        elif op[0] == "append":
             _, kind, sizes, passed, transaction, visible_at = op
             now += passed
             entries = [_entry(entry_id + at, size) for at, size in enumerate(sizes)]
@@ -98,6 +129,8 @@ def test_the_log_holds_what_the_model_holds(
             ]
             assert made == expected
             model.append(expected)
+            if kind == "write":
+                present += entries
         elif op[0] == "trim":
             now += op[1]
             moved = log.trim(now)
@@ -112,7 +145,7 @@ def test_the_log_holds_what_the_model_holds(
             held = log.after(log.oldest - 1, log.count)
             restored = ChangeLog(max_count, max_age, max_bytes)
             restored.restore(log.epoch, held, log.head)
-            log, before_last = restored, None
+            log, before_last, present = restored, None, []
         assert (log.oldest, log.head, log.count, log.bytes) == (
             model.oldest,
             model.head,
@@ -125,17 +158,23 @@ def test_the_log_holds_what_the_model_holds(
                 batch = log.after(at, limit)
                 read += batch
                 at = batch[-1].seq
-            assert read == [change for change in model.changes if change.seq > position]
+            assert [_shown(change) for change in read] == [
+                _shown(change) for change in model.changes if change.seq > position
+            ]
 
 
-def test_a_logged_change_keeps_only_its_entry_tracked_by_the_collector() -> None:
+def test_a_logged_change_keeps_only_an_entry_in_its_space_tracked_by_the_collector() -> None:
     log = ChangeLog(1_000, 60.0, 1 << 30)
     entries = [_entry(number, 10) for number in range(100)]
     for stored in entries:
         log.append("write", stored, 1.0)
-    log.append_many("take", entries, 2.0, 7, 3.0)
+    log.append_many("take", entries[:60], 2.0, 7, 3.0)
     del stored
     gc.collect()  # untracks tuples of atomic values
     held = gc.get_referents(log._entries, log._facts)
-    tracked = {type(each) for each in held if gc.is_tracked(each)}
-    assert tracked == {StoredEntry} and len(log._facts) == 200
+    tracked = [each for each in held if gc.is_tracked(each)]
+    # the 40 entries not taken; the 60 taken ones are frozen in their writes' places too
+    assert sorted(each.id for each in tracked) == list(range(60, 100)) and len(log._facts) == 160
+    assert log.after(0, 1)[0].entry is not entries[0] and _shown(log.after(0, 1)[0]) == _shown(
+        Change(1, "write", entries[0], 1.0)
+    )

@@ -10,7 +10,8 @@ import pytest
 
 from outrig.service.backends.memory.idempotency import Outcome, RequestLog
 from outrig.service.engine.clock import FakeClock
-from outrig.service.engine.model import LeaseGrant
+from outrig.service.engine.model import LeaseGrant, NewEntry, StoredEntry
+from outrig.service.engine.values import FieldValue
 from outrig.service.exceptions import RequestConflictError
 
 
@@ -140,3 +141,24 @@ def test_forgetting_a_space_forgets_its_finished_ids_only() -> None:
     log.forget_space("jobs")
     assert log.find("a", "jobs", "write") is None and log.find("c", "jobs", "take") is None
     assert log.find("b", "other", "write") is not None
+
+
+def _taken(number: int) -> StoredEntry:
+    fields = {"n": FieldValue("int", number), "name": FieldValue("string", f"job-{number}")}
+    return StoredEntry(number, NewEntry("Job", ("Task",), fields, b"payload-%d" % number, 12), None)
+
+
+def test_a_take_s_retry_gets_its_entries_back_and_the_record_keeps_nothing_tracked() -> None:
+    log = RequestLog(60.0, FakeClock())
+    for number in range(100):
+        log.finish(log.begin(f"id-{number}", "jobs", "take"), [_taken(number), _taken(number + 1_000)])
+    # A collection untracks one level of tuples: the frozen entries, then the records holding them.
+    gc.collect()
+    gc.collect()
+    records = list(log._outcomes.values()) + list(log._order)
+    assert len(records) == 200 and not any(gc.is_tracked(record) for record in records)
+    found = log.find("id-7", "jobs", "take")
+    assert found is not None and [entry.__class__ for entry in found.result] == [StoredEntry] * 2
+    assert [(entry.id, entry.payload, entry.lineage, dict(entry.fields)) for entry in found.result] == [
+        (entry.id, entry.payload, entry.lineage, dict(entry.fields)) for entry in (_taken(7), _taken(1_007))
+    ]

@@ -14,10 +14,11 @@ The cyclic collector: an in-memory server keeps two ids per write+take pair for 
 default window), so what they are kept as is walked by every full collection. A call in flight is
 an `Outcome` (its waiters need its future); once it has acted, its record is replaced by a
 `_Finished` tuple of atomic values (space, kind, expiry, and a write's leases as their ids,
-expiries and grants, flat), which CPython's collector untracks at its first young collection; the queue of
-expiries holds (expires_at, request id) tuples likewise. A take's result keeps its entries
-(a tuple of them: one tracked object). A retry is given an `Outcome` made from the record
-(docs/performance.md, "What the server keeps per pair, and the collector").
+expiries and grants, flat, and a take's entries each as a `FrozenEntry`, model.py), which CPython's
+collector untracks at its first young collection (a frozen entry's record at the one after); the
+queue of expiries holds (expires_at, request id) tuples likewise. A retry is given an `Outcome`
+made from the record, its taken entries thawed (docs/performance.md, "What the server keeps per
+pair, and the collector", "A taken entry after its take").
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from collections import deque
 from typing import Any
 
 from outrig.service.engine.clock import Clock
-from outrig.service.engine.model import LeaseGrant
+from outrig.service.engine.model import LeaseGrant, StoredEntry, frozen_entry, thawed_entry
 from outrig.service.exceptions import RequestConflictError
 
 
@@ -80,8 +81,9 @@ class Outcome:
             self._done.set_result(acted)
 
 
-#: A `_Finished` record's forms of a result: as given, a list of leases, another list.
-_AS_GIVEN, _LEASES, _LIST = 0, 1, 2
+#: A `_Finished` record's forms of a result: as given, a list of leases, another list, a list of
+#: taken entries (each a `FrozenEntry`, model.py).
+_AS_GIVEN, _LEASES, _LIST, _ENTRIES = 0, 1, 2, 3
 
 #: An id whose first call has acted: (space, kind, expires_at, form, result ...), one plain tuple
 #: (CPython untracks only exact tuples, and a tuple in a tuple only one collection after its
@@ -97,6 +99,9 @@ def _finished(outcome: Outcome, result: Any) -> _Finished:
         if result and all(each.__class__ is LeaseGrant for each in result):
             leases = [value for grant in result for value in (grant.id, grant.expires_at, grant.granted)]
             return (*head, _LEASES, *leases)
+        if result and all(each.__class__ is StoredEntry for each in result):
+            # the change log froze each at its take (its `frozen`), unless the space logs none
+            return (*head, _ENTRIES, *[each.frozen or frozen_entry(each) for each in result])
         return (*head, _LIST, *result)
     return (*head, _AS_GIVEN, result)
 
@@ -109,6 +114,8 @@ def _given(request_id: str, record: _Finished) -> Outcome:
         outcome.result = [LeaseGrant(*record[at : at + 3]) for at in range(4, len(record), 3)]
     elif form == _LIST:
         outcome.result = list(record[4:])
+    elif form == _ENTRIES:
+        outcome.result = [thawed_entry(each) for each in record[4:]]
     else:
         outcome.result = record[4]
     return outcome
