@@ -498,7 +498,9 @@ class SpaceEngine(TransactionsMixin, DeliveriesMixin):
 
     def _put_back(self, stored: StoredEntry) -> None:
         """File again an entry just unfiled (undoing a step that failed), at its place in arrival
-        order (or hidden as it was)."""
+        order (or hidden as it was). Its `frozen` copy, if its take made one, is of a take that
+        no longer holds: a later take freezes it afresh (the request window reuses `frozen`)."""
+        stored.frozen = None
         self._insert(stored)
         if stored.hidden_until is None:
             self._index.reorder(stored)
