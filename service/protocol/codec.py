@@ -217,10 +217,12 @@ def new_entries(
     entries: Sequence[pb.Entry],
     limits: Limits,
     encodings: Sequence[bytes | memoryview] | None = None,
-    raw: bytes | None = None,
+    *,
+    one_pass: bool = False,
 ) -> list[NewEntry]:
-    """The entries of a write_many; `encodings` are their bytes as received, if known, and `raw`
-    the request's bytes they are views of (then read in one pass: `_viewed_entries`)."""
+    """The entries of a write_many; `encodings` are their bytes as received, if known. With
+    `one_pass` (the server's write_many), small entries' encodings are read in one pass
+    (`_viewed_entries`) rather than entry by entry."""
     if not entries:
         raise InvalidArgumentError("entries: must not be empty")
     if len(entries) > limits.max_batch:
@@ -229,7 +231,7 @@ def new_entries(
         )
     if encodings is None or len(encodings) != len(entries):
         return [new_entry(entry, f"entries[{i}]", limits) for i, entry in enumerate(entries)]
-    if raw is not None:
+    if one_pass:
         viewed = _viewed_entries(encodings, limits)
         if viewed is not None:
             return viewed

@@ -526,7 +526,7 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
     ) -> pb.WriteManyReply:
         request = received.message
         space = self._space(request)
-        entries = codec.new_entries(request.entries, self._limits, received.entries, received.raw)
+        entries = codec.new_entries(request.entries, self._limits, received.entries, one_pass=True)
         grants = await self._backend.write(
             space,
             entries,

@@ -63,7 +63,7 @@ entries = st.builds(
 def _made(raw: bytes, *, viewed: bool) -> list[tuple[object, ...]] | str:
     request = pb.WriteManyRequest.FromString(raw)
     try:
-        made = codec.new_entries(request.entries, LIMITS, wire.entry_encodings(raw), raw if viewed else None)
+        made = codec.new_entries(request.entries, LIMITS, wire.entry_encodings(raw), one_pass=viewed)
     except InvalidArgumentError as err:
         return str(err)
     return [(n.type_name, n.supertypes, dict(n.fields), n.payload, n.size) for n in made]
@@ -82,7 +82,7 @@ def test_shared_values_are_one_object() -> None:
     batch = [pb.Entry(type_name="T", fields={**fields, "k": pb.Value(int_value=i)}) for i in range(3)]
     raw = pb.WriteManyRequest(space="s", entries=batch).SerializeToString()
     made = codec.new_entries(
-        pb.WriteManyRequest.FromString(raw).entries, LIMITS, wire.entry_encodings(raw), raw
+        pb.WriteManyRequest.FromString(raw).entries, LIMITS, wire.entry_encodings(raw), one_pass=True
     )
     assert len({id(n.fields["g"]) for n in made}) == 1
     assert [n.fields["k"].data for n in made] == [0, 1, 2]
