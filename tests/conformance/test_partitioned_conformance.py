@@ -513,7 +513,15 @@ def test_a_partitions_dead_letters_go_to_its_dead_letter_spaces_partition(
     delivery.nack(delay=0.0)
     assert space.take_nowait(Job(n=99)) is None
     with shape.connect() as handle, outrig.connect(shape.address, space="jobs.dead") as dead:
-        moved = dead.take_nowait(Job(region="r2"), ack=30.0)
+        if shape.servers:
+            # On a tier the dead-letter space may be another server's (a rebalance moves spaces
+            # on their own): its owner takes the letter in at its next look, within a third of a
+            # lease (docs/postgres.md), not in the nack's own change.
+            moved = wait_until(
+                lambda: dead.take_nowait(Job(region="r2"), ack=30.0), what="the dead letter taken in"
+            )
+        else:
+            moved = dead.take_nowait(Job(region="r2"), ack=30.0)
         assert moved is not None and moved.entry == Job(region="r2", n=99)
         assert moved.deliveries == 2 and "max_deliveries=1" in moved.dead_letter_reason
         moved.ack()
