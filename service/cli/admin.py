@@ -88,6 +88,7 @@ def add_parsers(commands: Any) -> None:
         'pending delivery ("delivery": receipt, deadline, deliveries), or delayed ("visible_at"), after the '
         "visible ones, in arrival order",
     )
+    _retry_option(dump)
     spaces = commands.add_parser(
         "spaces",
         help="list the spaces of a server's tier and their owners",
@@ -110,7 +111,7 @@ def add_parsers(commands: Any) -> None:
     )
     move.add_argument("space", metavar="SPACE", help="the space to move")
     move.add_argument("--to", default="", metavar="SERVER", help="the server to move it to (id or address)")
-    _connection_options(move)
+    _connection_options(move, retry=None)
     drain = commands.add_parser(
         "drain",
         help="hand every space of a server to the others of its tier (before stopping it)",
@@ -118,11 +119,37 @@ def add_parsers(commands: Any) -> None:
         "least loaded other server, then prints each space and where it went. Stop it afterwards. Needs the "
         "admin action on outrig://*. Exit status 2 if it could not drain.",
     )
-    _connection_options(drain)
+    _connection_options(drain, retry=None)
 
 
-def _connection_options(parser: argparse.ArgumentParser) -> None:
+def _seconds(text: str) -> float:
+    """argparse's type for a number of seconds >= 0."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not seconds >= 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"must be >= 0 seconds, got {text}")
+    return seconds
+
+
+def _retry_option(parser: argparse.ArgumentParser, default: float = 5.0) -> None:
+    parser.add_argument(
+        "--retry-deadline",
+        type=_seconds,
+        default=default,
+        metavar="S",
+        help="keep retrying an unreachable or unavailable server for S seconds before giving up with "
+        f"exit status 2 (default {default:g}; 0: one try)",
+    )
+
+
+def _connection_options(parser: argparse.ArgumentParser, *, retry: float | None = 5.0) -> None:
+    """--address, --retry-deadline (default `retry`; None: no such option) and the TLS and token
+    options."""
     parser.add_argument("--address", required=True, metavar="HOST:PORT", help="the server's gRPC address")
+    if retry is not None:
+        _retry_option(parser, retry)
     parser.add_argument("--tls-ca", metavar="PEM", type=Path, help="connect with TLS, trusting this CA")
     parser.add_argument("--tls-cert", metavar="PEM", type=Path, help="client certificate (mutual TLS)")
     parser.add_argument("--tls-key", metavar="PEM", type=Path, help="the client certificate's private key")
@@ -269,7 +296,7 @@ def _dump(args: argparse.Namespace) -> int:
         return 2
     order_by = [outrig.desc(key[1:]) if key.startswith("-") else key for key in args.order_by]
     try:
-        with outrig.connect(args.target, space=args.space, retry_deadline=5.0) as space:
+        with outrig.connect(args.target, space=args.space, retry_deadline=args.retry_deadline) as space:
             for entry in space.contents(templates, max_entries=args.max_entries, order_by=order_by or None):
                 print(json.dumps(_document(entry), ensure_ascii=False))
             if args.pending:
@@ -395,7 +422,9 @@ def _spaces(args: argparse.Namespace) -> int:
     import outrig
 
     try:
-        with outrig.connect(args.address, retry_deadline=5.0, mux=False, **_connect_args(args)) as space:
+        with outrig.connect(
+            args.address, retry_deadline=args.retry_deadline, mux=False, **_connect_args(args)
+        ) as space:
             placements = space.list_spaces()
     except (outrig.OutrigError, ValueError, TypeError) as err:
         print(f"outrig spaces: {type(err).__name__}: {err}", file=sys.stderr)

@@ -55,7 +55,7 @@ def add_parser(commands: Any) -> None:
         metavar="S",
         help="stop after S seconds without a change (0: never)",
     )
-    _connection_options(changes)
+    _connection_options(changes, retry=30.0)  # the SDK's default: a stream resumes across restarts
 
 
 def _line(change: Any) -> str:
@@ -82,7 +82,9 @@ def run(args: argparse.Namespace) -> int:
         options = _connect_args(args)
         templates = _templates(args)
         with (
-            outrig.connect(args.address, space=args.space, **options) as space,
+            outrig.connect(
+                args.address, space=args.space, retry_deadline=args.retry_deadline, **options
+            ) as space,
             space.changes(templates, since=args.since, kinds=args.kinds, durable=args.durable) as stream,
         ):
             idle = _Idle(stream, args.idle)

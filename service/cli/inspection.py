@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
         options = _connect_args(args)
         action: Callable[[Any, argparse.Namespace], int] = _ACTIONS[args.command]
         with outrig.connect(
-            args.address, space=args.space, retry_deadline=5.0, mux=False, **options
+            args.address, space=args.space, retry_deadline=args.retry_deadline, mux=False, **options
         ) as space:
             return action(space, args)
     except (outrig.OutrigError, ValueError, TypeError) as err:

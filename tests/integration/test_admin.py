@@ -79,8 +79,14 @@ def test_stats_and_dump_say_when_they_cannot_reach_the_server() -> None:
     port = _free_port()
     stats = _outrig("stats", f"127.0.0.1:{port}")
     assert stats.returncode == 2 and "cannot read" in stats.stderr
-    dump = _outrig("dump", f"127.0.0.1:{port}", "--type", "x.Y")
+    dump = _outrig("dump", f"127.0.0.1:{port}", "--type", "x.Y", "--retry-deadline", "0")
     assert dump.returncode == 2 and "UnavailableError" in dump.stderr
+
+
+def test_the_retry_deadline_must_be_a_number_of_seconds() -> None:
+    for value, says in (("-1", "must be >= 0 seconds, got -1"), ("soon", "not a number of seconds: 'soon'")):
+        dump = _outrig("dump", "127.0.0.1:1", "--type", "x.Y", f"--retry-deadline={value}")
+        assert dump.returncode == 2 and f"argument --retry-deadline: {says}" in dump.stderr
 
 
 def test_dump_where_and_order_by() -> None:

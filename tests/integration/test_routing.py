@@ -241,7 +241,7 @@ def test_outrig_spaces_says_when_it_cannot_reach_the_server() -> None:
     with LocalServer() as server:
         address = server.address
     done = subprocess.run(
-        [sys.executable, "-m", "outrig.service", "spaces", "--address", address],
+        [sys.executable, "-m", "outrig.service", "spaces", "--address", address, "--retry-deadline", "0"],
         capture_output=True,
         text=True,
         timeout=60,
