@@ -513,6 +513,7 @@ def test_a_partitions_dead_letters_go_to_its_dead_letter_spaces_partition(
     delivery.nack(delay=0.0)
     assert space.take_nowait(Job(n=99)) is None
     with shape.connect() as handle, outrig.connect(shape.address, space="jobs.dead") as dead:
+        moved: outrig.Delivery | None
         if shape.servers:
             # On a tier the dead-letter space may be another server's (a rebalance moves spaces
             # on their own): its owner takes the letter in at its next look, within a third of a
