@@ -348,7 +348,20 @@ class _Checker:
             return  # format 1 or 2: no change log yet
         oldest = dict(self.execute("SELECT space, oldest FROM change_logs").fetchall())
         last: dict[int, int] = {}
-        for number, seq, kind in self.execute("SELECT space, seq, kind FROM changes ORDER BY space, seq"):
+        # Writes whose payload is neither in their change nor in their entry's row, by (space, id):
+        # a later change of the entry must hold it (the one that removed it). Found in this one
+        # pass, not by a subquery per write, which would walk the log from the write onwards
+        # (nothing indexes the changes by entry: schema.py, format 4).
+        unheld: dict[tuple[int, int], list[int]] = {}
+        for number, seq, kind, entry_id, held, has_row in self.execute(
+            "SELECT c.space, c.seq, c.kind, c.entry_id, c.payload IS NOT NULL, e.id IS NOT NULL "
+            "FROM changes AS c LEFT JOIN entries AS e ON e.space = c.space AND e.id = c.entry_id "
+            "ORDER BY c.space, c.seq"
+        ):
+            if held:
+                unheld.pop((number, entry_id), None)
+            elif kind == "write" and not has_row:
+                unheld.setdefault((number, entry_id), []).append(seq)
             tally = self._space(number, f"change {seq}")
             if tally is None:
                 continue
@@ -367,12 +380,7 @@ class _Checker:
                 self.problems.add(
                     "changes of unknown kinds", f"space {tally.name!r}: change {seq} is {kind!r}"
                 )
-        for number, seq in self.execute(
-            "SELECT c.space, c.seq FROM changes AS c WHERE c.kind = 'write' AND c.payload IS NULL "
-            "AND NOT EXISTS (SELECT 1 FROM entries AS e WHERE e.space = c.space AND e.id = c.entry_id) "
-            "AND NOT EXISTS (SELECT 1 FROM changes AS r WHERE r.space = c.space AND r.entry_id = c.entry_id "
-            "AND r.seq > c.seq AND r.payload IS NOT NULL)"
-        ):
+        for number, seq in sorted((number, seq) for (number, _), seqs in unheld.items() for seq in seqs):
             tally = self.spaces.get(number)
             self.problems.add(
                 "logged writes without their payload",
