@@ -42,8 +42,8 @@ def _store(path: Path) -> sqlite3.Connection:
     return connection
 
 
-def _number(connection: sqlite3.Connection) -> Any:
-    return lambda name: connection.execute("SELECT no FROM spaces WHERE name = ?", (name,)).fetchone()[0]
+def _number(connection: sqlite3.Connection) -> dict[str, int]:
+    return dict(connection.execute("SELECT name, no FROM spaces").fetchall())
 
 
 def _one_by_one(connection: sqlite3.Connection, records: list[Record]) -> None:
@@ -54,7 +54,7 @@ def _one_by_one(connection: sqlite3.Connection, records: list[Record]) -> None:
         if kind == statements.PRUNE:
             continue
         if kind == statements.BARRIER:
-            no = number(record[1])
+            no = number[record[1]]
             connection.execute(
                 "UPDATE change_logs SET oldest = max(oldest, ?) WHERE space = ?", (record[2], no)
             )
@@ -71,7 +71,7 @@ def _one_by_one(connection: sqlite3.Connection, records: list[Record]) -> None:
 # a record's columns in the order of its full statement, None where a column is NULL.
 _FULL_PARAMETERS: dict[str, Any] = {
     "request": lambda number, record: record[1:],
-    "change": lambda number, record: (number(record[1]), *record[2:]),
+    "change": lambda number, record: (number[record[1]], *record[2:]),
 }
 
 

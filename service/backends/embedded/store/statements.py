@@ -21,13 +21,14 @@ instead of 30.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from outrig.service.backends.memory.journal import Record
 
 Dump = Callable[[object], bytes | memoryview]
-Number = Callable[[str], int]
+# A space's number by its name (journal.py's `_SpaceNumbers` makes a new name's at its first use).
+Number = Mapping[str, int]
 # A record's arguments (after its kind) -> (its row's key, its statement, the parameters).
 Bound = tuple[tuple[Any, ...], str, tuple[Any, ...]]
 Binder = Callable[[Number, Dump, tuple[Any, ...]], Bound]
@@ -83,78 +84,78 @@ _SUBSCRIPTION = "INSERT OR REPLACE INTO change_subscriptions (space, name, posit
 _SUBSCRIPTION_DELETE = "DELETE FROM change_subscriptions WHERE space = ? AND name = ?"
 
 
-def _put(number: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
+def _put(numbers: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
     space, entry_id, arrival, expires_at, payload = a
-    no = number(space)
+    no = numbers[space]
     return ("e", no, entry_id), _PUT, (no, entry_id, arrival, expires_at, _blob(dump(payload)))
 
 
-def _entry(number: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
+def _entry(numbers: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
     """delete(space, id): the key columns are the statement's only parameters."""
     space, entry_id = a
-    no = number(space)
+    no = numbers[space]
     return ("e", no, entry_id), _DELETE, (no, entry_id)
 
 
-def _entry_expiry(number: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
+def _entry_expiry(numbers: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
     space, entry_id, expires_at = a
-    no = number(space)
+    no = numbers[space]
     return ("e", no, entry_id), _ENTRY_EXPIRY, (expires_at, no, entry_id)
 
 
-def _take(number: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
+def _take(numbers: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
     """The row stays, marked, to answer the take's retry until `until`, the request's window end
     (its request row's expires_at: the taker index is in that order, schema.py)."""
     space, entry_id, request_id, position, until = a[:5]
-    no = number(space)
+    no = numbers[space]
     return ("e", no, entry_id), _TAKE, (request_id, position, until, no, entry_id)
 
 
-def _visibility(number: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
+def _visibility(numbers: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
     space, entry_id, hidden_until, receipt, deliveries, reason = a[:6]
     limit = a[6] if len(a) > 6 else 0
-    no = number(space)
+    no = numbers[space]
     return ("e", no, entry_id), _VISIBILITY, (hidden_until, receipt, deliveries, reason, limit, no, entry_id)
 
 
-def _next_id(number: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
+def _next_id(numbers: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
     space, mark = a
-    no = number(space)
+    no = numbers[space]
     return ("s", no), _NEXT_ID, (mark, no)
 
 
-def _type(number: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
+def _type(numbers: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
     space, name, supertypes = a
-    no = number(space)
+    no = numbers[space]
     return ("t", no, name), _TYPE, (no, name, supertypes)
 
 
-def _register(number: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
+def _register(numbers: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
     space, registration_id, expires_at, templates, sequence = a
-    no = number(space)
+    no = numbers[space]
     return ("r", no, registration_id), _REGISTER, (no, registration_id, expires_at, templates, sequence)
 
 
-def _registration(number: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
+def _registration(numbers: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
     """unregister(space, id)."""
     space, registration_id = a
-    no = number(space)
+    no = numbers[space]
     return ("r", no, registration_id), _UNREGISTER, (no, registration_id)
 
 
-def _registration_expiry(number: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
+def _registration_expiry(numbers: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
     space, registration_id, value = a
-    no = number(space)
+    no = numbers[space]
     return ("r", no, registration_id), _REGISTRATION_EXPIRY, (value, no, registration_id)
 
 
-def _sequence(number: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
+def _sequence(numbers: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
     space, registration_id, value = a
-    no = number(space)
+    no = numbers[space]
     return ("r", no, registration_id), _SEQUENCE, (value, no, registration_id)
 
 
-def _request(number: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
+def _request(numbers: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
     """request(request_id, space, kind, expires_at, first_id, count, lease_expires_at, granted):
     the requests table names its space (no number). A take's has no first id, lease or grant."""
     if a[4] is None and a[6] is None and a[7] is None:
@@ -162,10 +163,10 @@ def _request(number: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
     return ("q", a[0]), _REQUEST, a
 
 
-def _change(number: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
+def _change(numbers: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
     """A change of the space's log (a write's payload None: its entry's row holds it)."""
     space, seq, kind, entry_id, at, txn, visible_at, payload = a
-    no = number(space)
+    no = numbers[space]
     key = ("c", no, seq)
     if visible_at is None:
         if payload is None:
@@ -178,21 +179,21 @@ def _change(number: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
     )
 
 
-def _change_epoch(number: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
+def _change_epoch(numbers: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
     space, epoch = a
-    no = number(space)
+    no = numbers[space]
     return ("l", no), _CHANGE_EPOCH, (no, epoch)
 
 
-def _subscription(number: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
+def _subscription(numbers: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
     space, name, position = a
-    no = number(space)
+    no = numbers[space]
     return ("u", no, name), _SUBSCRIPTION, (no, name, position)
 
 
-def _subscription_delete(number: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
+def _subscription_delete(numbers: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
     space, name = a
-    no = number(space)
+    no = numbers[space]
     return ("u", no, name), _SUBSCRIPTION_DELETE, (no, name)
 
 
@@ -227,7 +228,7 @@ PRUNE = "prune_requests"
 
 
 def run(
-    connection: sqlite3.Connection, records: Sequence[Record], number: Number, dump: Dump
+    connection: sqlite3.Connection, records: Sequence[Record], numbers: Number, dump: Dump
 ) -> float | None:
     """Run `records`' statements, grouped (see the module docstring), in the open transaction.
     Returns the `now` of the batch's last `prune_requests`, if any (the caller prunes at COMMIT).
@@ -238,9 +239,9 @@ def run(
         for record in records:
             bind = statements.get(record[0])
             if bind is None:
-                prune = _unbound(connection, record, number, prune)
+                prune = _unbound(connection, record, numbers, prune)
             else:
-                _, sql, parameters = bind(number, dump, record[1:])
+                _, sql, parameters = bind(numbers, dump, record[1:])
                 connection.execute(sql, parameters)
         return prune
     # Each layer: per statement, its parameters. A statement stands for its kind here: a row's
@@ -253,9 +254,9 @@ def run(
             if record[0] != PRUNE:  # a barrier: what was planned before it runs first
                 _execute(connection, layers)
                 layers, rows = [], {}
-            prune = _unbound(connection, record, number, prune)
+            prune = _unbound(connection, record, numbers, prune)
             continue
-        key, sql, parameters = bind(number, dump, record[1:])
+        key, sql, parameters = bind(numbers, dump, record[1:])
         last = rows.get(key)
         if last is None:
             layer = 0
@@ -276,7 +277,7 @@ def run(
 
 
 def _unbound(
-    connection: sqlite3.Connection, record: Record, number: Number, prune: float | None
+    connection: sqlite3.Connection, record: Record, numbers: Number, prune: float | None
 ) -> float | None:
     """A record without a bound statement: `prune_requests` (returns its `now`), `change_trim`."""
     kind = record[0]
@@ -285,7 +286,7 @@ def _unbound(
     if kind != BARRIER:
         raise KeyError(f"a record of unknown kind {kind!r}")
     space, oldest = record[1:]
-    no = number(space)
+    no = numbers[space]
     connection.execute("UPDATE change_logs SET oldest = max(oldest, ?) WHERE space = ?", (oldest, no))
     connection.execute("DELETE FROM changes WHERE space = ? AND seq < ?", (no, oldest))
     return prune
