@@ -63,7 +63,7 @@ def _one_by_one(connection: sqlite3.Connection, records: list[Record]) -> None:
         if kind in _FULL_PARAMETERS:  # the statement with every column a parameter, not its variants
             connection.execute(statements.FULL[kind], _FULL_PARAMETERS[kind](number, record))
             continue
-        _, sql, parameters = statements.STATEMENTS[kind](number, _dump, record[1:])
+        _, sql, parameters = statements.STATEMENTS[kind](number, _dump, record)
         connection.execute(sql, parameters)
 
 

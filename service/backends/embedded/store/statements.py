@@ -29,7 +29,8 @@ from outrig.service.backends.memory.journal import Record
 Dump = Callable[[object], bytes | memoryview]
 # A space's number by its name (journal.py's `_SpaceNumbers` makes a new name's at its first use).
 Number = Mapping[str, int]
-# A record's arguments (after its kind) -> (its row's key, its statement, the parameters).
+# A record, as it is (its kind first) -> (its row's key, its statement, the parameters): a binder
+# unpacks the kind with the rest, so no record is sliced into a tuple of its arguments.
 Bound = tuple[tuple[Any, ...], str, tuple[Any, ...]]
 Binder = Callable[[Number, Dump, tuple[Any, ...]], Bound]
 
@@ -84,88 +85,88 @@ _SUBSCRIPTION = "INSERT OR REPLACE INTO change_subscriptions (space, name, posit
 _SUBSCRIPTION_DELETE = "DELETE FROM change_subscriptions WHERE space = ? AND name = ?"
 
 
-def _put(numbers: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
-    space, entry_id, arrival, expires_at, payload = a
+def _put(numbers: Number, dump: Dump, r: Record) -> Bound:
+    _, space, entry_id, arrival, expires_at, payload = r
     no = numbers[space]
     return ("e", no, entry_id), _PUT, (no, entry_id, arrival, expires_at, _blob(dump(payload)))
 
 
-def _entry(numbers: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
+def _entry(numbers: Number, dump: Dump, r: Record) -> Bound:
     """delete(space, id): the key columns are the statement's only parameters."""
-    space, entry_id = a
+    _, space, entry_id = r
     no = numbers[space]
     return ("e", no, entry_id), _DELETE, (no, entry_id)
 
 
-def _entry_expiry(numbers: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
-    space, entry_id, expires_at = a
+def _entry_expiry(numbers: Number, dump: Dump, r: Record) -> Bound:
+    _, space, entry_id, expires_at = r
     no = numbers[space]
     return ("e", no, entry_id), _ENTRY_EXPIRY, (expires_at, no, entry_id)
 
 
-def _take(numbers: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
+def _take(numbers: Number, dump: Dump, r: Record) -> Bound:
     """The row stays, marked, to answer the take's retry until `until`, the request's window end
     (its request row's expires_at: the taker index is in that order, schema.py)."""
-    space, entry_id, request_id, position, until = a[:5]
+    _, space, entry_id, request_id, position, until = r
     no = numbers[space]
     return ("e", no, entry_id), _TAKE, (request_id, position, until, no, entry_id)
 
 
-def _visibility(numbers: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
-    space, entry_id, hidden_until, receipt, deliveries, reason = a[:6]
-    limit = a[6] if len(a) > 6 else 0
+def _visibility(numbers: Number, dump: Dump, r: Record) -> Bound:
+    space, entry_id, hidden_until, receipt, deliveries, reason = r[1], r[2], r[3], r[4], r[5], r[6]
+    limit = r[7] if len(r) > 7 else 0
     no = numbers[space]
     return ("e", no, entry_id), _VISIBILITY, (hidden_until, receipt, deliveries, reason, limit, no, entry_id)
 
 
-def _next_id(numbers: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
-    space, mark = a
+def _next_id(numbers: Number, dump: Dump, r: Record) -> Bound:
+    _, space, mark = r
     no = numbers[space]
     return ("s", no), _NEXT_ID, (mark, no)
 
 
-def _type(numbers: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
-    space, name, supertypes = a
+def _type(numbers: Number, dump: Dump, r: Record) -> Bound:
+    _, space, name, supertypes = r
     no = numbers[space]
     return ("t", no, name), _TYPE, (no, name, supertypes)
 
 
-def _register(numbers: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
-    space, registration_id, expires_at, templates, sequence = a
+def _register(numbers: Number, dump: Dump, r: Record) -> Bound:
+    _, space, registration_id, expires_at, templates, sequence = r
     no = numbers[space]
     return ("r", no, registration_id), _REGISTER, (no, registration_id, expires_at, templates, sequence)
 
 
-def _registration(numbers: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
+def _registration(numbers: Number, dump: Dump, r: Record) -> Bound:
     """unregister(space, id)."""
-    space, registration_id = a
+    _, space, registration_id = r
     no = numbers[space]
     return ("r", no, registration_id), _UNREGISTER, (no, registration_id)
 
 
-def _registration_expiry(numbers: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
-    space, registration_id, value = a
+def _registration_expiry(numbers: Number, dump: Dump, r: Record) -> Bound:
+    _, space, registration_id, value = r
     no = numbers[space]
     return ("r", no, registration_id), _REGISTRATION_EXPIRY, (value, no, registration_id)
 
 
-def _sequence(numbers: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
-    space, registration_id, value = a
+def _sequence(numbers: Number, dump: Dump, r: Record) -> Bound:
+    _, space, registration_id, value = r
     no = numbers[space]
     return ("r", no, registration_id), _SEQUENCE, (value, no, registration_id)
 
 
-def _request(numbers: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
+def _request(numbers: Number, dump: Dump, r: Record) -> Bound:
     """request(request_id, space, kind, expires_at, first_id, count, lease_expires_at, granted):
     the requests table names its space (no number). A take's has no first id, lease or grant."""
-    if a[4] is None and a[6] is None and a[7] is None:
-        return ("q", a[0]), _REQUEST_TAKE, (a[0], a[1], a[2], a[3], a[5])
-    return ("q", a[0]), _REQUEST, a
+    if r[5] is None and r[7] is None and r[8] is None:
+        return ("q", r[1]), _REQUEST_TAKE, (r[1], r[2], r[3], r[4], r[6])
+    return ("q", r[1]), _REQUEST, r[1:]
 
 
-def _change(numbers: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
+def _change(numbers: Number, dump: Dump, r: Record) -> Bound:
     """A change of the space's log (a write's payload None: its entry's row holds it)."""
-    space, seq, kind, entry_id, at, txn, visible_at, payload = a
+    _, space, seq, kind, entry_id, at, txn, visible_at, payload = r
     no = numbers[space]
     key = ("c", no, seq)
     if visible_at is None:
@@ -179,20 +180,20 @@ def _change(numbers: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
     )
 
 
-def _change_epoch(numbers: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
-    space, epoch = a
+def _change_epoch(numbers: Number, dump: Dump, r: Record) -> Bound:
+    _, space, epoch = r
     no = numbers[space]
     return ("l", no), _CHANGE_EPOCH, (no, epoch)
 
 
-def _subscription(numbers: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
-    space, name, position = a
+def _subscription(numbers: Number, dump: Dump, r: Record) -> Bound:
+    _, space, name, position = r
     no = numbers[space]
     return ("u", no, name), _SUBSCRIPTION, (no, name, position)
 
 
-def _subscription_delete(numbers: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
-    space, name = a
+def _subscription_delete(numbers: Number, dump: Dump, r: Record) -> Bound:
+    _, space, name = r
     no = numbers[space]
     return ("u", no, name), _SUBSCRIPTION_DELETE, (no, name)
 
@@ -241,7 +242,7 @@ def run(
             if bind is None:
                 prune = _unbound(connection, record, numbers, prune)
             else:
-                _, sql, parameters = bind(numbers, dump, record[1:])
+                _, sql, parameters = bind(numbers, dump, record)
                 connection.execute(sql, parameters)
         return prune
     # Each layer: per statement, its parameters. A statement stands for its kind here: a row's
@@ -256,7 +257,7 @@ def run(
                 layers, rows = [], {}
             prune = _unbound(connection, record, numbers, prune)
             continue
-        key, sql, parameters = bind(numbers, dump, record[1:])
+        key, sql, parameters = bind(numbers, dump, record)
         last = rows.get(key)
         if last is None:
             layer = 0
