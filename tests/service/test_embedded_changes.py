@@ -33,7 +33,7 @@ from outrig.service.exceptions import (
 
 from ..durability.test_restart import running
 from ..polling import wait_until_async
-from ..store_formats import as_format_3, with_entry_index
+from ..store_formats import as_format_3, as_format_4
 from .test_embedded_deliveries import JOBS, SPACE, WAIT, job, make_config
 
 ALL = frozenset(CHANGE_KINDS)
@@ -342,7 +342,7 @@ async def test_a_format_2_data_dir_is_migrated(tmp_path: Path, clock: FakeClock)
         await take(backend, 0)
         epoch = log.epoch
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == FORMAT_VERSION == 4
+        assert db.execute("PRAGMA user_version").fetchone()[0] == FORMAT_VERSION == 5
         assert indexes(db) == {"entries_by_taker"}
     async with running(config, clock) as backend:
         log = backend.engine(SPACE).changes
@@ -367,7 +367,7 @@ async def test_a_store_with_the_change_log_indexed_by_entry_loses_the_index(
         await take(backend, 0)
     path = database_path(tmp_path / "data")
     with sqlite3.connect(path) as db:  # what an outrig of format 4 made before the index went
-        with_entry_index(db)
+        as_format_4(db)
         assert indexes(db) == {"entries_by_taker", "changes_by_entry"}
     assert check_store(tmp_path / "data").ok  # outrig check reads it as it is
     async with running(config, clock) as backend:

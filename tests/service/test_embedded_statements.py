@@ -60,11 +60,14 @@ def _one_by_one(connection: sqlite3.Connection, records: list[Record]) -> None:
             )
             connection.execute("DELETE FROM changes WHERE space = ? AND seq < ?", (no, record[2]))
             continue
+        if kind == "request" and record[3] == "take":
+            continue  # no row of its own (format 5): its take records mark the taken rows
         if kind in _FULL_PARAMETERS:  # the statement with every column a parameter, not its variants
             connection.execute(statements.FULL[kind], _FULL_PARAMETERS[kind](number, record))
             continue
-        _, sql, parameters = statements.STATEMENTS[kind](number, _dump, record)
-        connection.execute(sql, parameters)
+        bound = statements.STATEMENTS[kind](number, _dump, record)
+        assert bound is not None
+        connection.execute(bound[1], bound[2])
 
 
 # For the kinds with variant statements (NULL literals for their common case, store/statements.py):

@@ -114,12 +114,15 @@ class _Writer:
                 self.connection.execute("ROLLBACK")
 
     def _delete_expired_requests(self, now: float) -> None:
-        expired = "SELECT expires_at, id FROM requests WHERE expires_at <= ? ORDER BY expires_at, id LIMIT ?"
+        """Request ids whose window ended: the requests rows, and the taken rows, which hold a
+        take's id themselves (format 5), each in the order of its window's end (their keys)."""
         execute = self.connection.execute
         execute(
-            f"DELETE FROM entries WHERE taken_by IS NOT NULL AND (taken_until, taken_by) IN ({expired})",
+            "DELETE FROM entries WHERE rowid IN (SELECT rowid FROM entries "
+            "WHERE taken_by IS NOT NULL AND taken_until <= ? ORDER BY taken_until LIMIT ?)",
             (now, PRUNE_LIMIT),
         )
+        expired = "SELECT expires_at, id FROM requests WHERE expires_at <= ? ORDER BY expires_at, id LIMIT ?"
         execute(f"DELETE FROM requests WHERE (expires_at, id) IN ({expired})", (now, PRUNE_LIMIT))
 
 

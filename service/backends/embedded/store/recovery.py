@@ -171,9 +171,7 @@ def _recover(connection: sqlite3.Connection, backend: EmbeddedBackend, now: floa
         registrations += 1
     expiries = _load_changes(connection, backend, names, now)
     requests = 0
-    for request_id, space, kind, expires_at in execute(
-        "SELECT id, space, kind, expires_at FROM requests WHERE expires_at > ? ORDER BY expires_at", (now,)
-    ):
+    for request_id, space, kind, expires_at in execute(_REQUESTS, (now, now)):
         backend.restore_request(request_id, space, kind, expires_at)
         requests += 1
     with transaction(connection):
@@ -186,6 +184,17 @@ def _recover(connection: sqlite3.Connection, backend: EmbeddedBackend, now: floa
         execute("DELETE FROM requests WHERE expires_at <= ?", (now,))
     return RecoveryReport(len(names), loaded, expired, registrations, requests, time.perf_counter() - started)
 
+
+# The request ids still inside their window, in the order their windows end (the request log's):
+# the requests rows, and each take's from its taken rows, which hold it themselves (format 5; a
+# format-4 take's row may still be in requests, its taken rows gone).
+_REQUESTS = """
+SELECT id, space, kind, expires_at FROM requests WHERE expires_at > ?
+UNION ALL
+SELECT DISTINCT e.taken_by, s.name, 'take', e.taken_until FROM entries AS e JOIN spaces AS s ON s.no = e.space
+WHERE e.taken_by IS NOT NULL AND e.taken_until > ?
+ORDER BY 4
+"""
 
 # The log's changes in order, each with its payload or its entry's row's. A write's payload is
 # NULL (its row holds it); when the row is gone too, the first later change of the entry that holds

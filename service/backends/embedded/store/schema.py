@@ -29,9 +29,10 @@ names the space):
                                            idempotency keys within their window, keyed by
                                            (expires_at, id): the order they are added in; a write's
                                            answer is its leases (ids first_id .. first_id+count-1,
-                                           one expiry and duration), a take's is its taken rows;
-                                           a deliver's, ack's, nack's or extend's is in its
-                                           columns (memory/journal.py)
+                                           one expiry and duration); a deliver's, ack's, nack's or
+                                           extend's is in its columns (memory/journal.py). A
+                                           take's id has no row here (format 5): its taken rows
+                                           are its answer and its record (taken_by, taken_until)
     change_logs(space, epoch, oldest)      a space's change log (engine/changes.py): its epoch,
                                            and the oldest seq retention keeps (the head is the
                                            last change's seq, or oldest - 1 when none is left)
@@ -74,7 +75,14 @@ APPLICATION_ID = 0x6F757472
 #    Stores of format 4 made before the change log's index by entry was dropped have it
 #    (changes_by_entry): `open_store` drops it (`_DROPPED`). Not a new format: a server of the
 #    same format reads and writes a store with or without it alike.
-FORMAT_VERSION = 4
+# 5: a take's request id is kept in its taken rows only (taken_by, taken_until, the space), not
+#    in a `requests` row of its own as well: a durable pair writes a row less (docs/performance.md,
+#    "The durable pair, fourth pass"). Start-up remembers the ids of both; the taken rows leave
+#    at their own window's end. A format-4 store is migrated: a take's request row whose taken
+#    rows are there is deleted (one whose rows are gone stays, and still answers its retry
+#    with nothing, until its window ends). A format-4 server would not know the ids of a
+#    format-5 store's takes, nor remove their rows before a restart.
+FORMAT_VERSION = 5
 
 # No index by entry: a change's row is written once per change and read only at start-up, whose
 # one pass in order finds a removed write's payload (recovery.py); the index cost every change a
@@ -138,6 +146,12 @@ DROP TABLE requests;
 ALTER TABLE requests_4 RENAME TO requests;
 """
     + _TAKER_INDEX,
+    4: """
+DELETE FROM requests WHERE kind = 'take' AND EXISTS (
+    SELECT 1 FROM entries AS e
+    WHERE e.taken_until = requests.expires_at AND e.taken_by = requests.id AND e.taken_by IS NOT NULL
+);
+""",
 }
 
 _SCHEMA = (

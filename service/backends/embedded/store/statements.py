@@ -11,8 +11,8 @@ Layers run in order; inside one, each statement's parameters are one `executeman
 have a variant statement for its common case: NULL literals instead of None parameters, which
 Python's sqlite3 binds slowly; see `_blob`). A pair's batch of 5 writes and 5 takes is then 7
 statements (the puts, the takes of entries written in an earlier batch, those of entries written
-earlier in this one, the writes' and the takes' requests, the writes' and the takes' changes)
-instead of 30.
+earlier in this one, the writes' requests, the writes' and the takes' changes) instead of 25 (a
+take's request has no row: `_request`).
 
 `change_trim` deletes a range of the log: a barrier (what is planned before it runs first).
 `prune_requests` has no statement here: the journal runs its deletions at COMMIT.
@@ -32,7 +32,8 @@ Number = Mapping[str, int]
 # A record, as it is (its kind first) -> (its row's key, its statement, the parameters): a binder
 # unpacks the kind with the rest, so no record is sliced into a tuple of its arguments.
 Bound = tuple[tuple[Any, ...], str, tuple[Any, ...]]
-Binder = Callable[[Number, Dump, tuple[Any, ...]], Bound]
+# None: the record needs no statement of its own (a take's request: `_request`).
+Binder = Callable[[Number, Dump, Record], Bound | None]
 
 
 #: Blobs up to this size are bound as a bytearray copy (see `_blob`).
@@ -48,8 +49,8 @@ def _blob(data: bytes | memoryview) -> bytes | memoryview | bytearray:
     return bytearray(data) if len(data) <= _COPIED else data
 
 
-# The statements, each with every column a parameter (FULL below); for the two kinds every pair
-# records twice, a variant with the columns that are NULL in the common case written as NULL
+# The statements, each with every column a parameter (FULL below); for the change, which every
+# pair records twice, variants with the columns that are NULL in the common case written as NULL
 # literals, for the same reason as `_blob`: a None parameter costs an adapter lookup.
 _PUT = "INSERT OR REPLACE INTO entries (space, id, arrival, expires_at, payload) VALUES (?, ?, ?, ?, ?)"
 _DELETE = "DELETE FROM entries WHERE space = ? AND id = ?"
@@ -67,12 +68,11 @@ _REGISTER = (
 _UNREGISTER = "DELETE FROM registrations WHERE space = ? AND id = ?"
 _REGISTRATION_EXPIRY = "UPDATE registrations SET expires_at = ? WHERE space = ? AND id = ?"
 _SEQUENCE = "UPDATE registrations SET sequence = max(sequence, ?) WHERE space = ? AND id = ?"
-_REQUEST_INTO = (
+_REQUEST = (
     "INSERT OR REPLACE INTO requests "
     "(id, space, kind, expires_at, first_id, count, lease_expires_at, granted) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 )
-_REQUEST = _REQUEST_INTO + "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-_REQUEST_TAKE = _REQUEST_INTO + "VALUES (?, ?, ?, ?, NULL, ?, NULL, NULL)"  # no first id, lease, grant
 _CHANGE_INTO = "INSERT OR REPLACE INTO changes (space, seq, kind, entry_id, at, txn, visible_at, payload) "
 _CHANGE = _CHANGE_INTO + "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 _CHANGE_WRITE = _CHANGE_INTO + "VALUES (?, ?, ?, ?, ?, ?, NULL, NULL)"  # visible at once, payload in its row
@@ -156,11 +156,14 @@ def _sequence(numbers: Number, dump: Dump, r: Record) -> Bound:
     return ("r", no, registration_id), _SEQUENCE, (value, no, registration_id)
 
 
-def _request(numbers: Number, dump: Dump, r: Record) -> Bound:
+def _request(numbers: Number, dump: Dump, r: Record) -> Bound | None:
     """request(request_id, space, kind, expires_at, first_id, count, lease_expires_at, granted):
-    the requests table names its space (no number). A take's has no first id, lease or grant."""
-    if r[5] is None and r[7] is None and r[8] is None:
-        return ("q", r[1]), _REQUEST_TAKE, (r[1], r[2], r[3], r[4], r[6])
+    the requests table names its space (no number). A take's has no row (format 5): its `take`
+    records, in the same change, mark its rows with its id and window end, which answer its
+    retry and are what start-up remembers it by. (With the take's row went the variant for its
+    NULL columns: a write's request has them all.)"""
+    if r[3] == "take":
+        return None
     return ("q", r[1]), _REQUEST, r[1:]
 
 
@@ -241,9 +244,8 @@ def run(
             bind = statements.get(record[0])
             if bind is None:
                 prune = _unbound(connection, record, numbers, prune)
-            else:
-                _, sql, parameters = bind(numbers, dump, record)
-                connection.execute(sql, parameters)
+            elif (bound := bind(numbers, dump, record)) is not None:
+                connection.execute(bound[1], bound[2])
         return prune
     # Each layer: per statement, its parameters. A statement stands for its kind here: a row's
     # records of one kind but different variants go to different layers, so they keep their order.
@@ -257,7 +259,10 @@ def run(
                 layers, rows = [], {}
             prune = _unbound(connection, record, numbers, prune)
             continue
-        key, sql, parameters = bind(numbers, dump, record)
+        bound = bind(numbers, dump, record)
+        if bound is None:
+            continue
+        key, sql, parameters = bound
         last = rows.get(key)
         if last is None:
             layer = 0
