@@ -274,7 +274,8 @@ class Journal:
         own future, if `own`): both resolve once the change is durable, or fail with
         StoreUnavailableError after `undo` has reverted it in memory. Await only your own; the
         batch's is shared."""
-        self.check()
+        if self._failure is not None:  # `check`, inline: a durable operation submits twice
+            raise self._failure
         loop = self._loop
         assert loop is not None, "start() the journal first"
         batch = self._open
@@ -282,7 +283,7 @@ class Journal:
             batch = self._open = _Batch(loop)
             self._idle.clear()
             self._schedule()
-        batch.records.extend(records)
+        batch.records += records
         batch.operations += 1
         if undo is not None:
             batch.undos.append(undo)
