@@ -58,7 +58,7 @@ def _process_cpu() -> float:
 
 def _prefill(data_dir: Path, pairs: int, payload: bytes) -> None:
     """What `pairs` earlier pairs leave in a store within the request window: each one's entry
-    row, taken by a request id, and its write's and its take's request rows."""
+    row, taken by a request id, and its write's and (before format 5) its take's request rows."""
     from outrig.service import software_version
     from outrig.service.backends.embedded.store.schema import open_store, transaction
 
@@ -92,6 +92,8 @@ def _prefill(data_dir: Path, pairs: int, payload: bytes) -> None:
             ),
         )
         connection.execute("UPDATE requests SET lease_expires_at = NULL, granted = NULL WHERE kind = 'take'")
+        if connection.execute("PRAGMA user_version").fetchone()[0] >= 5:  # a take's id is in its rows only
+            connection.execute("DELETE FROM requests WHERE kind = 'take'")
     connection.close()
 
 

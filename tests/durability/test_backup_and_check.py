@@ -244,7 +244,7 @@ def test_check_names_rows_that_a_server_could_not_load(store_copy: Path) -> None
     assert f"problem: entry 7 in space {SPACE!r}: payload does not decode" in out
     assert re.search(rf"problem: registration \d+ in space {SPACE!r}: templates do not decode", out)
     assert "problem: entry 3 belongs to space number 99, not in spaces" in out
-    assert "problem: entry 8 of space number 1 was taken by request 'gone', which has no requests row" in out
+    assert "problem: entry 8 of space number 1 was taken by request 'gone', with no taken_until" in out
     assert re.search(rf"problem: space {SPACE!r}: next_id is 40 but entry \d+ exists", out)
     assert re.search(rf"problem: space {SPACE!r}: next_id is 40 but registration \d+ exists", out)
     assert out.splitlines()[-1] == "check: 6 problem(s)"

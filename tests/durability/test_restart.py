@@ -37,7 +37,7 @@ from outrig.v1 import space_pb2 as pb
 
 from ..field_values import value
 from ..polling import wait_for_waiters_async, wait_until_async
-from ..store_formats import as_format_3
+from ..store_formats import as_format_3, as_format_4
 
 SPACE = "s"
 
@@ -331,8 +331,8 @@ async def test_the_reaper_deletes_request_ids_past_their_window(
     async with running(config, clock) as backend:
         await backend.write(SPACE, [entry(n=1)], None, request_id="w-1")
         await take(backend, request_id="t-1")
-        with sqlite3.connect(path) as db:
-            assert db.execute("SELECT count(*) FROM requests").fetchone()[0] == 2
+        with sqlite3.connect(path) as db:  # the take's id is in its taken row only (format 5)
+            assert db.execute("SELECT id FROM requests").fetchall() == [("w-1",)]
             assert db.execute("SELECT count(*) FROM entries WHERE taken_by = 't-1'").fetchone()[0] == 1
         clock.advance(60.0)
 
@@ -443,6 +443,38 @@ async def test_a_retried_commit_is_answered_across_a_restart_in_each_space(
         assert numbers(await read_all(backend)) == [1]
 
 
+async def test_a_format_4_data_dir_is_migrated_with_its_takes_request_ids(
+    config: ServerConfig, clock: FakeClock
+) -> None:
+    """Format 5 keeps a take's request id in its taken rows only: a format-4 take's request row
+    goes at the migration and its retry is still answered from the rows, after the migration and
+    after a second restart; a take whose request row is there but whose rows are gone is still
+    remembered (its retry takes nothing) until its window ends."""
+    async with running(config, clock) as backend:
+        await backend.write(SPACE, [entry(n=1), entry(n=2), entry(n=3)], None, request_id="w-1")
+        first = await take(backend, max_entries=2, request_id="t-1")
+        await take(backend, request_id="t-gone")
+    path = database_path(config.data_dir)  # type: ignore[arg-type]
+    with sqlite3.connect(path) as db:
+        as_format_4(db)
+        db.execute("DELETE FROM entries WHERE taken_by = 't-gone'")  # its request row stays
+        assert sorted(db.execute("SELECT id FROM requests").fetchall()) == [("t-1",), ("t-gone",), ("w-1",)]
+    for _ in range(2):
+        async with running(config, clock) as backend:
+            again = await take(backend, max_entries=2, request_id="t-1")
+            assert [s.id for s in again] == [s.id for s in first]
+            assert [s.payload for s in again] == [s.payload for s in first]
+            assert await take(backend, request_id="t-gone") == []  # remembered: it takes nothing
+            assert numbers(await read_all(backend)) == []
+            await backend.write(SPACE, [entry(n=4)], None)
+            assert await take(backend, request_id="t-gone") == []  # still: not entry 4
+        with sqlite3.connect(path) as db:
+            assert db.execute("PRAGMA user_version").fetchone()[0] == FORMAT_VERSION == 5
+            assert sorted(db.execute("SELECT id FROM requests").fetchall()) == [("t-gone",), ("w-1",)]
+        async with running(config, clock) as backend:  # entry 4 back for the next round
+            assert numbers(await take(backend)) == [4]
+
+
 async def test_a_format_3_data_dir_is_migrated_with_its_request_ids(
     config: ServerConfig, clock: FakeClock
 ) -> None:
@@ -465,7 +497,9 @@ async def test_a_format_3_data_dir_is_migrated_with_its_request_ids(
         assert [s.payload for s in again] == [s.payload for s in first]
         assert numbers(await read_all(backend)) == []
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == FORMAT_VERSION == 4
+        assert db.execute("PRAGMA user_version").fetchone()[0] == FORMAT_VERSION == 5
         taken = db.execute("SELECT taken_by, taken_until FROM entries ORDER BY id").fetchall()
-        (until,) = db.execute("SELECT expires_at FROM requests WHERE id = 't-1'").fetchone()
+        (until,) = db.execute("SELECT expires_at FROM requests WHERE id = 'w-1'").fetchone()
         assert taken == [("t-1", until), ("t-1", until)]  # t-gone's row left at the start
+        # format 5: the take's id is in its taken rows only, its request row gone at the migration
+        assert db.execute("SELECT id FROM requests").fetchall() == [("w-1",)]

@@ -79,5 +79,5 @@ async def test_a_format_2_data_dir_is_migrated(tmp_path: Path, clock: FakeClock)
         assert await visible(backend) == []  # still pending, its limit unknown (the space's)
         await backend.ack(SPACE, delivery.receipt)
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == FORMAT_VERSION == 4
+        assert db.execute("PRAGMA user_version").fetchone()[0] == FORMAT_VERSION == 5
         assert "max_deliveries" in [row[1] for row in db.execute("PRAGMA table_info(entries)")]

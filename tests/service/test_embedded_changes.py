@@ -33,7 +33,7 @@ from outrig.service.exceptions import (
 
 from ..durability.test_restart import running
 from ..polling import wait_until_async
-from ..store_formats import as_format_3
+from ..store_formats import as_format_3, as_format_4
 from .test_embedded_deliveries import JOBS, SPACE, WAIT, job, make_config
 
 ALL = frozenset(CHANGE_KINDS)
@@ -342,11 +342,80 @@ async def test_a_format_2_data_dir_is_migrated(tmp_path: Path, clock: FakeClock)
         await take(backend, 0)
         epoch = log.epoch
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == FORMAT_VERSION == 4
+        assert db.execute("PRAGMA user_version").fetchone()[0] == FORMAT_VERSION == 5
+        assert indexes(db) == {"entries_by_taker"}
     async with running(config, clock) as backend:
         log = backend.engine(SPACE).changes
         assert log is not None and (log.epoch, log.head) == (epoch, 1)
     assert check_store(tmp_path / "data").ok
+
+
+def indexes(db: sqlite3.Connection) -> set[str]:
+    """The store's own indexes (not SQLite's automatic ones for its keys)."""
+    return {
+        name
+        for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL")
+    }
+
+
+async def test_a_store_with_the_change_log_indexed_by_entry_loses_the_index(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    config = make_config(tmp_path / "data")
+    async with running(config, clock) as backend:
+        await backend.write(SPACE, [job(0), job(1)], None)
+        await take(backend, 0)
+    path = database_path(tmp_path / "data")
+    with sqlite3.connect(path) as db:  # what an outrig of format 4 made before the index went
+        as_format_4(db)
+        assert indexes(db) == {"entries_by_taker", "changes_by_entry"}
+    assert check_store(tmp_path / "data").ok  # outrig check reads it as it is
+    async with running(config, clock) as backend:
+        log = backend.engine(SPACE).changes
+        assert log is not None and log.head == 3
+        feed = await backend.changes(SPACE, [], ALL, since=(log.epoch, 0))
+        assert summary(await read(feed, 3)) == [(1, "write", 0), (2, "write", 1), (3, "take", 0)]
+        feed.close()
+    with sqlite3.connect(path) as db:
+        assert indexes(db) == {"entries_by_taker"}
+        assert db.execute("PRAGMA user_version").fetchone()[0] == FORMAT_VERSION
+
+
+async def test_a_restart_finds_each_removed_write_s_payload_in_its_own_space(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """Two spaces' entries of the same ids, all taken: each write's payload is its own space's
+    take's; a write whose payload no change holds (a damaged store) is left out of the log, which
+    is then held from after the gap (ChangeLog.restore)."""
+    other = "other"
+    config = make_config(tmp_path / "data")
+    async with running(config, clock) as backend:
+        await backend.write(SPACE, [job(0), job(1)], None)
+        await backend.write(other, [job(10), job(11)], None)
+        for space in (SPACE, other):
+            for _ in range(2):
+                await backend.match(space, [JOBS], take=True, max_entries=1, timeout=0, if_exists=False)
+        ids = {space: sorted(s.id for s in backend.engine(space).snapshot()) for space in (SPACE, other)}
+    assert ids == {SPACE: [], other: []}
+    with sqlite3.connect(database_path(tmp_path / "data")) as db:
+        (number,) = db.execute("SELECT no FROM spaces WHERE name = ?", (other,)).fetchone()
+        rows = db.execute("SELECT entry_id FROM changes WHERE space = ? ORDER BY seq", (number,)).fetchall()
+        first, second = rows[0][0], rows[1][0]
+        assert (
+            db.execute("SELECT count(*) FROM changes WHERE entry_id IN (?, ?)", (first, second)).fetchone()[0]
+            == 8
+        )
+        db.execute(
+            "UPDATE changes SET payload = NULL WHERE space = ? AND seq > 2 AND entry_id = ?", (number, second)
+        )
+    async with running(config, clock) as backend:
+        for space, expected in (
+            (SPACE, [(1, "write", 0), (2, "write", 1), (3, "take", 0), (4, "take", 1)]),
+            (other, [(3, "take", 10)]),  # the writes left out make a gap: held from after it
+        ):
+            log = backend.engine(space).changes
+            assert log is not None
+            assert summary(log.after(0, 10)) == expected
 
 
 async def test_a_blocked_take_is_logged_after_the_write_that_hands_it_over(

@@ -42,8 +42,8 @@ def _store(path: Path) -> sqlite3.Connection:
     return connection
 
 
-def _number(connection: sqlite3.Connection) -> Any:
-    return lambda name: connection.execute("SELECT no FROM spaces WHERE name = ?", (name,)).fetchone()[0]
+def _number(connection: sqlite3.Connection) -> dict[str, int]:
+    return dict(connection.execute("SELECT name, no FROM spaces").fetchall())
 
 
 def _one_by_one(connection: sqlite3.Connection, records: list[Record]) -> None:
@@ -54,24 +54,27 @@ def _one_by_one(connection: sqlite3.Connection, records: list[Record]) -> None:
         if kind == statements.PRUNE:
             continue
         if kind == statements.BARRIER:
-            no = number(record[1])
+            no = number[record[1]]
             connection.execute(
                 "UPDATE change_logs SET oldest = max(oldest, ?) WHERE space = ?", (record[2], no)
             )
             connection.execute("DELETE FROM changes WHERE space = ? AND seq < ?", (no, record[2]))
             continue
+        if kind == "request" and record[3] == "take":
+            continue  # no row of its own (format 5): its take records mark the taken rows
         if kind in _FULL_PARAMETERS:  # the statement with every column a parameter, not its variants
             connection.execute(statements.FULL[kind], _FULL_PARAMETERS[kind](number, record))
             continue
-        _, sql, parameters = statements.STATEMENTS[kind](number, _dump, record[1:])
-        connection.execute(sql, parameters)
+        bound = statements.STATEMENTS[kind](number, _dump, record)
+        assert bound is not None
+        connection.execute(bound[1], bound[2])
 
 
 # For the kinds with variant statements (NULL literals for their common case, store/statements.py):
 # a record's columns in the order of its full statement, None where a column is NULL.
 _FULL_PARAMETERS: dict[str, Any] = {
     "request": lambda number, record: record[1:],
-    "change": lambda number, record: (number(record[1]), *record[2:]),
+    "change": lambda number, record: (number[record[1]], *record[2:]),
 }
 
 

@@ -151,7 +151,7 @@ def check_store(data_dir: Path, *, now: float | None = None) -> CheckReport:
     try:
         connection.execute("BEGIN")  # one snapshot for every pass, while a server goes on writing
         version = verified_format(connection, path)
-        checker = _Checker(connection, time.time() if now is None else now)
+        checker = _Checker(connection, time.time() if now is None else now, version)
         checker.run()
         if connection.in_transaction:  # a corrupt page may have ended it already
             connection.execute("ROLLBACK")
@@ -220,15 +220,17 @@ class _Checker:
     templates decode as the server would decode them at start-up; every row's space number is in
     `spaces`; each space's next_id is above every entry id and registration id in it (or a
     restarted server would hand out an id twice, a pending delivery's receipt included); every
-    taken entry belongs to a request; every
+    taken entry belongs to a request (before format 5; since, a taken row is its take's record,
+    and has its window's end); every
     type's supertypes are a JSON list of names; (format 3) each space's change log runs gap-free
     from its oldest seq, under an epoch, of known kinds, and every logged write's payload can be
     found (its entry's row, or the later change that removed the entry).
     """
 
-    def __init__(self, connection: sqlite3.Connection, now: float) -> None:
+    def __init__(self, connection: sqlite3.Connection, now: float, version: int) -> None:
         self.execute = connection.execute
         self.now = now
+        self.version = version
         self.spaces: dict[int, _SpaceTally] = {}
         self.requests = 0
         self.taken = 0
@@ -330,8 +332,24 @@ class _Checker:
 
     def _scan_requests(self) -> None:
         (self.requests,) = self.execute("SELECT count(*) FROM requests").fetchone()
+        if self.version >= 5:  # a take's id is in its taken rows only
+            (takes,) = self.execute(
+                "SELECT count(*) FROM "
+                "(SELECT DISTINCT taken_until, taken_by FROM entries WHERE taken_by IS NOT NULL)"
+            ).fetchone()
+            self.requests += takes
 
     def _scan_taken_entries(self) -> None:
+        if self.version >= 5:  # a taken row is its take's record: it needs its window's end
+            for number, entry_id, request_id in self.execute(
+                "SELECT space, id, taken_by FROM entries WHERE taken_by IS NOT NULL AND taken_until IS NULL"
+            ):
+                self.problems.add(
+                    "taken entries without their window's end",
+                    f"entry {entry_id} of space number {number} was taken by request {request_id!r}, "
+                    "with no taken_until (it would be kept for ever, its take forgotten at a restart)",
+                )
+            return
         for number, entry_id, request_id in self.execute(
             "SELECT e.space, e.id, e.taken_by FROM entries AS e LEFT JOIN requests AS q ON q.id = e.taken_by "
             "WHERE e.taken_by IS NOT NULL AND q.id IS NULL"
@@ -348,7 +366,20 @@ class _Checker:
             return  # format 1 or 2: no change log yet
         oldest = dict(self.execute("SELECT space, oldest FROM change_logs").fetchall())
         last: dict[int, int] = {}
-        for number, seq, kind in self.execute("SELECT space, seq, kind FROM changes ORDER BY space, seq"):
+        # Writes whose payload is neither in their change nor in their entry's row, by (space, id):
+        # a later change of the entry must hold it (the one that removed it). Found in this one
+        # pass, not by a subquery per write, which would walk the log from the write onwards
+        # (nothing indexes the changes by entry: schema.py, format 4).
+        unheld: dict[tuple[int, int], list[int]] = {}
+        for number, seq, kind, entry_id, held, has_row in self.execute(
+            "SELECT c.space, c.seq, c.kind, c.entry_id, c.payload IS NOT NULL, e.id IS NOT NULL "
+            "FROM changes AS c LEFT JOIN entries AS e ON e.space = c.space AND e.id = c.entry_id "
+            "ORDER BY c.space, c.seq"
+        ):
+            if held:
+                unheld.pop((number, entry_id), None)
+            elif kind == "write" and not has_row:
+                unheld.setdefault((number, entry_id), []).append(seq)
             tally = self._space(number, f"change {seq}")
             if tally is None:
                 continue
@@ -367,12 +398,7 @@ class _Checker:
                 self.problems.add(
                     "changes of unknown kinds", f"space {tally.name!r}: change {seq} is {kind!r}"
                 )
-        for number, seq in self.execute(
-            "SELECT c.space, c.seq FROM changes AS c WHERE c.kind = 'write' AND c.payload IS NULL "
-            "AND NOT EXISTS (SELECT 1 FROM entries AS e WHERE e.space = c.space AND e.id = c.entry_id) "
-            "AND NOT EXISTS (SELECT 1 FROM changes AS r WHERE r.space = c.space AND r.entry_id = c.entry_id "
-            "AND r.seq > c.seq AND r.payload IS NOT NULL)"
-        ):
+        for number, seq in sorted((number, seq) for (number, _), seqs in unheld.items() for seq in seqs):
             tally = self.spaces.get(number)
             self.problems.add(
                 "logged writes without their payload",

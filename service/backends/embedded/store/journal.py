@@ -54,6 +54,23 @@ class BatchStatistics:
     commit_seconds: float
 
 
+class _SpaceNumbers(dict[str, int]):
+    """Each space's number in `spaces`, by name: made at the name's first use (`__missing__`). The
+    statements look numbers up as `numbers[name]`, a dict lookup in C for all but the first, not
+    a method call each (two a pair)."""
+
+    def __init__(self, connection: sqlite3.Connection) -> None:
+        super().__init__()
+        self._connection = connection
+
+    def __missing__(self, name: str) -> int:
+        execute = self._connection.execute
+        execute("INSERT OR IGNORE INTO spaces (name, next_id) VALUES (?, 1)", (name,))
+        number: int = execute("SELECT no FROM spaces WHERE name = ?", (name,)).fetchone()[0]
+        self[name] = number
+        return number
+
+
 class _Writer:
     """Applies records to the database: the statements on the event loop, the COMMIT (and its
     fsync) on the journal's thread, never both at once.
@@ -66,24 +83,15 @@ class _Writer:
     def __init__(self, connection: sqlite3.Connection, dump: Callable[[object], bytes | memoryview]) -> None:
         self.connection = connection
         self._dump = dump
-        self._space_numbers: dict[str, int] = {}
+        self._space_numbers = _SpaceNumbers(connection)
         self._prune_before: float | None = None
-
-    def space_number(self, name: str) -> int:
-        number = self._space_numbers.get(name)
-        if number is None:
-            execute = self.connection.execute
-            execute("INSERT OR IGNORE INTO spaces (name, next_id) VALUES (?, 1)", (name,))
-            number = execute("SELECT no FROM spaces WHERE name = ?", (name,)).fetchone()[0]
-            self._space_numbers[name] = number
-        return number
 
     def apply(self, records: Sequence[Record]) -> None:
         """Begin a transaction and run the records' statements (on the loop): one `executemany`
         per kind of record where their rows allow it (statements.py)."""
         self.connection.execute("BEGIN IMMEDIATE")
         try:
-            self._prune_before = statements.run(self.connection, records, self.space_number, self._dump)
+            self._prune_before = statements.run(self.connection, records, self._space_numbers, self._dump)
         except BaseException:
             self.rollback()
             raise
@@ -106,12 +114,15 @@ class _Writer:
                 self.connection.execute("ROLLBACK")
 
     def _delete_expired_requests(self, now: float) -> None:
-        expired = "SELECT expires_at, id FROM requests WHERE expires_at <= ? ORDER BY expires_at, id LIMIT ?"
+        """Request ids whose window ended: the requests rows, and the taken rows, which hold a
+        take's id themselves (format 5), each in the order of its window's end (their keys)."""
         execute = self.connection.execute
         execute(
-            f"DELETE FROM entries WHERE taken_by IS NOT NULL AND (taken_until, taken_by) IN ({expired})",
+            "DELETE FROM entries WHERE rowid IN (SELECT rowid FROM entries "
+            "WHERE taken_by IS NOT NULL AND taken_until <= ? ORDER BY taken_until LIMIT ?)",
             (now, PRUNE_LIMIT),
         )
+        expired = "SELECT expires_at, id FROM requests WHERE expires_at <= ? ORDER BY expires_at, id LIMIT ?"
         execute(f"DELETE FROM requests WHERE (expires_at, id) IN ({expired})", (now, PRUNE_LIMIT))
 
 
@@ -263,7 +274,8 @@ class Journal:
         own future, if `own`): both resolve once the change is durable, or fail with
         StoreUnavailableError after `undo` has reverted it in memory. Await only your own; the
         batch's is shared."""
-        self.check()
+        if self._failure is not None:  # `check`, inline: a durable operation submits twice
+            raise self._failure
         loop = self._loop
         assert loop is not None, "start() the journal first"
         batch = self._open
@@ -271,7 +283,7 @@ class Journal:
             batch = self._open = _Batch(loop)
             self._idle.clear()
             self._schedule()
-        batch.records.extend(records)
+        batch.records += records
         batch.operations += 1
         if undo is not None:
             batch.undos.append(undo)

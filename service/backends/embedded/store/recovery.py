@@ -22,7 +22,7 @@ import json
 import sqlite3
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from google.protobuf.message import DecodeError
 
@@ -171,9 +171,7 @@ def _recover(connection: sqlite3.Connection, backend: EmbeddedBackend, now: floa
         registrations += 1
     expiries = _load_changes(connection, backend, names, now)
     requests = 0
-    for request_id, space, kind, expires_at in execute(
-        "SELECT id, space, kind, expires_at FROM requests WHERE expires_at > ? ORDER BY expires_at", (now,)
-    ):
+    for request_id, space, kind, expires_at in execute(_REQUESTS, (now, now)):
         backend.restore_request(request_id, space, kind, expires_at)
         requests += 1
     with transaction(connection):
@@ -187,18 +185,32 @@ def _recover(connection: sqlite3.Connection, backend: EmbeddedBackend, now: floa
     return RecoveryReport(len(names), loaded, expired, registrations, requests, time.perf_counter() - started)
 
 
-# A write's payload: its entry's row, else the payload of the later change that removed the entry.
+# The request ids still inside their window, in the order their windows end (the request log's):
+# the requests rows, and each take's from its taken rows, which hold it themselves (format 5; a
+# format-4 take's row may still be in requests, its taken rows gone).
+_REQUESTS = """
+SELECT id, space, kind, expires_at FROM requests WHERE expires_at > ?
+UNION ALL
+SELECT DISTINCT e.taken_by, s.name, 'take', e.taken_until FROM entries AS e JOIN spaces AS s ON s.no = e.space
+WHERE e.taken_by IS NOT NULL AND e.taken_until > ?
+ORDER BY 4
+"""
+
+# The log's changes in order, each with its payload or its entry's row's. A write's payload is
+# NULL (its row holds it); when the row is gone too, the first later change of the entry that holds
+# one (the one that removed it) gives it, found in the same pass (`_load_changes`). Not a subquery
+# per write: nothing indexes the changes by entry (schema.py, format 4), so it would walk the log
+# from the write onwards, quadratic in the log (SQLite chose that walk even with the index).
 _CHANGES = """
-SELECT c.space, c.seq, c.kind, c.entry_id, c.at, c.txn, c.visible_at,
-       coalesce(c.payload, e.payload, (
-           SELECT r.payload FROM changes r
-           WHERE r.space = c.space AND r.entry_id = c.entry_id AND r.seq > c.seq AND r.payload IS NOT NULL
-           ORDER BY r.seq LIMIT 1))
+SELECT c.space, c.seq, c.kind, c.entry_id, c.at, c.txn, c.visible_at, coalesce(c.payload, e.payload)
 FROM changes c
 LEFT JOIN entries e ON e.space = c.space AND e.id = c.entry_id
 WHERE c.seq >= coalesce((SELECT l.oldest FROM change_logs l WHERE l.space = c.space), 1)
 ORDER BY c.space, c.seq
 """
+
+# A write waiting for the payload of a later change: where its change goes, and its columns.
+_Waiting = tuple[list[Change | None], int, int, str, float, int, float | None]
 
 
 def _load_changes(
@@ -208,20 +220,37 @@ def _load_changes(
     expired while the server was down (returned, with their space's number, to be recorded)."""
     execute = connection.execute
     logs = {number: (epoch, oldest) for number, epoch, oldest in execute("SELECT * FROM change_logs")}
-    loaded: dict[int, list[Change]] = {}
-    decoded: dict[int, StoredEntry] = {}  # a removed entry's payload decoded once for all its changes
+    loaded: dict[int, list[Change | None]] = {}
+    # A removed entry's payload decoded once for all its changes, per (space number, id).
+    decoded: dict[tuple[int, int], StoredEntry] = {}
+    waiting: dict[tuple[int, int], list[_Waiting]] = {}  # writes whose row is gone, by entry
     for number, seq, kind, entry_id, at, txn, visible_at, payload in execute(_CHANGES):
         engine = backend.engine(names[number])
-        if engine.changes is None or payload is None:  # off, or a change that cannot be shown whole
+        if engine.changes is None:  # the log is off
             continue
-        stored = engine.stored(entry_id) or decoded.get(entry_id)
+        changes = loaded.get(number)
+        if changes is None:
+            changes = loaded[number] = []
+        key = (number, entry_id)
+        if payload is None:  # a write whose entry is gone: a later change may hold its payload
+            waiting.setdefault(key, []).append((changes, len(changes), seq, kind, at, txn, visible_at))
+            changes.append(None)
+            continue
+        stored = engine.stored(entry_id) or decoded.get(key)
         if stored is None:
-            stored = decoded[entry_id] = StoredEntry(entry_id, codec.stored_entry(payload), None)
-        loaded.setdefault(number, []).append(Change(seq, kind, stored, at, txn, visible_at))
+            stored = decoded[key] = StoredEntry(entry_id, codec.stored_entry(payload), None)
+        changes.append(Change(seq, kind, stored, at, txn, visible_at))
+        writes = waiting.pop(key, None)
+        if writes is not None:
+            for into, index, w_seq, w_kind, w_at, w_txn, w_visible_at in writes:
+                into[index] = Change(w_seq, w_kind, stored, w_at, w_txn, w_visible_at)
+    if waiting:  # writes no later change holds (`outrig check` reports them) are not shown
+        for held in loaded.values():
+            held[:] = [change for change in held if change is not None]
     for number, (epoch, oldest) in logs.items():
-        changes = loaded.get(number, [])
-        head = max(changes[-1].seq if changes else 0, oldest - 1)
-        backend.restore_changes(names[number], epoch, changes, head)
+        restored = cast(list[Change], loaded.get(number, []))  # no None left (above)
+        head = max(restored[-1].seq if restored else 0, oldest - 1)
+        backend.restore_changes(names[number], epoch, restored, head)
     for number, name, position in execute("SELECT space, name, position FROM change_subscriptions"):
         backend.restore_durable(names[number], name, position)
     expiries: list[tuple[int, Change, bytes]] = []

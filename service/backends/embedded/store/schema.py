@@ -29,9 +29,10 @@ names the space):
                                            idempotency keys within their window, keyed by
                                            (expires_at, id): the order they are added in; a write's
                                            answer is its leases (ids first_id .. first_id+count-1,
-                                           one expiry and duration), a take's is its taken rows;
-                                           a deliver's, ack's, nack's or extend's is in its
-                                           columns (memory/journal.py)
+                                           one expiry and duration); a deliver's, ack's, nack's or
+                                           extend's is in its columns (memory/journal.py). A
+                                           take's id has no row here (format 5): its taken rows
+                                           are its answer and its record (taken_by, taken_until)
     change_logs(space, epoch, oldest)      a space's change log (engine/changes.py): its epoch,
                                            and the oldest seq retention keeps (the head is the
                                            last change's seq, or oldest - 1 when none is left)
@@ -71,8 +72,21 @@ APPLICATION_ID = 0x6F757472
 #    path: request ids in the order they expire"). A retry finds its rows by both columns (the
 #    request log knows when its id's window ends). A format-3 store is migrated (a taken row whose
 #    request row is gone gets taken_until 0, so the next start removes it with the expired ones).
-FORMAT_VERSION = 4
+#    Stores of format 4 made before the change log's index by entry was dropped have it
+#    (changes_by_entry): `open_store` drops it (`_DROPPED`). Not a new format: a server of the
+#    same format reads and writes a store with or without it alike.
+# 5: a take's request id is kept in its taken rows only (taken_by, taken_until, the space), not
+#    in a `requests` row of its own as well: a durable pair writes a row less (docs/performance.md,
+#    "The durable pair, fourth pass"). Start-up remembers the ids of both; the taken rows leave
+#    at their own window's end. A format-4 store is migrated: a take's request row whose taken
+#    rows are there is deleted (one whose rows are gone stays, and still answers its retry
+#    with nothing, until its window ends). A format-4 server would not know the ids of a
+#    format-5 store's takes, nor remove their rows before a restart.
+FORMAT_VERSION = 5
 
+# No index by entry: a change's row is written once per change and read only at start-up, whose
+# one pass in order finds a removed write's payload (recovery.py); the index cost every change a
+# second B-tree insert (docs/performance.md, "The durable pair, fourth pass").
 _CHANGE_TABLES = """
 CREATE TABLE IF NOT EXISTS change_logs (
     space INTEGER PRIMARY KEY, epoch INTEGER NOT NULL, oldest INTEGER NOT NULL
@@ -82,7 +96,6 @@ CREATE TABLE IF NOT EXISTS changes (
     at REAL NOT NULL, txn INTEGER NOT NULL, visible_at REAL, payload BLOB,
     PRIMARY KEY (space, seq)
 ) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS changes_by_entry ON changes (space, entry_id);
 CREATE TABLE IF NOT EXISTS change_subscriptions (
     space INTEGER NOT NULL, name TEXT NOT NULL, position INTEGER NOT NULL,
     PRIMARY KEY (space, name)
@@ -101,6 +114,9 @@ CREATE TABLE requests (
 _TAKER_INDEX = """
 CREATE INDEX entries_by_taker ON entries (taken_until, taken_by) WHERE taken_by IS NOT NULL;
 """
+
+# Indexes of earlier versions of this format, dropped when a store is opened.
+_DROPPED = ("changes_by_entry",)
 
 # The statements that bring a store of format n to n + 1, run in one transaction with the version.
 _MIGRATIONS: dict[int, str] = {
@@ -130,6 +146,12 @@ DROP TABLE requests;
 ALTER TABLE requests_4 RENAME TO requests;
 """
     + _TAKER_INDEX,
+    4: """
+DELETE FROM requests WHERE kind = 'take' AND EXISTS (
+    SELECT 1 FROM entries AS e
+    WHERE e.taken_until = requests.expires_at AND e.taken_by = requests.id AND e.taken_by IS NOT NULL
+);
+""",
 }
 
 _SCHEMA = (
@@ -217,6 +239,7 @@ def open_store(data_dir: Path, software_version: str) -> sqlite3.Connection:
                 )
         check_format(connection, path, older=True)
         migrate(connection, software_version)
+        _drop_old_indexes(connection)
     except sqlite3.DatabaseError as err:
         connection.close()
         raise IncompatibleStoreError(f"{path}: {err}") from err
@@ -238,6 +261,15 @@ def migrate(connection: sqlite3.Connection, software_version: str) -> None:
                 "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
                 (f"migrated_to_{version + 1}", f"outrig {software_version} at {time.time():.3f}"),
             )
+
+
+def _drop_old_indexes(connection: sqlite3.Connection) -> None:
+    """Drop the indexes this format no longer has (`_DROPPED`), if the store has them."""
+    names = ", ".join("?" * len(_DROPPED))
+    for (name,) in connection.execute(
+        f"SELECT name FROM sqlite_master WHERE type = 'index' AND name IN ({names})", _DROPPED
+    ).fetchall():
+        connection.execute(f"DROP INDEX {name}")
 
 
 @contextlib.contextmanager

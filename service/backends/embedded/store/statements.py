@@ -11,8 +11,8 @@ Layers run in order; inside one, each statement's parameters are one `executeman
 have a variant statement for its common case: NULL literals instead of None parameters, which
 Python's sqlite3 binds slowly; see `_blob`). A pair's batch of 5 writes and 5 takes is then 7
 statements (the puts, the takes of entries written in an earlier batch, those of entries written
-earlier in this one, the writes' and the takes' requests, the writes' and the takes' changes)
-instead of 30.
+earlier in this one, the writes' requests, the writes' and the takes' changes) instead of 25 (a
+take's request has no row: `_request`).
 
 `change_trim` deletes a range of the log: a barrier (what is planned before it runs first).
 `prune_requests` has no statement here: the journal runs its deletions at COMMIT.
@@ -21,16 +21,19 @@ instead of 30.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from outrig.service.backends.memory.journal import Record
 
 Dump = Callable[[object], bytes | memoryview]
-Number = Callable[[str], int]
-# A record's arguments (after its kind) -> (its row's key, its statement, the parameters).
+# A space's number by its name (journal.py's `_SpaceNumbers` makes a new name's at its first use).
+Number = Mapping[str, int]
+# A record, as it is (its kind first) -> (its row's key, its statement, the parameters): a binder
+# unpacks the kind with the rest, so no record is sliced into a tuple of its arguments.
 Bound = tuple[tuple[Any, ...], str, tuple[Any, ...]]
-Binder = Callable[[Number, Dump, tuple[Any, ...]], Bound]
+# None: the record needs no statement of its own (a take's request: `_request`).
+Binder = Callable[[Number, Dump, Record], Bound | None]
 
 
 #: Blobs up to this size are bound as a bytearray copy (see `_blob`).
@@ -46,8 +49,8 @@ def _blob(data: bytes | memoryview) -> bytes | memoryview | bytearray:
     return bytearray(data) if len(data) <= _COPIED else data
 
 
-# The statements, each with every column a parameter (FULL below); for the two kinds every pair
-# records twice, a variant with the columns that are NULL in the common case written as NULL
+# The statements, each with every column a parameter (FULL below); for the change, which every
+# pair records twice, variants with the columns that are NULL in the common case written as NULL
 # literals, for the same reason as `_blob`: a None parameter costs an adapter lookup.
 _PUT = "INSERT OR REPLACE INTO entries (space, id, arrival, expires_at, payload) VALUES (?, ?, ?, ?, ?)"
 _DELETE = "DELETE FROM entries WHERE space = ? AND id = ?"
@@ -65,12 +68,11 @@ _REGISTER = (
 _UNREGISTER = "DELETE FROM registrations WHERE space = ? AND id = ?"
 _REGISTRATION_EXPIRY = "UPDATE registrations SET expires_at = ? WHERE space = ? AND id = ?"
 _SEQUENCE = "UPDATE registrations SET sequence = max(sequence, ?) WHERE space = ? AND id = ?"
-_REQUEST_INTO = (
+_REQUEST = (
     "INSERT OR REPLACE INTO requests "
     "(id, space, kind, expires_at, first_id, count, lease_expires_at, granted) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 )
-_REQUEST = _REQUEST_INTO + "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
-_REQUEST_TAKE = _REQUEST_INTO + "VALUES (?, ?, ?, ?, NULL, ?, NULL, NULL)"  # no first id, lease, grant
 _CHANGE_INTO = "INSERT OR REPLACE INTO changes (space, seq, kind, entry_id, at, txn, visible_at, payload) "
 _CHANGE = _CHANGE_INTO + "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 _CHANGE_WRITE = _CHANGE_INTO + "VALUES (?, ?, ?, ?, ?, ?, NULL, NULL)"  # visible at once, payload in its row
@@ -83,89 +85,92 @@ _SUBSCRIPTION = "INSERT OR REPLACE INTO change_subscriptions (space, name, posit
 _SUBSCRIPTION_DELETE = "DELETE FROM change_subscriptions WHERE space = ? AND name = ?"
 
 
-def _put(number: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
-    space, entry_id, arrival, expires_at, payload = a
-    no = number(space)
+def _put(numbers: Number, dump: Dump, r: Record) -> Bound:
+    _, space, entry_id, arrival, expires_at, payload = r
+    no = numbers[space]
     return ("e", no, entry_id), _PUT, (no, entry_id, arrival, expires_at, _blob(dump(payload)))
 
 
-def _entry(number: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
+def _entry(numbers: Number, dump: Dump, r: Record) -> Bound:
     """delete(space, id): the key columns are the statement's only parameters."""
-    space, entry_id = a
-    no = number(space)
+    _, space, entry_id = r
+    no = numbers[space]
     return ("e", no, entry_id), _DELETE, (no, entry_id)
 
 
-def _entry_expiry(number: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
-    space, entry_id, expires_at = a
-    no = number(space)
+def _entry_expiry(numbers: Number, dump: Dump, r: Record) -> Bound:
+    _, space, entry_id, expires_at = r
+    no = numbers[space]
     return ("e", no, entry_id), _ENTRY_EXPIRY, (expires_at, no, entry_id)
 
 
-def _take(number: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
+def _take(numbers: Number, dump: Dump, r: Record) -> Bound:
     """The row stays, marked, to answer the take's retry until `until`, the request's window end
     (its request row's expires_at: the taker index is in that order, schema.py)."""
-    space, entry_id, request_id, position, until = a[:5]
-    no = number(space)
+    _, space, entry_id, request_id, position, until = r
+    no = numbers[space]
     return ("e", no, entry_id), _TAKE, (request_id, position, until, no, entry_id)
 
 
-def _visibility(number: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
-    space, entry_id, hidden_until, receipt, deliveries, reason = a[:6]
-    limit = a[6] if len(a) > 6 else 0
-    no = number(space)
+def _visibility(numbers: Number, dump: Dump, r: Record) -> Bound:
+    space, entry_id, hidden_until, receipt, deliveries, reason = r[1], r[2], r[3], r[4], r[5], r[6]
+    limit = r[7] if len(r) > 7 else 0
+    no = numbers[space]
     return ("e", no, entry_id), _VISIBILITY, (hidden_until, receipt, deliveries, reason, limit, no, entry_id)
 
 
-def _next_id(number: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
-    space, mark = a
-    no = number(space)
+def _next_id(numbers: Number, dump: Dump, r: Record) -> Bound:
+    _, space, mark = r
+    no = numbers[space]
     return ("s", no), _NEXT_ID, (mark, no)
 
 
-def _type(number: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
-    space, name, supertypes = a
-    no = number(space)
+def _type(numbers: Number, dump: Dump, r: Record) -> Bound:
+    _, space, name, supertypes = r
+    no = numbers[space]
     return ("t", no, name), _TYPE, (no, name, supertypes)
 
 
-def _register(number: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
-    space, registration_id, expires_at, templates, sequence = a
-    no = number(space)
+def _register(numbers: Number, dump: Dump, r: Record) -> Bound:
+    _, space, registration_id, expires_at, templates, sequence = r
+    no = numbers[space]
     return ("r", no, registration_id), _REGISTER, (no, registration_id, expires_at, templates, sequence)
 
 
-def _registration(number: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
+def _registration(numbers: Number, dump: Dump, r: Record) -> Bound:
     """unregister(space, id)."""
-    space, registration_id = a
-    no = number(space)
+    _, space, registration_id = r
+    no = numbers[space]
     return ("r", no, registration_id), _UNREGISTER, (no, registration_id)
 
 
-def _registration_expiry(number: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
-    space, registration_id, value = a
-    no = number(space)
+def _registration_expiry(numbers: Number, dump: Dump, r: Record) -> Bound:
+    _, space, registration_id, value = r
+    no = numbers[space]
     return ("r", no, registration_id), _REGISTRATION_EXPIRY, (value, no, registration_id)
 
 
-def _sequence(number: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
-    space, registration_id, value = a
-    no = number(space)
+def _sequence(numbers: Number, dump: Dump, r: Record) -> Bound:
+    _, space, registration_id, value = r
+    no = numbers[space]
     return ("r", no, registration_id), _SEQUENCE, (value, no, registration_id)
 
 
-def _request(number: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
+def _request(numbers: Number, dump: Dump, r: Record) -> Bound | None:
     """request(request_id, space, kind, expires_at, first_id, count, lease_expires_at, granted):
-    the requests table names its space (no number). A take's has no first id, lease or grant."""
-    if a[4] is None and a[6] is None and a[7] is None:
-        return ("q", a[0]), _REQUEST_TAKE, (a[0], a[1], a[2], a[3], a[5])
-    return ("q", a[0]), _REQUEST, a
+    the requests table names its space (no number). A take's has no row (format 5): its `take`
+    records, in the same change, mark its rows with its id and window end, which answer its
+    retry and are what start-up remembers it by. (With the take's row went the variant for its
+    NULL columns: a write's request has them all.)"""
+    if r[3] == "take":
+        return None
+    return ("q", r[1]), _REQUEST, r[1:]
 
 
-def _change(number: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
+def _change(numbers: Number, dump: Dump, r: Record) -> Bound:
     """A change of the space's log (a write's payload None: its entry's row holds it)."""
-    space, seq, kind, entry_id, at, txn, visible_at, payload = a
-    no = number(space)
+    _, space, seq, kind, entry_id, at, txn, visible_at, payload = r
+    no = numbers[space]
     key = ("c", no, seq)
     if visible_at is None:
         if payload is None:
@@ -178,21 +183,21 @@ def _change(number: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
     )
 
 
-def _change_epoch(number: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
-    space, epoch = a
-    no = number(space)
+def _change_epoch(numbers: Number, dump: Dump, r: Record) -> Bound:
+    _, space, epoch = r
+    no = numbers[space]
     return ("l", no), _CHANGE_EPOCH, (no, epoch)
 
 
-def _subscription(number: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
-    space, name, position = a
-    no = number(space)
+def _subscription(numbers: Number, dump: Dump, r: Record) -> Bound:
+    _, space, name, position = r
+    no = numbers[space]
     return ("u", no, name), _SUBSCRIPTION, (no, name, position)
 
 
-def _subscription_delete(number: Number, dump: Dump, a: tuple[Any, ...]) -> Bound:
-    space, name = a
-    no = number(space)
+def _subscription_delete(numbers: Number, dump: Dump, r: Record) -> Bound:
+    _, space, name = r
+    no = numbers[space]
     return ("u", no, name), _SUBSCRIPTION_DELETE, (no, name)
 
 
@@ -227,7 +232,7 @@ PRUNE = "prune_requests"
 
 
 def run(
-    connection: sqlite3.Connection, records: Sequence[Record], number: Number, dump: Dump
+    connection: sqlite3.Connection, records: Sequence[Record], numbers: Number, dump: Dump
 ) -> float | None:
     """Run `records`' statements, grouped (see the module docstring), in the open transaction.
     Returns the `now` of the batch's last `prune_requests`, if any (the caller prunes at COMMIT).
@@ -238,10 +243,9 @@ def run(
         for record in records:
             bind = statements.get(record[0])
             if bind is None:
-                prune = _unbound(connection, record, number, prune)
-            else:
-                _, sql, parameters = bind(number, dump, record[1:])
-                connection.execute(sql, parameters)
+                prune = _unbound(connection, record, numbers, prune)
+            elif (bound := bind(numbers, dump, record)) is not None:
+                connection.execute(bound[1], bound[2])
         return prune
     # Each layer: per statement, its parameters. A statement stands for its kind here: a row's
     # records of one kind but different variants go to different layers, so they keep their order.
@@ -253,9 +257,12 @@ def run(
             if record[0] != PRUNE:  # a barrier: what was planned before it runs first
                 _execute(connection, layers)
                 layers, rows = [], {}
-            prune = _unbound(connection, record, number, prune)
+            prune = _unbound(connection, record, numbers, prune)
             continue
-        key, sql, parameters = bind(number, dump, record[1:])
+        bound = bind(numbers, dump, record)
+        if bound is None:
+            continue
+        key, sql, parameters = bound
         last = rows.get(key)
         if last is None:
             layer = 0
@@ -276,7 +283,7 @@ def run(
 
 
 def _unbound(
-    connection: sqlite3.Connection, record: Record, number: Number, prune: float | None
+    connection: sqlite3.Connection, record: Record, numbers: Number, prune: float | None
 ) -> float | None:
     """A record without a bound statement: `prune_requests` (returns its `now`), `change_trim`."""
     kind = record[0]
@@ -285,7 +292,7 @@ def _unbound(
     if kind != BARRIER:
         raise KeyError(f"a record of unknown kind {kind!r}")
     space, oldest = record[1:]
-    no = number(space)
+    no = numbers[space]
     connection.execute("UPDATE change_logs SET oldest = max(oldest, ?) WHERE space = ?", (oldest, no))
     connection.execute("DELETE FROM changes WHERE space = ? AND seq < ?", (no, oldest))
     return prune
