@@ -318,7 +318,10 @@ class SpaceEngine(TransactionsMixin, DeliveriesMixin):
         if txn is not None:
             self._check_active(txn)
         declared = self._declare_types(entries)
-        self._check_quota(len(entries), sum(entry.size for entry in entries))
+        # a pair's write has one entry: its size without a generator
+        self._check_quota(
+            len(entries), entries[0].size if len(entries) == 1 else sum(e.size for e in entries)
+        )
         first_id, stride = self._next_id, self._ids.stride
         self._next_id = first_id + len(entries) * stride  # `_new_id` of each entry, at once
         written = [
@@ -411,6 +414,8 @@ class SpaceEngine(TransactionsMixin, DeliveriesMixin):
 
     def _check_quota(self, count: int, size: int) -> None:
         settings = self.settings
+        if len(self._entries) + count <= settings.max_entries and self._bytes + size <= settings.max_bytes:
+            return  # fits: the common case, without the closure below made and called
 
         def over() -> bool:
             return (
