@@ -4,12 +4,21 @@ the Mux stream runs them (the request's bytes decoded by the method's deserializ
 serialized as the stream would send it).
 
     python bench/batch_costs.py [--rounds N] [--batches N] [--batch N]
+    python bench/batch_costs.py --instructions N1,N2 [--python PATH ...]
 
 Prints the median and the least microseconds per batch of each stage (the least is what a quiet
 core gives; on a loaded machine the median is mostly the load), per entry too:
 deserializing the write, WriteMany, serializing its reply, TakeMany (its reply is bytes already),
 ReadMany. It is the handler's own CPU, the part of bench/run.py's server CPU per batch pair that
 is outrig's (the rest is gRPC's and the kernel's), and it moves far less on a loaded machine.
+
+``--instructions N1,N2`` counts instead of timing: each interpreter (default this one; another
+checkout's `.venv/bin/python` runs this script against that checkout's code) runs one round of
+N1 and of N2 batches under ``valgrind --tool=callgrind`` (PYTHONHASHSEED=0), and the difference
+of the totals over N2 - N1 is the instructions (Ir) per batch round, start-up cancelled out. It
+counts three shapes: the whole round, the batch pair alone (write_many + take_many, each
+WriteMany's entries taken by the next TakeMany, so the space stays the same) and ReadMany alone
+(10 x N1 and 10 x N2 reads of the 100 kept entries). Needs valgrind; a few minutes per interpreter.
 """
 
 from __future__ import annotations
@@ -17,8 +26,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from entries import BATCH, NOTE, Small
@@ -60,7 +73,7 @@ def _match_request(batch: int, group: str) -> bytes:
     return request.SerializeToString()
 
 
-async def _run(rounds: int, batches: int, batch: int) -> dict[str, list[float]]:
+async def _run(rounds: int, batches: int, batch: int, shape: str = "round") -> dict[str, list[float]]:
     config = ServerConfig()
     backend = backend_for(config)
     await backend.start()
@@ -86,25 +99,78 @@ async def _run(rounds: int, batches: int, batch: int) -> dict[str, list[float]]:
     }
     clock = time.perf_counter
     for _ in range(rounds * batches):
-        t0 = clock()
-        received = decode["WriteMany"](write)
-        t1 = clock()
-        reply = await servicer.perform("WriteMany", methods["WriteMany"], received, context)
-        t2 = clock()
-        assert not isinstance(reply, Failure), reply
-        if not isinstance(reply, bytes):
-            reply = reply.SerializeToString()
-        t3 = clock()
-        taken = await servicer.perform("TakeMany", methods["TakeMany"], decode["TakeMany"](take), context)
-        t4 = clock()
-        found = await servicer.perform("ReadMany", methods["ReadMany"], decode["ReadMany"](read), context)
+        t0 = t1 = t2 = t3 = t4 = clock()
+        if shape != "read":
+            received = decode["WriteMany"](write)
+            t1 = clock()
+            reply = await servicer.perform("WriteMany", methods["WriteMany"], received, context)
+            t2 = clock()
+            assert not isinstance(reply, Failure), reply
+            if not isinstance(reply, bytes):
+                reply = reply.SerializeToString()
+            t3 = clock()
+            taken = await servicer.perform("TakeMany", methods["TakeMany"], decode["TakeMany"](take), context)
+            t4 = clock()
+            assert isinstance(taken, bytes), taken
+        if shape != "pair":
+            found = await servicer.perform("ReadMany", methods["ReadMany"], decode["ReadMany"](read), context)
+            assert isinstance(found, bytes), found
         t5 = clock()
-        assert isinstance(taken, bytes), taken
-        assert isinstance(found, bytes), found
         for stage, seconds in zip(stages, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), strict=True):
             stages[stage].append(seconds * 1e6)
     await backend.close()
     return stages
+
+
+_COLLECTED = re.compile(r"Collected : (\d+)")
+SHAPES = ("round", "pair", "read")
+
+
+def instructions(python: str, batches: int, shape: str) -> int:
+    """callgrind's instruction count of one round of `batches` batches of `shape`, run by `python`."""
+    done = subprocess.run(
+        [
+            "valgrind",
+            "--tool=callgrind",
+            "--callgrind-out-file=/dev/null",
+            str(Path(python).absolute()),
+            Path(__file__).name,
+            "--rounds",
+            "1",
+            "--batches",
+            str(batches),
+            "--shape",
+            shape,
+        ],
+        cwd=Path(__file__).resolve().parent,  # for `entries`; the code is the interpreter's checkout's
+        env={**os.environ, "PYTHONHASHSEED": "0"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    found = _COLLECTED.search(done.stderr)
+    if found is None:
+        raise SystemExit(f"no instruction count from valgrind: {done.stderr[-500:]}")
+    return int(found.group(1))
+
+
+def count(pythons: list[str], sizes: str) -> None:
+    small, large = (int(n) for n in sizes.split(","))
+    print(
+        f"instructions per batch of 100 (callgrind, {small} / {large} batches),"
+        f" Python {sys.version.split()[0]}"
+    )
+    print("| interpreter | round | pair (write_many + take_many) | read_many |")
+    print("|---|---|---|---|")
+    for python in pythons:
+        figures = []
+        for shape in SHAPES:
+            # reads are cheap: ten times as many, so that start-up's spread (about 1.5 M) is
+            # small against the difference
+            scale = 10 if shape == "read" else 1
+            low, high = instructions(python, small * scale, shape), instructions(python, large * scale, shape)
+            figures.append(f"{(high - low) / ((large - small) * scale):,.0f}")
+        print(f"| {python} | {' | '.join(figures)} |", flush=True)
 
 
 def main() -> None:
@@ -114,10 +180,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--batches", type=int, default=300, help="batches per round")
     parser.add_argument("--batch", type=int, default=BATCH, help="entries per batch")
+    parser.add_argument("--shape", choices=SHAPES, default="round", help="what a batch round runs")
+    parser.add_argument("--instructions", metavar="N1,N2", help="count instructions (callgrind) instead")
+    parser.add_argument("--python", action="append", help="with --instructions: an interpreter (repeatable)")
     args = parser.parse_args()
+    if args.instructions:
+        count(args.python or [sys.executable], args.instructions)
+        return
     tune_collector()  # as `outrig serve` has it
     print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}")
-    stages = asyncio.run(_run(args.rounds, args.batches, args.batch))
+    stages = asyncio.run(_run(args.rounds, args.batches, args.batch, args.shape))
     print(f"load average after {os.getloadavg()[0]:.2f}")
     print("| stage | us per batch, median | least | least per entry |")
     print("|---|---|---|---|")

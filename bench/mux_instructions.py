@@ -1,7 +1,7 @@
 """Instructions per write+take pair of bench/mux_inprocess.py, counted by valgrind's callgrind:
 a figure the load of a shared machine does not move, for changes too small to see in CPU time.
 
-    python bench/mux_instructions.py [--python PATH ...] [--pairs N1,N2]
+    python bench/mux_instructions.py [--python PATH ...] [--pairs N1,N2] [--tasks T]
 
 Each interpreter (default: this one; give another checkout's `.venv/bin/python` to compare, run
 in that checkout's bench directory) runs bench/mux_inprocess.py for N1 and for N2 pairs (one round
@@ -10,7 +10,9 @@ N2 - N1 is the instructions (Ir) per pair, start-up and imports cancelled out. W
 the server's Python from the MuxRequest's bytes to the MuxReply's (mux.py, the servicer, the
 memory backend, the engine), and the SDK's building of the two requests in the same process (the
 same in both checkouts unless the SDK changed). Needs valgrind; takes 1-2 minutes per interpreter
-on a quiet machine (valgrind runs Python about 50 times slower). Asserts nothing.
+on a quiet machine (valgrind runs Python about 50 times slower). ``--tasks`` is passed through to
+mux_inprocess.py: 10 (its default) is the 10-task shape of one connection, 1 the 1-client shape
+(one operation in flight). Asserts nothing.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from pathlib import Path
 _COLLECTED = re.compile(r"Collected : (\d+)")
 
 
-def instructions(python: str, pairs: int) -> int:
+def instructions(python: str, pairs: int, tasks: int = 10) -> int:
     """callgrind's instruction count of one run of mux_inprocess.py with `pairs` pairs."""
     bench = Path(python).absolute().parents[2] / "bench"  # a checkout's .venv/bin/python
     if not (bench / "mux_inprocess.py").exists():
@@ -41,6 +43,8 @@ def instructions(python: str, pairs: int) -> int:
             str(pairs),
             "--rounds",
             "1",
+            "--tasks",
+            str(tasks),
         ],
         cwd=bench,
         env={**os.environ, "PYTHONHASHSEED": "0"},
@@ -60,11 +64,15 @@ def main() -> None:
     )
     parser.add_argument("--python", action="append", help="an interpreter (repeatable); default this one")
     parser.add_argument("--pairs", default="500,2500", help="the two run sizes (default 500,2500)")
+    parser.add_argument("--tasks", type=int, default=10, help="asyncio tasks on the stream (default 10)")
     args = parser.parse_args()
     small, large = (int(n) for n in args.pairs.split(","))
-    print(f"instructions per pair (callgrind), {os.cpu_count()} cores, Python {sys.version.split()[0]}")
+    print(
+        f"instructions per pair (callgrind), {args.tasks} tasks, {os.cpu_count()} cores,"
+        f" Python {sys.version.split()[0]}"
+    )
     for python in args.python or [sys.executable]:
-        low, high = instructions(python, small), instructions(python, large)
+        low, high = instructions(python, small, args.tasks), instructions(python, large, args.tasks)
         print(f"{python}: {(high - low) / (large - small):,.0f} Ir per pair ({low:,} / {high:,})")
 
 

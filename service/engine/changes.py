@@ -148,7 +148,35 @@ class ChangeLog:
         visible_at: float | None = None,
     ) -> Change:
         """Log a change at the next seq, then trim to the count and bytes limits."""
-        return self.append_many(kind, (entry,), at, transaction, visible_at)[0]
+        seq = self.log_one(kind, entry, at, transaction, visible_at)
+        return Change(seq, kind, entry, at, transaction, visible_at)
+
+    def log_one(
+        self,
+        kind: str,
+        entry: StoredEntry,
+        at: float,
+        transaction: int = 0,
+        visible_at: float | None = None,
+    ) -> int:
+        """`append` without making the `Change` (for a caller that tells nobody of it): its seq."""
+        seq = self.head = self.head + 1
+        held = self._entries
+        if kind in _GONE:
+            # The entry as it leaves, in its write's place too (if the log still holds that
+            # change as this entry), so that nothing of it is tracked here.
+            frozen = held[seq] = frozen_entry(entry)
+            if held.get(entry.logged) is entry:
+                held[entry.logged] = frozen
+        else:
+            held[seq] = entry
+            if kind == "write":
+                entry.logged = seq
+        self._facts[seq] = (kind, at, transaction, visible_at)
+        self._bytes += entry.size + CHANGE_OVERHEAD  # its Change.size
+        if len(held) > self.max_count or self._bytes > self.max_bytes:
+            self._trim_size()
+        return seq
 
     def append_many(
         self,
@@ -157,34 +185,42 @@ class ChangeLog:
         at: float,
         transaction: int = 0,
         visible_at: float | None = None,
+        *,
+        made: bool = True,
     ) -> list[Change]:
         """`append` of a call's entries, in order, at one time: the same changes, trimmed once
-        for the batch (so a full log drops its oldest in one pass, not one call per change)."""
+        for the batch (so a full log drops its oldest in one pass, not one call per change).
+        With `made=False` no `Change` is made (an empty list)."""
         first = self.head + 1
-        facts = (kind, at, transaction, visible_at)
-        held, known = self._entries, self._facts
-        made = []
+        seqs = range(first, first + len(entries))
+        held = self._entries
         size = 0
-        gone = kind in _GONE
-        for seq, stored in zip(range(first, first + len(entries)), entries, strict=True):
-            if gone:
-                # The entry as it leaves, in its write's place too (if the log still holds that
-                # change as this entry), so that nothing of it is tracked here.
+        if kind in _GONE:
+            for seq, stored in zip(seqs, entries, strict=True):
+                # as in `append`: frozen, in its write's place too
                 frozen = held[seq] = frozen_entry(stored)
                 if held.get(stored.logged) is stored:
                     held[stored.logged] = frozen
-            else:
-                held[seq] = stored
-                if kind == "write":
+                size += stored.size
+        else:
+            held.update(zip(seqs, entries, strict=True))
+            if kind == "write":
+                for seq, stored in zip(seqs, entries, strict=True):
                     stored.logged = seq
-            known[seq] = facts
-            size += stored.size
-            made.append(Change(seq, kind, stored, at, transaction, visible_at))
-        self.head = first + len(made) - 1
-        self._bytes += size + CHANGE_OVERHEAD * len(made)  # Change.size of each
+                    size += stored.size
+            else:
+                size = sum(stored.size for stored in entries)
+        self._facts.update(dict.fromkeys(seqs, (kind, at, transaction, visible_at)))  # one tuple shared
+        self.head = first + len(entries) - 1
+        self._bytes += size + CHANGE_OVERHEAD * len(entries)  # Change.size of each
         if len(held) > self.max_count or self._bytes > self.max_bytes:
             self._trim_size()
-        return made
+        if not made:
+            return []
+        return [
+            Change(seq, kind, stored, at, transaction, visible_at)
+            for seq, stored in zip(seqs, entries, strict=True)
+        ]
 
     def after(self, seq: int, limit: int) -> list[Change]:
         """Up to `limit` changes with a seq above `seq`, in order (from the oldest held, if `seq`

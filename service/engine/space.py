@@ -165,6 +165,8 @@ class SpaceEngine(TransactionsMixin, DeliveriesMixin):
             else None
         )
         self.on_change: Callable[[Change], None] | None = None
+        # ... and the hook told once per call that logged changes, after `on_change` of each.
+        self.on_logged: Callable[[], None] | None = None
 
     # ------------------------------------------------------------------ recovery
 
@@ -316,7 +318,10 @@ class SpaceEngine(TransactionsMixin, DeliveriesMixin):
         if txn is not None:
             self._check_active(txn)
         declared = self._declare_types(entries)
-        self._check_quota(len(entries), sum(entry.size for entry in entries))
+        # a pair's write has one entry: its size without a generator
+        self._check_quota(
+            len(entries), entries[0].size if len(entries) == 1 else sum(e.size for e in entries)
+        )
         first_id, stride = self._next_id, self._ids.stride
         self._next_id = first_id + len(entries) * stride  # `_new_id` of each entry, at once
         written = [
@@ -409,6 +414,8 @@ class SpaceEngine(TransactionsMixin, DeliveriesMixin):
 
     def _check_quota(self, count: int, size: int) -> None:
         settings = self.settings
+        if len(self._entries) + count <= settings.max_entries and self._bytes + size <= settings.max_bytes:
+            return  # fits: the common case, without the closure below made and called
 
         def over() -> bool:
             return (
@@ -718,27 +725,54 @@ class SpaceEngine(TransactionsMixin, DeliveriesMixin):
         transaction: int = 0,
     ) -> None:
         """Log a change for each of a call's entries, in order, at one time (their commit point),
-        and tell the backend's hook. Past the commit point: never raises (a hook that fails is
-        logged; the change has happened)."""
+        and tell the backend's hooks: `on_change` of each change, then `on_logged` once. Past the
+        commit point: never raises (a hook that fails is logged; the change has happened)."""
         changes = self.changes
         if changes is None:
             return
-        made = changes.append_many(kind, entries, self._clock.time(), transaction, visible_at)
         hook = self.on_change
+        # A `Change` per entry only for a hook that reads it (a store's recorder): an in-memory
+        # server's hook only wakes the space's feeds, once per call (docs/performance.md, "The
+        # in-memory path, fourth pass").
         if hook is None:
-            return
-        for change in made:
-            try:
-                hook(change)
-            except Exception:
-                log.exception("space %r: recording change %d failed", self.name, change.seq)
+            if len(entries) == 1:  # a pair's write and take: no batch's dict updates
+                changes.log_one(kind, entries[0], self._clock.time(), transaction, visible_at)
+            else:
+                changes.append_many(kind, entries, self._clock.time(), transaction, visible_at, made=False)
+        else:
+            for change in changes.append_many(kind, entries, self._clock.time(), transaction, visible_at):
+                try:
+                    hook(change)
+                except Exception:
+                    log.exception("space %r: recording change %d failed", self.name, change.seq)
+        self._logged_now()
 
     def _log(
         self, kind: str, stored: StoredEntry, transaction: int = 0, visible_at: float | None = None
     ) -> None:
         """`_log_many` of one entry."""
-        if self.changes is not None:
-            self._log_many(kind, (stored,), visible_at, transaction)
+        changes = self.changes
+        if changes is None:
+            return
+        hook = self.on_change
+        if hook is None:
+            changes.log_one(kind, stored, self._clock.time(), transaction, visible_at)
+        else:
+            change = changes.append(kind, stored, self._clock.time(), transaction, visible_at)
+            try:
+                hook(change)
+            except Exception:
+                log.exception("space %r: recording change %d failed", self.name, change.seq)
+        self._logged_now()
+
+    def _logged_now(self) -> None:
+        """Tell `on_logged` that changes were logged (it wakes the feeds); never raises."""
+        woken = self.on_logged
+        if woken is not None:
+            try:
+                woken()
+            except Exception:
+                log.exception("space %r: telling of new changes failed", self.name)
 
     def _select(
         self, templates: Sequence[Template], limit: int, txn: Transaction | None = None, take: bool = False

@@ -101,8 +101,12 @@ def test_the_log_holds_what_the_model_holds(
     max_count: int, max_age: float, max_bytes: int, ops: list[tuple], limit: int
 ) -> None:
     log = ChangeLog(max_count, max_age, max_bytes)
+    # The same changes logged without making a `Change` (as for an in-memory server's engine:
+    # `log_one` for one entry, `append_many(made=False)` for more) must leave the same log.
+    quiet = ChangeLog(max_count, max_age, max_bytes)
     model = Model(max_count, max_age, max_bytes)
     now, entry_id, before_last = 0.0, 0, None
+    quiet_twin: dict[int, StoredEntry] = {}  # the quiet log's entries, apart (each its own `logged`)
     present: list[StoredEntry] = []  # written entries still in their space
     for op in ops:
         if op[0] == "gone" and present:
@@ -111,6 +115,7 @@ def test_the_log_holds_what_the_model_holds(
             entries = [present[at] for at in dict.fromkeys(pick % len(present) for pick in picks)]
             present = [each for each in present if each not in entries]
             before_last = log.head
+            _log_quietly(quiet, kind, [quiet_twin[stored.id] for stored in entries], now, 0, None)
             made = log.append_many(kind, entries, now)
             expected = [Change(model.head + 1 + at, kind, stored, now) for at, stored in enumerate(entries)]
             assert made == expected
@@ -119,8 +124,11 @@ def test_the_log_holds_what_the_model_holds(
             _, kind, sizes, passed, transaction, visible_at = op
             now += passed
             entries = [_entry(entry_id + at, size) for at, size in enumerate(sizes)]
+            twins = [_entry(entry_id + at, size) for at, size in enumerate(sizes)]
+            quiet_twin.update((twin.id, twin) for twin in twins)
             entry_id += len(sizes)
             before_last = log.head
+            _log_quietly(quiet, kind, twins, now, transaction, visible_at)
             made = log.append_many(kind, entries, now, transaction, visible_at)
             first = model.head + 1
             expected = [
@@ -134,17 +142,22 @@ def test_the_log_holds_what_the_model_holds(
         elif op[0] == "trim":
             now += op[1]
             moved = log.trim(now)
+            assert quiet.trim(now) == moved
             oldest = model.oldest
             model.trim(now)
             assert moved == (model.oldest if model.oldest != oldest else None)
         elif op[0] == "rewind" and before_last is not None:
             log.rewind(before_last)  # the undo of the last batch, as a failed store batch does
+            quiet.rewind(before_last)
             model.rewind(before_last)
             before_last = None
         elif op[0] == "restore":
             held = log.after(log.oldest - 1, log.count)
             restored = ChangeLog(max_count, max_age, max_bytes)
             restored.restore(log.epoch, held, log.head)
+            quiet_held = quiet.after(quiet.oldest - 1, quiet.count)
+            quiet = ChangeLog(max_count, max_age, max_bytes)
+            quiet.restore(log.epoch, quiet_held, log.head)
             log, before_last, present = restored, None, []
         assert (log.oldest, log.head, log.count, log.bytes) == (
             model.oldest,
@@ -152,6 +165,15 @@ def test_the_log_holds_what_the_model_holds(
             len(model.changes),
             model.bytes(),
         )
+        assert (quiet.oldest, quiet.head, quiet.count, quiet.bytes) == (
+            log.oldest,
+            log.head,
+            log.count,
+            log.bytes,
+        )
+        assert [_shown(change) for change in quiet.after(quiet.oldest - 1, quiet.count)] == [
+            _shown(change) for change in log.after(log.oldest - 1, log.count)
+        ]
         for position in range(log.oldest - 1, log.head + 1):
             read, at = [], position
             while at < log.head:
@@ -161,6 +183,20 @@ def test_the_log_holds_what_the_model_holds(
             assert [_shown(change) for change in read] == [
                 _shown(change) for change in model.changes if change.seq > position
             ]
+
+
+def _log_quietly(
+    log: ChangeLog,
+    kind: str,
+    entries: list[StoredEntry],
+    now: float,
+    transaction: int,
+    visible_at: float | None,
+) -> None:
+    if len(entries) == 1:
+        assert log.log_one(kind, entries[0], now, transaction, visible_at) == log.head
+    else:
+        assert log.append_many(kind, entries, now, transaction, visible_at, made=False) == []
 
 
 def test_a_logged_change_keeps_only_an_entry_in_its_space_tracked_by_the_collector() -> None:

@@ -7,6 +7,8 @@ import asyncio
 import gc
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from outrig.service.backends.memory.idempotency import Outcome, RequestLog
 from outrig.service.engine.clock import FakeClock
@@ -72,6 +74,8 @@ def test_an_id_recovered_from_the_store_has_nothing_to_wait_for() -> None:
     ("kind", "result"),
     [
         ("write", [LeaseGrant(7, 1_000.5, 300.0), LeaseGrant(9, None, None)]),
+        ("write", [LeaseGrant(7, 1_000.5, 300.0)]),  # one member: the pair's fast path
+        ("write", [LeaseGrant(7, None, None), "not a grant"]),
         ("take", ["entry-1", "entry-2"]),
         ("deliver", (12, 1, None, None)),
         ("commit", None),
@@ -162,3 +166,33 @@ def test_a_take_s_retry_gets_its_entries_back_and_the_record_keeps_nothing_track
     assert [(entry.id, entry.payload, entry.lineage, dict(entry.fields)) for entry in found.result] == [
         (entry.id, entry.payload, entry.lineage, dict(entry.fields)) for entry in (_taken(7), _taken(1_007))
     ]
+
+
+def _shown(result: list[object]) -> list[object]:
+    """A result as a retry compares it: a taken entry by its attributes and fields."""
+    return [
+        (each.id, each.payload, each.lineage, dict(each.fields)) if isinstance(each, StoredEntry) else each
+        for each in result
+    ]
+
+
+_MEMBERS = st.one_of(
+    st.builds(
+        LeaseGrant, st.integers(1, 1 << 40), st.none() | st.floats(0, 1e10), st.none() | st.floats(0, 1e6)
+    ),
+    st.builds(_taken, st.integers(0, 1 << 20)),
+    st.integers(),
+    st.text(max_size=5),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(result=st.lists(_MEMBERS, max_size=4))
+def test_a_retry_gets_any_list_back_as_the_first_call_returned_it(result: list[object]) -> None:
+    # lists of one member, of grants or entries only, and mixed lists take different forms
+    log = RequestLog(60.0, FakeClock())
+    log.finish(log.begin("id", "jobs", "take"), result)
+    found = log.find("id", "jobs", "take")
+    assert found is not None and found.result.__class__ is list
+    assert [each.__class__ for each in found.result] == [each.__class__ for each in result]
+    assert _shown(found.result) == _shown(result)

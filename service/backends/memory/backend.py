@@ -224,6 +224,8 @@ class MemoryBackend(DeliveringMixin, ChangesMixin):
     def use_journal(self, journal: Journal) -> None:
         """Record every change from now on in `journal`."""
         self._recorder = Recorder(journal, self._requests)
+        for name, engine in self._spaces.items():  # their change hooks, for the recorder
+            self._watch_changes(name, engine)
 
     async def close(self) -> None:
         """Stop taking work: end blocked calls and notify streams. The store stays open for

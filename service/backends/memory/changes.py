@@ -1,8 +1,9 @@
 """The memory backend's change feeds (issue 24): readers of a space's change log, its durable
 subscriptions, and the records that make the log durable (engine/changes.py has the log).
 
-A mixin, as deliveries.py is: `MemoryBackend` inherits it and sets each engine's `on_change` hook
-to `_changed`, which records the change (on a durable server) and wakes the space's feeds.
+A mixin, as deliveries.py is: `MemoryBackend` inherits it and sets each engine's hooks: on a
+durable server `on_change` to `_changed`, which records each change, and `on_logged`, told once per
+call that logged changes, to `wake_feeds`, which wakes the space's feeds.
 
 A feed is one loop over the log: from its position it reads the changes after it, in order, a
 batch at a time, and at the head it waits on the space's signal, an `asyncio.Event` set (and
@@ -22,6 +23,7 @@ answers once durable).
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -177,15 +179,21 @@ class ChangesMixin:
         self._trim_recorded: dict[str, int] = {}  # the oldest seq the store was last told of
 
     def _watch_changes(self, name: str, engine: SpaceEngine) -> None:
-        """Have `engine` tell this backend of each change it logs."""
+        """Have `engine` tell this backend of the changes it logs: each change, if a store
+        records them (`_changed`), and then, once per call, that there are new ones (which wakes
+        the space's feeds). In memory only, no `Change` is made for the first (`use_journal`
+        watches the spaces again when a store comes)."""
         if engine.changes is not None:
-            engine.on_change = lambda change: self._changed(name, engine, change)
+            engine.on_logged = functools.partial(self.wake_feeds, name)  # a frame less than a lambda
+            if self._recorder is not None:
+                engine.on_change = lambda change: self._changed(name, engine, change)
 
     # ------------------------------------------------------------------ recording
 
     def _changed(self, space: str, engine: SpaceEngine, change: Change) -> None:
-        """The engine's hook: record `change` in the batch of the change itself, and wake the
-        space's feeds. Never raises (it runs past the engine's commit point)."""
+        """The engine's hook: record `change` in the batch of the change itself (the engine's
+        `on_logged` then wakes the space's feeds). Never raises (it runs past the engine's
+        commit point)."""
         recorder = self._recorder
         if recorder is not None:
             journal = recorder.journal
@@ -212,7 +220,6 @@ class ChangesMixin:
                 future, _ = journal.submit(records, rewind if journal.waits else None, own=False)
                 if journal.waits:
                     self._track_batch(space, future, seq)
-        self.wake_feeds(space)
 
     def _track_batch(self, space: str, future: asyncio.Future[None], seq: int) -> None:
         """Remember that `seq` is durable once `future` (its batch) is."""

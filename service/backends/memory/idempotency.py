@@ -96,11 +96,21 @@ def _finished(outcome: Outcome, result: Any) -> _Finished:
     expires_at, granted) values, any other list as its members (a retry is given a list again)."""
     head = (outcome.space, outcome.kind, outcome.expires_at)
     if result.__class__ is list:
-        if result and all(each.__class__ is LeaseGrant for each in result):
+        # By the first member's class, then (for more than one) all of them: a pair's write and
+        # take keep one member each, and skip the generators.
+        first = result[0].__class__ if result else None
+        if first is LeaseGrant and (len(result) == 1 or all(each.__class__ is LeaseGrant for each in result)):
+            if len(result) == 1:
+                grant = result[0]
+                return (*head, _LEASES, grant.id, grant.expires_at, grant.granted)
             leases = [value for grant in result for value in (grant.id, grant.expires_at, grant.granted)]
             return (*head, _LEASES, *leases)
-        if result and all(each.__class__ is StoredEntry for each in result):
+        if first is StoredEntry and (
+            len(result) == 1 or all(each.__class__ is StoredEntry for each in result)
+        ):
             # the change log froze each at its take (its `frozen`), unless the space logs none
+            if len(result) == 1:
+                return (*head, _ENTRIES, result[0].frozen or frozen_entry(result[0]))
             return (*head, _ENTRIES, *[each.frozen or frozen_entry(each) for each in result])
         return (*head, _LIST, *result)
     return (*head, _AS_GIVEN, result)
