@@ -1,0 +1,237 @@
+"""The SDK client's instructions per write+take pair, counted by valgrind's callgrind: the client's
+CPU per operation, which the load of a shared machine does not move.
+
+    python bench/client_instructions.py [--python PATH ...] [--pairs N1,N2] [--shapes sync,aio1,aio10,redis]
+
+One in-memory `outrig serve` of this checkout runs outside valgrind for the whole run. For each
+interpreter given (default: this one; another checkout's `.venv/bin/python` imports that
+checkout's SDK) and each client shape, a client process runs under ``valgrind --tool=callgrind``
+twice, doing N1 and then N2 pairs after the same warm-up (PYTHONHASHSEED=0); the difference of the
+two totals over N2 - N1 is the client's instructions (Ir) per pair, start-up, imports and
+connecting cancelled out. callgrind counts every thread of the process together: gRPC's C core's
+threads and the Mux stream's sending and reading threads too. A pair is bench/mux.py's: write one
+small entry (bench/workloads.py's pair entry, lease 300 s), then take it back (its client number
+set in the template, timeout 10 s). Shapes:
+  - ``sync``: one blocking `outrig.Space` (over its Mux stream, the default);
+  - ``unary``: the same with ``mux=False``;
+  - ``aio1``: one `outrig.aio.AsyncSpace`, one task;
+  - ``aio10``: one AsyncSpace, 10 tasks, each doing N / 10 of the pairs;
+  - ``redis``: for scale, redis-py's blocking client doing LPUSH + BRPOP of the same bytes
+    against a `redis-server` of its own (this interpreter's redis package; skipped when
+    redis-server is missing).
+The client script is this file, run by the given interpreter with only `outrig` (and `redis`)
+imported, so a checkout without this bench can be measured. Needs valgrind; a client under it
+runs about 50 times slower, so a shape takes a minute or two. Asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+_COLLECTED = re.compile(r"Collected : (\d+)")
+SPACE = "bench-client"
+WARMUP = 50  # pairs before the counted ones: caches, the stream, the first Locate
+LEASE = 300.0
+WAIT = 10.0
+TASKS = 10
+SHAPES = ("sync", "aio1", "aio10", "redis")
+ALL_SHAPES = ("sync", "unary", "aio1", "aio10", "redis")
+
+
+# ---------------------------------------------------------------- the client process
+
+
+def _entry_class() -> type:
+    # Declared here, not imported from bench/entries.py: another checkout's interpreter runs this
+    # file, and the entry must be bench/mux.py's (same type name, same fields) whatever it finds.
+    from dataclasses import dataclass as entry_dataclass
+
+    import outrig
+
+    @entry_dataclass
+    class Small(outrig.Entry, type_name="bench.Small"):
+        key: int | None = None
+        client: int | None = None
+        group: str | None = None
+        note: str | None = None
+
+    return Small
+
+
+def _pair(small: type, number: int) -> tuple[object, object]:
+    return small(key=1000, client=number, group="pair", note="x" * 32), small(client=number)
+
+
+def _client_sync(address: str, pairs: int, mux: bool) -> None:
+    import outrig
+
+    small = _entry_class()
+    entry, template = _pair(small, 0)
+    with outrig.connect(address, space=SPACE, mux=mux) as space:
+        for _ in range(WARMUP + pairs):
+            space.write(entry, lease=LEASE)
+            if space.take(template, timeout=WAIT) is None:
+                raise SystemExit("a take of the entry just written found nothing")
+
+
+def _client_async(address: str, pairs: int, tasks: int) -> None:
+    import outrig.aio
+
+    small = _entry_class()
+
+    async def run() -> None:
+        async with outrig.aio.connect(address, space=SPACE) as space:
+
+            async def loop(number: int, count: int) -> None:
+                entry, template = _pair(small, number)
+                for _ in range(count):
+                    await space.write(entry, lease=LEASE)
+                    if await space.take(template, timeout=WAIT) is None:
+                        raise SystemExit("a take of the entry just written found nothing")
+
+            await asyncio.gather(*(loop(n, WARMUP // tasks) for n in range(tasks)))
+            await asyncio.gather(*(loop(n, pairs // tasks) for n in range(tasks)))
+
+    asyncio.run(run())
+
+
+def _client_redis(address: str, pairs: int) -> None:
+    import redis
+
+    import outrig
+
+    host, _, port = address.rpartition(":")
+    client = redis.Redis(host=host, port=int(port))
+    payload = outrig.entry_to_bytes(_pair(_entry_class(), 0)[0])  # the bytes outrig's pair carries
+    key = "bench:client:0"
+    try:
+        for _ in range(WARMUP + pairs):
+            client.lpush(key, payload)
+            if client.brpop([key], timeout=WAIT) is None:
+                raise SystemExit("a BRPOP of the value just pushed found nothing")
+    finally:
+        client.close()
+
+
+def client(shape: str, address: str, pairs: int) -> None:
+    if shape in ("sync", "unary"):
+        _client_sync(address, pairs, mux=shape == "sync")
+    elif shape == "aio1":
+        _client_async(address, pairs, 1)
+    elif shape == "aio10":
+        _client_async(address, pairs, TASKS)
+    elif shape == "redis":
+        _client_redis(address, pairs)
+    else:
+        raise SystemExit(f"unknown shape {shape!r}")
+
+
+# ---------------------------------------------------------------- counting
+
+
+@dataclass(frozen=True)
+class Count:
+    low: int
+    high: int
+    pairs: int  # N2 - N1
+
+    @property
+    def per_pair(self) -> float:
+        return (self.high - self.low) / self.pairs
+
+
+def instructions(python: str, shape: str, address: str, pairs: int, out: str = "/dev/null") -> int:
+    """callgrind's instruction count of one client process doing `pairs` pairs (after WARMUP)."""
+    done = subprocess.run(
+        [
+            "valgrind",
+            "--tool=callgrind",
+            f"--callgrind-out-file={out}",
+            str(Path(python).absolute()),
+            str(Path(__file__).resolve()),
+            "--client",
+            shape,
+            "--address",
+            address,
+            "--count",
+            str(pairs),
+        ],
+        env={**os.environ, "PYTHONHASHSEED": "0"},
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"the {shape} client failed ({done.returncode}): {done.stderr[-1500:]}")
+    found = _COLLECTED.search(done.stderr)
+    if found is None:
+        raise SystemExit(f"no instruction count from valgrind: {done.stderr[-500:]}")
+    return int(found.group(1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--python", action="append", help="an interpreter (repeatable); default this one")
+    parser.add_argument("--pairs", default="100,600", help="the two run sizes (default 100,600)")
+    parser.add_argument(
+        "--shapes", default=",".join(SHAPES), help=f"of {', '.join(ALL_SHAPES)} (default {','.join(SHAPES)})"
+    )
+    parser.add_argument("--profile", metavar="DIR", help="keep the N2 runs' callgrind files in DIR")
+    parser.add_argument("--client", help=argparse.SUPPRESS)
+    parser.add_argument("--address", help=argparse.SUPPRESS)
+    parser.add_argument("--count", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.client:
+        client(args.client, args.address, args.count)
+        return
+    from servers import start_outrig, start_redis, stop_all
+
+    small, large = (int(n) for n in args.pairs.split(","))
+    shapes = args.shapes.split(",")
+    pythons = args.python or [sys.executable]
+    version = sys.version.split()[0]
+    print(f"client instructions per pair (callgrind), {os.cpu_count()} cores, Python {version}")
+    print(f"pairs {small} and {large} after {WARMUP} of warm-up; one in-memory outrig serve of this checkout")
+    workdir = Path(tempfile.mkdtemp(prefix="outrig-client-ir-"))
+    servers = [start_outrig(workdir)]
+    try:
+        if "redis" in shapes and shutil.which("redis-server"):
+            servers.append(start_redis(workdir))
+        for shape in shapes:
+            if shape == "redis":
+                if len(servers) < 2:
+                    print("redis: skipped, no redis-server (apt-get install -y redis-server)")
+                    continue
+                runs = [sys.executable]  # redis-py is the same whichever checkout
+                address = servers[1].address
+            else:
+                runs, address = pythons, servers[0].address
+            for python in runs:
+                out = "/dev/null"
+                if args.profile:
+                    Path(args.profile).mkdir(parents=True, exist_ok=True)
+                    tag = Path(python).absolute().parents[2].name
+                    out = str(Path(args.profile) / f"callgrind.{shape}.{tag}")
+                low = instructions(python, shape, address, small)
+                high = instructions(python, shape, address, large, out)
+                count = Count(low, high, large - small)
+                print(
+                    f"{shape:<6} {python}: {count.per_pair:,.0f} Ir per pair ({low:,} / {high:,})",
+                    flush=True,
+                )
+    finally:
+        stop_all(servers, workdir)
+
+
+if __name__ == "__main__":
+    main()
