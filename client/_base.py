@@ -30,6 +30,7 @@ from outrig._codec import (
     iter_templates,
 )
 from outrig._delivery import Settle, check_ack, fill_ack, fill_settle, fill_visibility, settle_list
+from outrig._entry import Entry
 from outrig._exceptions import (
     InternalError,
     NotOwnerError,
@@ -296,12 +297,16 @@ def check_connect_args(space: object, retry_deadline: object) -> None:
 
 def _check_seconds(value: object, what: str) -> float:
     # Only the type: the server validates ranges, and a second copy of its rules would drift.
+    if type(value) is float:  # the usual case, without the two isinstance checks
+        return value
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"{what} must be a number of seconds, got {type(value).__name__}")
     return float(value)
 
 
 def _check_count(value: object, what: str) -> int:
+    if type(value) is int and value >= 0:  # the usual case (bool is not int's type, only its subclass)
+        return value
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{what} must be an int, got {type(value).__name__}")
     if value < 0:  # the wire type is unsigned, so this could not even be sent
@@ -669,7 +674,8 @@ class BaseSpace:
         )
         encode_entry_into(request.entry, entry)
         _fill_lease(request.lease, lease)
-        fill_visibility(request, delay, visible_at)
+        if delay is not None or visible_at is not None:
+            fill_visibility(request, delay, visible_at)
         return request
 
     def _write_many_request(
@@ -696,6 +702,7 @@ class BaseSpace:
         if_exists: bool = False,
         max_entries: int = 0,
         order_by: OrderBy = None,
+        request_id: str = "",
     ) -> pb.MatchRequest:
         request = pb.MatchRequest(
             space=self._name,
@@ -703,9 +710,11 @@ class BaseSpace:
             if_exists=if_exists,
             max_entries=_check_count(max_entries, "max_entries"),
             transaction=self._transaction,
+            request_id=request_id,
         )
         _fill_templates(request.templates, templates)
-        fill_order(request.order_by, order_by)
+        if order_by is not None:  # reading request.order_by makes a wrapper object: not for nothing
+            fill_order(request.order_by, order_by)
         return request
 
     def _take_request(
@@ -722,6 +731,16 @@ class BaseSpace:
     ) -> pb.MatchRequest:
         # A take changes the space, so a retry must not take a second entry: the id lets the
         # server answer it with the entry the first attempt took.
+        if ack is None and settle is None and type(max_deliveries) is int and not max_deliveries:
+            # A plain take, which check_ack and settle_list would pass as it is.
+            return self._match_request(
+                templates,
+                timeout,
+                if_exists=if_exists,
+                max_entries=max_entries,
+                order_by=order_by,
+                request_id=self._request_id(),
+            )
         checked = check_ack(ack, max_deliveries)
         settled = settle_list(self._name, settle)
         request = self._match_request(
@@ -815,6 +834,9 @@ def _check_name(name: object) -> str:
 
 
 def _fill_templates(target: Any, templates: Templates) -> None:
+    if isinstance(templates, Entry):  # one template, the usual case: no tuple around it
+        encode_template_into(target.add(), templates)
+        return
     for template in iter_templates(templates):
         encode_template_into(target.add(), template)
 
