@@ -37,6 +37,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import outrig
+
 _COLLECTED = re.compile(r"Collected : (\d+)")
 SPACE = "bench-client"
 WARMUP = 50  # pairs before the counted ones: caches, the stream, the first Locate
@@ -50,32 +52,23 @@ ALL_SHAPES = ("sync", "unary", "aio1", "aio10", "redis")
 # ---------------------------------------------------------------- the client process
 
 
-def _entry_class() -> type:
-    # Declared here, not imported from bench/entries.py: another checkout's interpreter runs this
-    # file, and the entry must be bench/mux.py's (same type name, same fields) whatever it finds.
-    from dataclasses import dataclass as entry_dataclass
+@dataclass
+class Small(outrig.Entry, type_name="bench.Small"):
+    """bench/entries.py's pair entry, declared here: another checkout's interpreter runs this file
+    (with its own SDK), and the entry must be bench/mux.py's (same type name, same fields)."""
 
-    import outrig
-
-    @entry_dataclass
-    class Small(outrig.Entry, type_name="bench.Small"):
-        key: int | None = None
-        client: int | None = None
-        group: str | None = None
-        note: str | None = None
-
-    return Small
+    key: int | None = None
+    client: int | None = None
+    group: str | None = None
+    note: str | None = None
 
 
-def _pair(small: type, number: int) -> tuple[object, object]:
-    return small(key=1000, client=number, group="pair", note="x" * 32), small(client=number)
+def _pair(number: int) -> tuple[Small, Small]:
+    return Small(key=1000, client=number, group="pair", note="x" * 32), Small(client=number)
 
 
 def _client_sync(address: str, pairs: int, mux: bool) -> None:
-    import outrig
-
-    small = _entry_class()
-    entry, template = _pair(small, 0)
+    entry, template = _pair(0)
     with outrig.connect(address, space=SPACE, mux=mux) as space:
         for _ in range(WARMUP + pairs):
             space.write(entry, lease=LEASE)
@@ -86,13 +79,11 @@ def _client_sync(address: str, pairs: int, mux: bool) -> None:
 def _client_async(address: str, pairs: int, tasks: int) -> None:
     import outrig.aio
 
-    small = _entry_class()
-
     async def run() -> None:
         async with outrig.aio.connect(address, space=SPACE) as space:
 
             async def loop(number: int, count: int) -> None:
-                entry, template = _pair(small, number)
+                entry, template = _pair(number)
                 for _ in range(count):
                     await space.write(entry, lease=LEASE)
                     if await space.take(template, timeout=WAIT) is None:
@@ -107,11 +98,9 @@ def _client_async(address: str, pairs: int, tasks: int) -> None:
 def _client_redis(address: str, pairs: int) -> None:
     import redis
 
-    import outrig
-
     host, _, port = address.rpartition(":")
     client = redis.Redis(host=host, port=int(port))
-    payload = outrig.entry_to_bytes(_pair(_entry_class(), 0)[0])  # the bytes outrig's pair carries
+    payload = outrig.entry_to_bytes(_pair(0)[0])  # the bytes outrig's pair carries
     key = "bench:client:0"
     try:
         for _ in range(WARMUP + pairs):

@@ -404,6 +404,7 @@ class _Connection:
         "_partitioning",
         "_routes",
         "closed",
+        "everything_home",
         "home",
     )
 
@@ -420,6 +421,9 @@ class _Connection:
         self._partitioning: dict[str, tuple[str, int]] = {}
         self._last_key: tuple[object, str] = (None, "")
         self._lock = threading.Lock()
+        # No route has left the home link and no space is partitioned (so far: never set back),
+        # the case of a lone server: `op` then skips routing a call a second time.
+        self.everything_home = True
 
     def route_via(self, dial: Callable[[str], Any]) -> None:
         """Turn direct routing on: `dial` opens a channel to an owner's address."""
@@ -428,6 +432,8 @@ class _Connection:
     def op(self, name: str, request: Message) -> Any:
         """Run the op `name` on the link of the request's space, or of its partition (ListSpaces:
         the home link)."""
+        if self.everything_home:
+            return self.home.ops[name](request)
         space = getattr(request, "space", None)
         return self.link(None if space is None else self.route_key(space, request)).ops[name](request)
 
@@ -499,9 +505,12 @@ class _Connection:
         with self._lock:
             if partitioning is not None and "~" not in space:  # a space's, not a partition's
                 self._partitioning[space] = partitioning
+                self.everything_home = False
             route = self._routes[space]
             route.locating = False
             route.address = None if owner is None or owner == self.home.address else owner
+            if route.address is not None:
+                self.everything_home = False
             route.due = time.monotonic() + self._pause(route) if again else None
 
     def reroute(self, space: str, used: str | None, err: OutrigError) -> None:
@@ -519,6 +528,8 @@ class _Connection:
             if owner and owner != here:
                 route.address = None if owner == self.home.address else owner
                 route.due = None
+                if route.address is not None:
+                    self.everything_home = False
             elif used is not None:
                 route.strikes = route.strikes + 1 if route.failed == used else 1
                 route.failed = used
@@ -654,9 +665,10 @@ class BaseSpace:
         self._retry_counter.add()
         return True
 
-    def _attempts(self, request: M) -> Attempts[M]:
-        """The retry schedule of one logical call that sends ``request``."""
-        return Attempts(request, self._retry_policy, self._retry_counter)
+    def _attempts(self, request: M, started: float | None = None) -> Attempts[M]:
+        """The retry schedule of one logical call that sends ``request`` (begun at `started`, on
+        time.monotonic's clock; None: now)."""
+        return Attempts(request, self._retry_policy, self._retry_counter, started=started)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self._name!r})"

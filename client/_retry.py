@@ -118,13 +118,14 @@ class Attempts(Generic[M]):
         *,
         clock: Callable[[], float] = time.monotonic,
         jitter: Callable[[], float] = random.random,
+        started: float | None = None,
     ) -> None:
         self._request = request
         self._policy = policy
         self._counter = counter
         self._clock = clock
         self._jitter = jitter
-        self._started = clock()
+        self._started = clock() if started is None else started  # given: made at a first failure
         self._failed_at: float | None = None
         self._retries = 0
         # Only a read or take that waits has a timeout to shorten on a retry.

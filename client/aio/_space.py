@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
 from types import TracebackType
 from typing import Any, TypeVar, overload
@@ -47,6 +48,7 @@ from outrig._codec import AnyEntry, decode_entries
 from outrig._delivery import Settle, ack_many_request, acked_many, check_ack, deliveries_of, mark_settled
 from outrig._exceptions import DeadlineExceededError, OutrigError, UnavailableError
 from outrig._matchers import OrderBy
+from outrig._retry import Attempts
 from outrig._tls import TLS, channel_credentials, token_metadata
 from outrig.aio._changes import AsyncChangeStream
 from outrig.aio._delivery import AsyncDeliveries, AsyncDelivery, AsyncTaking
@@ -562,24 +564,31 @@ class AsyncSpace(BaseSpace):
     ) -> Reply:
         """Make a unary call, retrying it on UNAVAILABLE as long as the retry policy allows; each
         attempt goes where the space's calls go now (see `outrig.Space._call`)."""
-        attempts = self._attempts(request)
+        # The retry schedule is made at the first failure, from when the call began: a call that
+        # succeeds at once (nearly all) needs none.
+        started = time.monotonic()
+        attempts: Attempts[Request] | None = None
         connection = self._connection
         while True:
             self._check_open()
-            key = self._name if home else connection.route_key(self._name, attempts.request)
+            if attempts is not None:
+                request = attempts.request  # what remains of a take's timeout
+            key = self._name if home else connection.route_key(self._name, request)
             while not home and connection.locate_due(key):
                 await self._relocate(key)  # a partitioned space's first: then its partition's
-                key = connection.route_key(self._name, attempts.request)
-            if key != self._name and not getattr(attempts.request, "transaction", 0):
+                key = connection.route_key(self._name, request)
+            if key != self._name and not getattr(request, "transaction", 0):
                 # A call of one partition names it: the server serves it without routing it again.
-                attempts.request.space = key  # type: ignore[attr-defined]
+                request.space = key  # type: ignore[attr-defined]
             used = None if home else connection.route_of(key)
             try:
                 with rpc_errors:
-                    return await method(attempts.request)
+                    return await method(request)
             except UnavailableError as err:
                 if not home:
                     connection.reroute(key, used, err)
+                if attempts is None:
+                    attempts = self._attempts(request, started)
                 delay = attempts.backoff()
                 if delay is None:
                     raise
