@@ -451,6 +451,17 @@ class _Connection:
         self._last_key = (request, key)
         return key
 
+    def settled_home(self, space: str) -> bool:
+        """Whether `space`'s calls go over the home link with nothing to work out first: no
+        Locate due, no partition to route by, no owner elsewhere (what `route_key`, `locate_due`
+        and `route_of` would each find, for a lone server's space once its first call asked)."""
+        if self._dial is None:
+            return True  # never routed: no route and no partitioning is ever recorded
+        if not self.everything_home:
+            return False
+        route = self._routes.get(space)
+        return route is not None and route.due is None
+
     def route_of(self, space: str) -> str | None:
         """The address the space's calls go to now; None: the home link."""
         route = self._routes.get(space)

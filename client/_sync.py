@@ -54,9 +54,10 @@ from outrig._delivery import (
     deliveries_of,
     mark_settled,
 )
-from outrig._exceptions import DeadlineExceededError, OutrigError, UnavailableError
+from outrig._exceptions import DeadlineExceededError, OutrigError, UnavailableError, error_from_rpc
 from outrig._matchers import OrderBy
 from outrig._mux import Mux
+from outrig._mux_wire import closed
 from outrig._retry import Attempts
 from outrig._streams import ResumableStream
 from outrig._tls import TLS, channel_credentials, token_metadata
@@ -715,20 +716,26 @@ class Space(BaseSpace):
         attempts: Attempts[Request] | None = None
         connection = self._connection
         while True:
-            self._check_open()
+            if connection.closed:  # _check_open, inline
+                raise closed()
             if attempts is not None:
                 request = attempts.request  # what remains of a take's timeout
-            key = self._name if home else connection.route_key(self._name, request)
-            while not home and connection.locate_due(key):
-                self._relocate(key)  # a partitioned space's first: then its partition's
+            key, used = self._name, None
+            if not home and not connection.settled_home(key):  # else nothing to route
                 key = connection.route_key(self._name, request)
-            if key != self._name and not getattr(request, "transaction", 0):
-                # A call of one partition names it: the server serves it without routing it again.
-                request.space = key  # type: ignore[attr-defined]
-            used = None if home else connection.route_of(key)
+                while connection.locate_due(key):
+                    self._relocate(key)  # a partitioned space's first: then its partition's
+                    key = connection.route_key(self._name, request)
+                if key != self._name and not getattr(request, "transaction", 0):
+                    # A call of one partition names it: the server serves it without routing it
+                    # again.
+                    request.space = key  # type: ignore[attr-defined]
+                used = connection.route_of(key)
             try:
-                with rpc_errors:
+                try:  # rpc_errors, inline: its __enter__ and __exit__ are two calls per call
                     return method(request)
+                except grpc.RpcError as err:
+                    raise error_from_rpc(err) from err
             except UnavailableError as err:
                 if not home:
                     connection.reroute(key, used, err)

@@ -46,8 +46,9 @@ from outrig._base import (
 from outrig._changes import ChangeFeedState, delete_subscription_request
 from outrig._codec import AnyEntry, decode_entries
 from outrig._delivery import Settle, ack_many_request, acked_many, check_ack, deliveries_of, mark_settled
-from outrig._exceptions import DeadlineExceededError, OutrigError, UnavailableError
+from outrig._exceptions import DeadlineExceededError, OutrigError, UnavailableError, error_from_rpc
 from outrig._matchers import OrderBy
+from outrig._mux_wire import closed
 from outrig._retry import Attempts
 from outrig._tls import TLS, channel_credentials, token_metadata
 from outrig.aio._changes import AsyncChangeStream
@@ -570,20 +571,26 @@ class AsyncSpace(BaseSpace):
         attempts: Attempts[Request] | None = None
         connection = self._connection
         while True:
-            self._check_open()
+            if connection.closed:  # _check_open, inline
+                raise closed()
             if attempts is not None:
                 request = attempts.request  # what remains of a take's timeout
-            key = self._name if home else connection.route_key(self._name, request)
-            while not home and connection.locate_due(key):
-                await self._relocate(key)  # a partitioned space's first: then its partition's
+            key, used = self._name, None
+            if not home and not connection.settled_home(key):  # else nothing to route
                 key = connection.route_key(self._name, request)
-            if key != self._name and not getattr(request, "transaction", 0):
-                # A call of one partition names it: the server serves it without routing it again.
-                request.space = key  # type: ignore[attr-defined]
-            used = None if home else connection.route_of(key)
+                while connection.locate_due(key):
+                    await self._relocate(key)  # a partitioned space's first: then its partition's
+                    key = connection.route_key(self._name, request)
+                if key != self._name and not getattr(request, "transaction", 0):
+                    # A call of one partition names it: the server serves it without routing it
+                    # again.
+                    request.space = key  # type: ignore[attr-defined]
+                used = connection.route_of(key)
             try:
-                with rpc_errors:
+                try:  # rpc_errors, inline: its __enter__ and __exit__ are two calls per call
                     return await method(request)
+                except grpc.RpcError as err:
+                    raise error_from_rpc(err) from err
             except UnavailableError as err:
                 if not home:
                     connection.reroute(key, used, err)
