@@ -170,7 +170,9 @@ class BaseLease:
     def __init__(self, space_name: str, message: pb.Lease) -> None:
         self._space_name = space_name
         self._id: int = message.id
-        self._update(message)
+        # _update, inline: a lease is made for every write, renewed far more seldom.
+        self._expires_at = message.expires_at or None  # 0 on the wire means never
+        self._duration = message.granted_seconds if message.HasField("granted_seconds") else None
 
     @property
     def id(self) -> int:
@@ -869,7 +871,8 @@ def _fill_templates(target: Any, templates: Templates) -> None:
 
 def first_entry(reply: pb.MatchReply) -> AnyEntry | None:
     """The entry of a read/take reply, or None when nothing matched in time."""
-    return decode_entry(reply.entries[0]) if reply.entries else None
+    entries = reply.entries  # read once: each read of a repeated field makes a wrapper object
+    return decode_entry(entries[0]) if entries else None
 
 
 def registration_of(reply: pb.NotifyReply | None) -> pb.Lease:

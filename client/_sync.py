@@ -778,7 +778,7 @@ class Lease(BaseLease):
     __slots__ = ("_space",)
 
     def __init__(self, space: Space, message: pb.Lease) -> None:
-        super().__init__(space.name, message)
+        super().__init__(space._name, message)  # the attribute, not the property: a call fewer
         self._space = space
 
     def renew(self, duration: LeaseArg) -> Lease:

@@ -630,7 +630,7 @@ class AsyncLease(BaseLease):
     __slots__ = ("_space",)
 
     def __init__(self, space: AsyncSpace, message: pb.Lease) -> None:
-        super().__init__(space.name, message)
+        super().__init__(space._name, message)  # the attribute, not the property: a call fewer
         self._space = space
 
     async def renew(self, duration: LeaseArg) -> AsyncLease:
