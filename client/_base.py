@@ -30,6 +30,7 @@ from outrig._codec import (
     iter_templates,
 )
 from outrig._delivery import Settle, check_ack, fill_ack, fill_settle, fill_visibility, settle_list
+from outrig._entry import Entry
 from outrig._exceptions import (
     InternalError,
     NotOwnerError,
@@ -169,7 +170,9 @@ class BaseLease:
     def __init__(self, space_name: str, message: pb.Lease) -> None:
         self._space_name = space_name
         self._id: int = message.id
-        self._update(message)
+        # _update, inline: a lease is made for every write, renewed far more seldom.
+        self._expires_at = message.expires_at or None  # 0 on the wire means never
+        self._duration = message.granted_seconds if message.HasField("granted_seconds") else None
 
     @property
     def id(self) -> int:
@@ -296,12 +299,16 @@ def check_connect_args(space: object, retry_deadline: object) -> None:
 
 def _check_seconds(value: object, what: str) -> float:
     # Only the type: the server validates ranges, and a second copy of its rules would drift.
+    if type(value) is float:  # the usual case, without the two isinstance checks
+        return value
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"{what} must be a number of seconds, got {type(value).__name__}")
     return float(value)
 
 
 def _check_count(value: object, what: str) -> int:
+    if type(value) is int and value >= 0:  # the usual case (bool is not int's type, only its subclass)
+        return value
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{what} must be an int, got {type(value).__name__}")
     if value < 0:  # the wire type is unsigned, so this could not even be sent
@@ -399,6 +406,7 @@ class _Connection:
         "_partitioning",
         "_routes",
         "closed",
+        "everything_home",
         "home",
     )
 
@@ -415,6 +423,9 @@ class _Connection:
         self._partitioning: dict[str, tuple[str, int]] = {}
         self._last_key: tuple[object, str] = (None, "")
         self._lock = threading.Lock()
+        # No route has left the home link and no space is partitioned (so far: never set back),
+        # the case of a lone server: `op` then skips routing a call a second time.
+        self.everything_home = True
 
     def route_via(self, dial: Callable[[str], Any]) -> None:
         """Turn direct routing on: `dial` opens a channel to an owner's address."""
@@ -423,6 +434,8 @@ class _Connection:
     def op(self, name: str, request: Message) -> Any:
         """Run the op `name` on the link of the request's space, or of its partition (ListSpaces:
         the home link)."""
+        if self.everything_home:
+            return self.home.ops[name](request)
         space = getattr(request, "space", None)
         return self.link(None if space is None else self.route_key(space, request)).ops[name](request)
 
@@ -439,6 +452,17 @@ class _Connection:
         key = space if k is None else f"{space}~{k}"
         self._last_key = (request, key)
         return key
+
+    def settled_home(self, space: str) -> bool:
+        """Whether `space`'s calls go over the home link with nothing to work out first: no
+        Locate due, no partition to route by, no owner elsewhere (what `route_key`, `locate_due`
+        and `route_of` would each find, for a lone server's space once its first call asked)."""
+        if self._dial is None:
+            return True  # never routed: no route and no partitioning is ever recorded
+        if not self.everything_home:
+            return False
+        route = self._routes.get(space)
+        return route is not None and route.due is None
 
     def route_of(self, space: str) -> str | None:
         """The address the space's calls go to now; None: the home link."""
@@ -494,9 +518,12 @@ class _Connection:
         with self._lock:
             if partitioning is not None and "~" not in space:  # a space's, not a partition's
                 self._partitioning[space] = partitioning
+                self.everything_home = False
             route = self._routes[space]
             route.locating = False
             route.address = None if owner is None or owner == self.home.address else owner
+            if route.address is not None:
+                self.everything_home = False
             route.due = time.monotonic() + self._pause(route) if again else None
 
     def reroute(self, space: str, used: str | None, err: OutrigError) -> None:
@@ -514,6 +541,8 @@ class _Connection:
             if owner and owner != here:
                 route.address = None if owner == self.home.address else owner
                 route.due = None
+                if route.address is not None:
+                    self.everything_home = False
             elif used is not None:
                 route.strikes = route.strikes + 1 if route.failed == used else 1
                 route.failed = used
@@ -649,9 +678,10 @@ class BaseSpace:
         self._retry_counter.add()
         return True
 
-    def _attempts(self, request: M) -> Attempts[M]:
-        """The retry schedule of one logical call that sends ``request``."""
-        return Attempts(request, self._retry_policy, self._retry_counter)
+    def _attempts(self, request: M, started: float | None = None) -> Attempts[M]:
+        """The retry schedule of one logical call that sends ``request`` (begun at `started`, on
+        time.monotonic's clock; None: now)."""
+        return Attempts(request, self._retry_policy, self._retry_counter, started=started)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self._name!r})"
@@ -669,7 +699,8 @@ class BaseSpace:
         )
         encode_entry_into(request.entry, entry)
         _fill_lease(request.lease, lease)
-        fill_visibility(request, delay, visible_at)
+        if delay is not None or visible_at is not None:
+            fill_visibility(request, delay, visible_at)
         return request
 
     def _write_many_request(
@@ -696,6 +727,7 @@ class BaseSpace:
         if_exists: bool = False,
         max_entries: int = 0,
         order_by: OrderBy = None,
+        request_id: str = "",
     ) -> pb.MatchRequest:
         request = pb.MatchRequest(
             space=self._name,
@@ -703,9 +735,11 @@ class BaseSpace:
             if_exists=if_exists,
             max_entries=_check_count(max_entries, "max_entries"),
             transaction=self._transaction,
+            request_id=request_id,
         )
         _fill_templates(request.templates, templates)
-        fill_order(request.order_by, order_by)
+        if order_by is not None:  # reading request.order_by makes a wrapper object: not for nothing
+            fill_order(request.order_by, order_by)
         return request
 
     def _take_request(
@@ -722,6 +756,16 @@ class BaseSpace:
     ) -> pb.MatchRequest:
         # A take changes the space, so a retry must not take a second entry: the id lets the
         # server answer it with the entry the first attempt took.
+        if ack is None and settle is None and type(max_deliveries) is int and not max_deliveries:
+            # A plain take, which check_ack and settle_list would pass as it is.
+            return self._match_request(
+                templates,
+                timeout,
+                if_exists=if_exists,
+                max_entries=max_entries,
+                order_by=order_by,
+                request_id=self._request_id(),
+            )
         checked = check_ack(ack, max_deliveries)
         settled = settle_list(self._name, settle)
         request = self._match_request(
@@ -815,6 +859,9 @@ def _check_name(name: object) -> str:
 
 
 def _fill_templates(target: Any, templates: Templates) -> None:
+    if isinstance(templates, Entry):  # one template, the usual case: no tuple around it
+        encode_template_into(target.add(), templates)
+        return
     for template in iter_templates(templates):
         encode_template_into(target.add(), template)
 
@@ -824,7 +871,8 @@ def _fill_templates(target: Any, templates: Templates) -> None:
 
 def first_entry(reply: pb.MatchReply) -> AnyEntry | None:
     """The entry of a read/take reply, or None when nothing matched in time."""
-    return decode_entry(reply.entries[0]) if reply.entries else None
+    entries = reply.entries  # read once: each read of a repeated field makes a wrapper object
+    return decode_entry(entries[0]) if entries else None
 
 
 def registration_of(reply: pb.NotifyReply | None) -> pb.Lease:

@@ -115,8 +115,13 @@ def _fill_field(target: pb.Value, value: object, field: str) -> None:
     try:
         _fill(target, value)
     except _BadValueError as bad:
-        path = "".join(reversed(bad.path))
-        raise bad.error(f"field {field!r}{path}: {bad.message}") from None
+        raise _named(bad, field) from None
+
+
+def _named(bad: _BadValueError, field: str) -> Exception:
+    """The TypeError or ValueError for a bad value, naming its field and where in it."""
+    path = "".join(reversed(bad.path))
+    return bad.error(f"field {field!r}{path}: {bad.message}")
 
 
 def _fill(target: pb.Value, value: Any) -> None:
@@ -249,32 +254,62 @@ def encode_entry_into(target: pb.Entry, entry: AnyEntry) -> None:
 
     Every field is sent; ``None`` is sent as null.
     """
-    if isinstance(entry, GenericEntry):
-        target.type_name = entry.type_name
-        target.supertypes.extend(entry.supertypes)
-        for name, value in entry.fields.items():
-            _fill_field(target.fields[name], value, name)
-        return
-    info = entry_info(_entry_class(entry))
+    # The cached EntryInfo read inline (entry_info's hit), one try around the whole loop and
+    # the filler looked up here: each is a Python call fewer per field of every entry written.
+    info = type(entry).__dict__.get("_outrig_info")
+    if info is None:
+        if isinstance(entry, GenericEntry):
+            target.type_name = entry.type_name
+            target.supertypes.extend(entry.supertypes)
+            for name, value in entry.fields.items():
+                _fill_field(target.fields[name], value, name)
+            return
+        info = entry_info(_entry_class(entry))
     target.type_name = info.type_name
-    target.supertypes.extend(info.supertypes)
+    if info.supertypes:
+        target.supertypes.extend(info.supertypes)
     fields = target.fields
-    for name, _ in info.fields:
-        _fill_field(fields[name], getattr(entry, name), name)
+    name = ""
+    try:
+        for name, _ in info.fields:
+            value = getattr(entry, name)
+            (_FILLERS.get(type(value)) or _filler_for_subclass(value))(fields[name], value)
+    except _BadValueError as bad:
+        raise _named(bad, name) from None
 
 
 def encode_template_into(target: pb.Template, template: AnyEntry) -> None:
     """Encode a template into ``target``: fields that are ``None`` are left out (wildcards), and
     matchers (`outrig.GE(5)`, ...) go to its ``matchers``."""
-    if isinstance(template, GenericEntry):
-        target.type_name = template.type_name
-        items: Iterable[tuple[str, Any]] = template.fields.items()
-    else:
+    info = type(template).__dict__.get("_outrig_info")  # as in encode_entry_into
+    if info is None:
+        if isinstance(template, GenericEntry):
+            _encode_generic_template(target, template)
+            return
         info = entry_info(_entry_class(template))
-        target.type_name = info.type_name
-        items = ((name, getattr(template, name)) for name, _ in info.fields)
+    target.type_name = info.type_name
     fields = target.fields
-    for name, value in items:
+    name = ""
+    try:
+        for name, _ in info.fields:
+            value = getattr(template, name)
+            if value is None:
+                continue
+            filler = _FILLERS.get(type(value))  # before the Matcher check: plain values are most
+            if filler is not None:
+                filler(fields[name], value)
+            elif isinstance(value, Matcher):
+                value.fill(target.matchers[name], encode_value, name)
+            else:
+                _filler_for_subclass(value)(fields[name], value)
+    except _BadValueError as bad:
+        raise _named(bad, name) from None
+
+
+def _encode_generic_template(target: pb.Template, template: GenericEntry) -> None:
+    target.type_name = template.type_name
+    fields = target.fields
+    for name, value in template.fields.items():
         if value is None:
             continue
         if isinstance(value, Matcher):
@@ -325,6 +360,8 @@ def decode_value(value: pb.Value, numpy: bool = False) -> Any:
     kind = value.WhichOneof("kind")
     if kind is None:
         return None
+    if kind in _SCALARS:
+        return getattr(value, kind)
     return _DECODERS[kind](value, numpy)
 
 
@@ -344,13 +381,10 @@ def _decode_array(value: pb.Value, numpy: bool) -> Any:
     return result
 
 
+#: The kinds whose value is the field itself: read with getattr, no decoder call.
+_SCALARS = frozenset({"bool_value", "int_value", "double_value", "string_value", "bytes_value"})
 _DECODERS: dict[str, Callable[[pb.Value, bool], Any]] = {
     "null_value": lambda v, numpy: None,
-    "bool_value": lambda v, numpy: v.bool_value,
-    "int_value": lambda v, numpy: v.int_value,
-    "double_value": lambda v, numpy: v.double_value,
-    "string_value": lambda v, numpy: v.string_value,
-    "bytes_value": lambda v, numpy: v.bytes_value,
     "array_value": _decode_array,
     "list_value": lambda v, numpy: [decode_value(item, numpy) for item in v.list_value.items],
     "map_value": lambda v, numpy: {item.key: decode_value(item.value, numpy) for item in v.map_value.items},
@@ -359,20 +393,31 @@ _DECODERS: dict[str, Callable[[pb.Value, bool], Any]] = {
 
 def decode_entry(message: pb.Entry) -> AnyEntry:
     """Decode an ``Entry`` message as its registered class, or as a `GenericEntry`."""
-    cls = registered_class(message.type_name)
+    type_name = message.type_name
+    cls = registered_class(type_name)
     fields = message.fields
     if cls is None:
         return GenericEntry(
-            message.type_name,
+            type_name,
             tuple(message.supertypes),
             {name: decode_value(fields[name]) for name in sorted(fields)},
         )
-    info = entry_info(cls)
+    info = cls.__dict__.get("_outrig_info") or entry_info(cls)  # entry_info's hit, inline
     # Rebuilt without __init__ (works for frozen, slots and init=False fields alike).
     entry = object.__new__(cls)
+    setattr_ = object.__setattr__
+    get = fields.get
     for name, numpy in info.fields:
-        value = fields.get(name)
-        object.__setattr__(entry, name, None if value is None else decode_value(value, numpy))
+        value = get(name)
+        if value is None:
+            setattr_(entry, name, None)
+            continue
+        # decode_value inline: one call fewer per field of every entry read.
+        kind = value.WhichOneof("kind")
+        if kind in _SCALARS:
+            setattr_(entry, name, getattr(value, kind))
+        else:
+            setattr_(entry, name, None if kind is None else _DECODERS[kind](value, numpy))
     return entry
 
 

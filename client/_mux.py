@@ -45,7 +45,9 @@ __all__ = ["Mux"]
 
 
 class _Slot:
-    """Where one operation's result arrives; its caller waits on the lock (interruptibly)."""
+    """Where one operation's result arrives; its caller waits on the lock (interruptibly). The
+    reader sets `result` and releases the lock itself (a call fewer per result); `fail` ends it
+    with an error."""
 
     __slots__ = ("error", "lock", "result")
 
@@ -54,10 +56,6 @@ class _Slot:
         self.lock.acquire()
         self.result: pb.MuxResult | None = None
         self.error: OutrigError | None = None
-
-    def set(self, result: pb.MuxResult) -> None:
-        self.result = result
-        self.lock.release()
 
     def fail(self, error: OutrigError) -> None:
         self.error = error
@@ -75,6 +73,7 @@ class _Stream:
         self._next_id = 0
         self._limit = DEFAULT_LIMIT
         self._ready = threading.Event()  # the server's limit is known, or the stream has ended
+        self._known = False  # _ready is set: read without Event.wait's condition, once it is
         self.ended = False
         self.unsupported = False
         self._end_error: BaseException = UnavailableError("the stream ended")
@@ -83,7 +82,8 @@ class _Stream:
 
     def call(self, field: int, data: bytes) -> Any:
         """The reply of one op; None at once when the server's limit is in flight."""
-        self._ready.wait()
+        if not self._known:
+            self._ready.wait()
         slot = _Slot()
         with self._lock:
             if self.ended:
@@ -123,7 +123,7 @@ class _Stream:
                     ending = True
                 else:
                     pending.append(op)
-            count = batch_length(pending)
+            count = 1 if len(pending) == 1 else batch_length(pending)  # one op: a blocking caller's
             yield request_message(pending[:count])
             del pending[:count]
 
@@ -132,12 +132,14 @@ class _Stream:
         try:
             self._limit = limit_of(self._call.initial_metadata())
             self._ready.set()
+            self._known = True
             for reply in self._call:
                 for result in reply.results:
                     with self._lock:
                         slot = self._waiting.pop(result.id, None)
                     if slot is not None:
-                        slot.set(result)
+                        slot.result = result  # _Slot.set, inline: a call fewer per result
+                        slot.lock.release()
             error = UnavailableError("the server ended the stream")
         except BaseException as err:
             error = err
@@ -150,6 +152,7 @@ class _Stream:
             self._end_error = error
             waiting, self._waiting = self._waiting, {}
         self._ready.set()
+        self._known = True
         for slot in waiting.values():
             slot.fail(stream_error(error))
 
@@ -173,7 +176,9 @@ class Mux:
         """The reply of the unary call `name` for `request`, over the stream if it may."""
         data = request.SerializeToString()
         if len(data) <= MAX_STREAM_REQUEST and self._supported:
-            stream = self._current()
+            stream = self._stream  # the usual case without _current's lock; else as it decides
+            if stream is None or stream.ended or self._closed:
+                stream = self._current()
             try:
                 reply = stream.call(OP_FIELDS[name], data)
                 if reply is not None:

@@ -54,9 +54,11 @@ from outrig._delivery import (
     deliveries_of,
     mark_settled,
 )
-from outrig._exceptions import DeadlineExceededError, OutrigError, UnavailableError
+from outrig._exceptions import DeadlineExceededError, OutrigError, UnavailableError, error_from_rpc
 from outrig._matchers import OrderBy
 from outrig._mux import Mux
+from outrig._mux_wire import closed
+from outrig._retry import Attempts
 from outrig._streams import ResumableStream
 from outrig._tls import TLS, channel_credentials, token_metadata
 from outrig.v1 import space_pb2 as pb
@@ -708,24 +710,37 @@ class Space(BaseSpace):
         Each attempt goes where the space's calls go now (`_Connection`): the first of a space
         asks where it lives first, and a failure moves the route before the retry, which sends
         the same request (its request id, and what remains of a take's timeout)."""
-        attempts = self._attempts(request)
+        # The retry schedule is made at the first failure, from when the call began: a call that
+        # succeeds at once (nearly all) needs none.
+        started = time.monotonic()
+        attempts: Attempts[Request] | None = None
         connection = self._connection
         while True:
-            self._check_open()
-            key = self._name if home else connection.route_key(self._name, attempts.request)
-            while not home and connection.locate_due(key):
-                self._relocate(key)  # a partitioned space's first: then its partition's
-                key = connection.route_key(self._name, attempts.request)
-            if key != self._name and not getattr(attempts.request, "transaction", 0):
-                # A call of one partition names it: the server serves it without routing it again.
-                attempts.request.space = key  # type: ignore[attr-defined]
-            used = None if home else connection.route_of(key)
+            if connection.closed:  # _check_open, inline
+                raise closed()
+            if attempts is not None:
+                request = attempts.request  # what remains of a take's timeout
+            key, used = self._name, None
+            if not home and not connection.settled_home(key):  # else nothing to route
+                key = connection.route_key(self._name, request)
+                while connection.locate_due(key):
+                    self._relocate(key)  # a partitioned space's first: then its partition's
+                    key = connection.route_key(self._name, request)
+                if key != self._name and not getattr(request, "transaction", 0):
+                    # A call of one partition names it: the server serves it without routing it
+                    # again.
+                    request.space = key  # type: ignore[attr-defined]
+                used = connection.route_of(key)
             try:
-                with rpc_errors:
-                    return method(attempts.request)
+                try:  # rpc_errors, inline: its __enter__ and __exit__ are two calls per call
+                    return method(request)
+                except grpc.RpcError as err:
+                    raise error_from_rpc(err) from err
             except UnavailableError as err:
                 if not home:
                     connection.reroute(key, used, err)
+                if attempts is None:
+                    attempts = self._attempts(request, started)
                 delay = attempts.backoff()
                 if delay is None:
                     raise
@@ -763,7 +778,7 @@ class Lease(BaseLease):
     __slots__ = ("_space",)
 
     def __init__(self, space: Space, message: pb.Lease) -> None:
-        super().__init__(space.name, message)
+        super().__init__(space._name, message)  # the attribute, not the property: a call fewer
         self._space = space
 
     def renew(self, duration: LeaseArg) -> Lease:

@@ -66,7 +66,8 @@ class _Stream:
         op_id = self._next_id
         future: asyncio.Future[pb.MuxResult] = asyncio.get_running_loop().create_future()
         self._waiting[op_id] = future
-        self._queue(encode_op(op_id, field, data))
+        self._outbox.append(encode_op(op_id, field, data))  # _queue, inline
+        self._queued.set()
         try:
             result = await future
         except asyncio.CancelledError:
@@ -135,7 +136,9 @@ class AsyncMux:
         """The reply of the unary call `name` for `request`, over the stream if it may."""
         data = request.SerializeToString()
         if len(data) <= MAX_STREAM_REQUEST and self._supported:
-            stream = self._current()
+            stream = self._stream  # the usual case without a call; else as _current decides
+            if stream is None or stream.ended or self._closed:
+                stream = self._current()
             try:
                 reply = await stream.call(OP_FIELDS[name], data)
                 if reply is not None:

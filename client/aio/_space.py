@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
 from types import TracebackType
 from typing import Any, TypeVar, overload
@@ -45,8 +46,10 @@ from outrig._base import (
 from outrig._changes import ChangeFeedState, delete_subscription_request
 from outrig._codec import AnyEntry, decode_entries
 from outrig._delivery import Settle, ack_many_request, acked_many, check_ack, deliveries_of, mark_settled
-from outrig._exceptions import DeadlineExceededError, OutrigError, UnavailableError
+from outrig._exceptions import DeadlineExceededError, OutrigError, UnavailableError, error_from_rpc
 from outrig._matchers import OrderBy
+from outrig._mux_wire import closed
+from outrig._retry import Attempts
 from outrig._tls import TLS, channel_credentials, token_metadata
 from outrig.aio._changes import AsyncChangeStream
 from outrig.aio._delivery import AsyncDeliveries, AsyncDelivery, AsyncTaking
@@ -562,24 +565,37 @@ class AsyncSpace(BaseSpace):
     ) -> Reply:
         """Make a unary call, retrying it on UNAVAILABLE as long as the retry policy allows; each
         attempt goes where the space's calls go now (see `outrig.Space._call`)."""
-        attempts = self._attempts(request)
+        # The retry schedule is made at the first failure, from when the call began: a call that
+        # succeeds at once (nearly all) needs none.
+        started = time.monotonic()
+        attempts: Attempts[Request] | None = None
         connection = self._connection
         while True:
-            self._check_open()
-            key = self._name if home else connection.route_key(self._name, attempts.request)
-            while not home and connection.locate_due(key):
-                await self._relocate(key)  # a partitioned space's first: then its partition's
-                key = connection.route_key(self._name, attempts.request)
-            if key != self._name and not getattr(attempts.request, "transaction", 0):
-                # A call of one partition names it: the server serves it without routing it again.
-                attempts.request.space = key  # type: ignore[attr-defined]
-            used = None if home else connection.route_of(key)
+            if connection.closed:  # _check_open, inline
+                raise closed()
+            if attempts is not None:
+                request = attempts.request  # what remains of a take's timeout
+            key, used = self._name, None
+            if not home and not connection.settled_home(key):  # else nothing to route
+                key = connection.route_key(self._name, request)
+                while connection.locate_due(key):
+                    await self._relocate(key)  # a partitioned space's first: then its partition's
+                    key = connection.route_key(self._name, request)
+                if key != self._name and not getattr(request, "transaction", 0):
+                    # A call of one partition names it: the server serves it without routing it
+                    # again.
+                    request.space = key  # type: ignore[attr-defined]
+                used = connection.route_of(key)
             try:
-                with rpc_errors:
-                    return await method(attempts.request)
+                try:  # rpc_errors, inline: its __enter__ and __exit__ are two calls per call
+                    return await method(request)
+                except grpc.RpcError as err:
+                    raise error_from_rpc(err) from err
             except UnavailableError as err:
                 if not home:
                     connection.reroute(key, used, err)
+                if attempts is None:
+                    attempts = self._attempts(request, started)
                 delay = attempts.backoff()
                 if delay is None:
                     raise
@@ -614,7 +630,7 @@ class AsyncLease(BaseLease):
     __slots__ = ("_space",)
 
     def __init__(self, space: AsyncSpace, message: pb.Lease) -> None:
-        super().__init__(space.name, message)
+        super().__init__(space._name, message)  # the attribute, not the property: a call fewer
         self._space = space
 
     async def renew(self, duration: LeaseArg) -> AsyncLease:
