@@ -26,14 +26,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import re
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from callgrind import counted
 from entries import BATCH, NOTE, Small
 
 from outrig._codec import encode_entry_into, encode_template_into
@@ -122,36 +121,23 @@ async def _run(rounds: int, batches: int, batch: int, shape: str = "round") -> d
     return stages
 
 
-_COLLECTED = re.compile(r"Collected : (\d+)")
 SHAPES = ("round", "pair", "read")
 
 
 def instructions(python: str, batches: int, shape: str) -> int:
     """callgrind's instruction count of one round of `batches` batches of `shape`, run by `python`."""
-    done = subprocess.run(
-        [
-            "valgrind",
-            "--tool=callgrind",
-            "--callgrind-out-file=/dev/null",
-            str(Path(python).absolute()),
-            Path(__file__).name,
-            "--rounds",
-            "1",
-            "--batches",
-            str(batches),
-            "--shape",
-            shape,
-        ],
-        cwd=Path(__file__).resolve().parent,  # for `entries`; the code is the interpreter's checkout's
-        env={**os.environ, "PYTHONHASHSEED": "0"},
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    found = _COLLECTED.search(done.stderr)
-    if found is None:
-        raise SystemExit(f"no instruction count from valgrind: {done.stderr[-500:]}")
-    return int(found.group(1))
+    command = [
+        str(Path(python).absolute()),
+        Path(__file__).name,
+        "--rounds",
+        "1",
+        "--batches",
+        str(batches),
+        "--shape",
+        shape,
+    ]
+    # run from this directory, for `entries`; the code is the interpreter's checkout's
+    return counted(command, cwd=Path(__file__).resolve().parent, what=f"the {shape} round")
 
 
 def count(pythons: list[str], sizes: str) -> None:

@@ -35,17 +35,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import re
 import shutil
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from callgrind import counted
+
 import outrig
 
-_COLLECTED = re.compile(r"Collected : (\d+)")
 SPACE = "bench-client"
 WARMUP = 50  # pairs before the counted ones: caches, the stream, the first Locate
 LEASE = 300.0
@@ -185,30 +184,17 @@ class Count:
 
 def instructions(python: str, shape: str, address: str, pairs: int, out: str = "/dev/null") -> int:
     """callgrind's instruction count of one client process doing `pairs` pairs (after WARMUP)."""
-    done = subprocess.run(
-        [
-            "valgrind",
-            "--tool=callgrind",
-            f"--callgrind-out-file={out}",
-            str(Path(python).absolute()),
-            str(Path(__file__).resolve()),
-            "--client",
-            shape,
-            "--address",
-            address,
-            "--count",
-            str(pairs),
-        ],
-        env={**os.environ, "PYTHONHASHSEED": "0"},
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"the {shape} client failed ({done.returncode}): {done.stderr[-1500:]}")
-    found = _COLLECTED.search(done.stderr)
-    if found is None:
-        raise SystemExit(f"no instruction count from valgrind: {done.stderr[-500:]}")
-    return int(found.group(1))
+    command = [
+        str(Path(python).absolute()),
+        str(Path(__file__).resolve()),
+        "--client",
+        shape,
+        "--address",
+        address,
+        "--count",
+        str(pairs),
+    ]
+    return counted(command, out=out, what=f"the {shape} client")
 
 
 def main() -> None:

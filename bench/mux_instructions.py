@@ -19,12 +19,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
-import subprocess
 import sys
 from pathlib import Path
 
-_COLLECTED = re.compile(r"Collected : (\d+)")
+from callgrind import counted
 
 
 def instructions(python: str, pairs: int, tasks: int = 10) -> int:
@@ -32,30 +30,17 @@ def instructions(python: str, pairs: int, tasks: int = 10) -> int:
     bench = Path(python).absolute().parents[2] / "bench"  # a checkout's .venv/bin/python
     if not (bench / "mux_inprocess.py").exists():
         bench = Path(__file__).resolve().parent
-    done = subprocess.run(
-        [
-            "valgrind",
-            "--tool=callgrind",
-            "--callgrind-out-file=/dev/null",
-            str(Path(python).absolute()),  # run from the bench directory: a relative path would not resolve
-            "mux_inprocess.py",
-            "--pairs",
-            str(pairs),
-            "--rounds",
-            "1",
-            "--tasks",
-            str(tasks),
-        ],
-        cwd=bench,
-        env={**os.environ, "PYTHONHASHSEED": "0"},
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    found = _COLLECTED.search(done.stderr)
-    if found is None:
-        raise SystemExit(f"no instruction count from valgrind: {done.stderr[-500:]}")
-    return int(found.group(1))
+    command = [
+        str(Path(python).absolute()),  # run from the bench directory: a relative path would not resolve
+        "mux_inprocess.py",
+        "--pairs",
+        str(pairs),
+        "--rounds",
+        "1",
+        "--tasks",
+        str(tasks),
+    ]
+    return counted(command, cwd=bench, what="mux_inprocess.py")
 
 
 def main() -> None:

@@ -31,7 +31,6 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -41,6 +40,8 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
+
+from callgrind import counted
 
 _SPACE = "bench"
 _LEASE = 300.0
@@ -314,9 +315,6 @@ def _counted(python: str, tasks: int, pairs: int, prefill: int, memory: bool = F
     """callgrind's instruction count of one child doing `pairs` pairs (every thread's, not the
     kernel's: an fsync counts as its system call)."""
     command = [
-        "valgrind",
-        "--tool=callgrind",
-        "--callgrind-out-file=/dev/null",
         python,
         __file__,
         "--child",
@@ -325,12 +323,7 @@ def _counted(python: str, tasks: int, pairs: int, prefill: int, memory: bool = F
         f"--prefill={prefill}",
         *(["--memory"] if memory else []),
     ]
-    env = {**os.environ, "PYTHONHASHSEED": "0"}
-    done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
-    found = re.search(r"Collected : (\d+)", done.stderr)
-    if found is None:
-        raise SystemExit(f"no instruction count from valgrind: {done.stderr[-500:]}")
-    return int(found.group(1))
+    return counted(command, what="the child")
 
 
 def _instructions(baseline: str | None, tasks: int, sizes: str, prefill: int, memory: bool = False) -> None:
