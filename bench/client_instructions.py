@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import shutil
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -214,7 +213,7 @@ def main() -> None:
     if args.client:
         client(args.client, args.address, args.count)
         return
-    from servers import start_outrig, start_redis, stop_all
+    from servers import redis_available, start_outrig, start_redis, stop_all
 
     small, large = (int(n) for n in args.pairs.split(","))
     shapes = args.shapes.split(",")
@@ -225,7 +224,7 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="outrig-client-ir-"))
     servers = [start_outrig(workdir)]
     try:
-        if "redis" in shapes and shutil.which("redis-server"):
+        if "redis" in shapes and redis_available():
             servers.append(start_redis(workdir))
         for shape in shapes:
             if shape == "redis":
