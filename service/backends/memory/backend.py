@@ -344,8 +344,10 @@ class MemoryBackend(DeliveringMixin, ChangesMixin):
 
     def _acted(self, outcome: Outcome | None, result: Any, *, keep: bool = False) -> None:
         """The first call with a request id acted; an in-memory server keeps its result, and so
-        does a durable one for a call under a transaction (which the store does not see)."""
-        if outcome is not None:
+        does a durable one for a call under a transaction (which the store does not see). A
+        durable call's batch has already finished its id (`Recorder._batch_done` runs before its
+        caller resumes): its `record` is set, and nothing is left to do but keeping a result."""
+        if outcome is not None and (outcome.record is None or keep):
             self._requests.finish(outcome, result if keep or self._recorder is None else None)
 
     @staticmethod
@@ -373,9 +375,9 @@ class MemoryBackend(DeliveringMixin, ChangesMixin):
         txn = self._transaction(engine, transaction)
         recorder = self._recorder
         if recorder is not None:
-            recorder.check()
+            recorder.journal.check()  # Recorder.check's, a frame less
         outcome = self._requests.begin(request_id, space, "write") if request_id else None
-        with self._acting_for(outcome):
+        try:  # _acting_for's, inline (a pair's write and take: an object and two calls less)
             written, granted = engine.write_entries(entries, lease, txn, visible_at)
             grants = [LeaseGrant(stored.id, stored.expires_at, granted) for stored in written]
             if recorder is not None and txn is not None and not self.keeps_transactions:
@@ -389,7 +391,12 @@ class MemoryBackend(DeliveringMixin, ChangesMixin):
                     undo()
                     raise
                 await recorder.commit(records, undo, written, outcome)  # not through _commit: a frame less
-        self._acted(outcome, grants, keep=txn is not None)
+        except BaseException:
+            if outcome is not None:
+                self._requests.abandon(outcome)
+            raise
+        if outcome is not None and (outcome.record is None or txn is not None):  # _acted's, inline
+            self._requests.finish(outcome, grants if txn is not None or recorder is None else None)
         return grants
 
     def _write_records(
@@ -401,19 +408,22 @@ class MemoryBackend(DeliveringMixin, ChangesMixin):
         outcome: Outcome | None,
         txn: Transaction | None = None,
     ) -> list[Record]:
-        assert self._recorder is not None
-        if txn is None:
-            records: list[Record] = [
-                ("put", space, s.id, s.arrival, s.expires_at, s.payload) for s in written
-            ]
-        else:  # recorded as the transaction's: invisible to others until it commits
+        recorder = self._recorder
+        assert recorder is not None
+        if txn is not None:  # recorded as the transaction's: invisible to others until it commits
             records = _written_records(space, written, txn)
+        elif len(written) == 1:  # a pair's write: no list comprehension's frame
+            s = written[0]
+            records = [("put", space, s.id, s.arrival, s.expires_at, s.payload)]
+        else:
+            records = [("put", space, s.id, s.arrival, s.expires_at, s.payload) for s in written]
         if written[0].hidden_until is not None:  # a delayed write (never under a transaction)
             records += [visibility_record(space, s) for s in written]
-        records += [
-            ("type", space, name, json.dumps(list(parents))) for name, parents in engine.declared.items()
-        ]
-        records += self._recorder.id_records(space, engine)
+        if engine.declared:  # types this write declared first
+            records += [
+                ("type", space, name, json.dumps(list(parents))) for name, parents in engine.declared.items()
+            ]
+        records += recorder.id_records(space, engine)
         if outcome is not None:
             # Ids of one write are consecutive (a partition's, its stride apart), with one lease:
             # four numbers say it all.
@@ -421,7 +431,7 @@ class MemoryBackend(DeliveringMixin, ChangesMixin):
             assert grants[-1].id == first.id + (len(grants) - 1) * engine.id_stride
             records.append(
                 (
-                    *self._recorder.request_head(outcome),
+                    *recorder.request_head(outcome),
                     first.id,
                     len(grants),
                     first.expires_at,
@@ -460,10 +470,10 @@ class MemoryBackend(DeliveringMixin, ChangesMixin):
                 return list(earlier)
         engine = self.engine(space)
         txn = self._transaction(engine, transaction)
-        if take:
-            self._check_store()
+        if take and self._recorder is not None:
+            self._recorder.journal.check()  # _check_store's, two frames less
         outcome = self._requests.begin(request_id, space, "take") if request_id else None
-        with self._acting_for(outcome):
+        try:  # _acting_for's, inline (see write)
             found = await self._find(engine, templates, take, max_entries, timeout, if_exists, txn)
             if take and found and self._recorder is not None and txn is None:
                 await self._commit_take(space, engine, found, outcome)
@@ -472,6 +482,10 @@ class MemoryBackend(DeliveringMixin, ChangesMixin):
             elif found and not take and self._recorder is not None and not await self.settled(found):
                 self._check_store()
                 return []
+        except BaseException:
+            if outcome is not None:
+                self._requests.abandon(outcome)
+            raise
         if take and not found and outcome is not None:
             # A take that took nothing leaves nothing to answer: its retry acts afresh (as on a
             # durable store, which records nothing for it), and a partitioned space's fan-out
@@ -489,18 +503,18 @@ class MemoryBackend(DeliveringMixin, ChangesMixin):
     async def _commit_take(
         self, space: str, engine: SpaceEngine, found: list[StoredEntry], outcome: Outcome | None
     ) -> None:
-        try:
-            self._check_store()  # a take that waited may resume after the store failed
-        except SpaceError:
-            engine.restore(found)
-            raise
+        # A take that waited may resume after the store failed: `Recorder.commit` then undoes
+        # it (the journal's `submit` refuses), before any of it reaches the store.
         if outcome is None:
             records: list[Record] = [("delete", space, stored.id) for stored in found]
         else:  # the rows stay, marked, to answer a retry until the request window passes
-            records = [
-                ("take", space, s.id, outcome.request_id, i, outcome.expires_at) for i, s in enumerate(found)
-            ]
-            records.append((*Recorder.request_head(outcome), None, len(found), None, None))
+            request_id, until = outcome.request_id, outcome.expires_at
+            if len(found) == 1:  # a pair's take: no list comprehension's frame
+                records = [("take", space, found[0].id, request_id, 0, until)]
+            else:
+                records = [("take", space, s.id, request_id, i, until) for i, s in enumerate(found)]
+            # Recorder.request_head's, inline (the outcome is this space's take's): a call less
+            records.append(("request", request_id, space, "take", until, None, len(found), None, None))
         recorder = self._recorder
         assert recorder is not None  # only a recorded space's takes come here
         try:  # not through _commit: a coroutine less

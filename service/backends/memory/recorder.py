@@ -34,6 +34,8 @@ class Recorder:
 
     def __init__(self, journal: Journal, requests: RequestLog) -> None:
         self.journal = journal
+        # Whether it records the change log (memory/journal.py: an optional attribute), read once.
+        self.keeps_changes: bool = getattr(journal, "keeps_changes", False)
         self._requests = requests
         # Entries whose write is not yet durable, with the batch that will make it so.
         self._unsynced: dict[StoredEntry, asyncio.Future[None]] = {}
