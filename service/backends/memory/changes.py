@@ -233,7 +233,12 @@ class ChangesMixin:
         if epoch:
             self._epoch_recorded.add(space)
         if waits:
-            self._track_batch(space, future, change.seq)
+            # _track_batch's common case inline: the space's newest change is in this batch too
+            tracked = self._change_batches.get(space)
+            if tracked is not None and tracked[0] is future:
+                tracked[1] = change.seq
+            else:
+                self._track_batch(space, future, change.seq)
 
     def _rewind(self, log: ChangeLog, space: str, seq: int) -> None:
         """A failed batch's undo of the change `seq` it recorded: the log goes back before it."""
