@@ -379,7 +379,10 @@ class MemoryBackend(DeliveringMixin, ChangesMixin):
         outcome = self._requests.begin(request_id, space, "write") if request_id else None
         try:  # _acting_for's, inline (a pair's write and take: an object and two calls less)
             written, granted = engine.write_entries(entries, lease, txn, visible_at)
-            grants = [LeaseGrant(stored.id, stored.expires_at, granted) for stored in written]
+            if len(written) == 1:  # a pair's write: no list comprehension's frame
+                grants = [LeaseGrant(written[0].id, written[0].expires_at, granted)]
+            else:
+                grants = [LeaseGrant(stored.id, stored.expires_at, granted) for stored in written]
             if recorder is not None and txn is not None and not self.keeps_transactions:
                 # The store learns of the entries at commit; their ids are reserved now.
                 self.note(recorder.id_records(space, engine))
@@ -474,7 +477,12 @@ class MemoryBackend(DeliveringMixin, ChangesMixin):
             self._recorder.journal.check()  # _check_store's, two frames less
         outcome = self._requests.begin(request_id, space, "take") if request_id else None
         try:  # _acting_for's, inline (see write)
-            found = await self._find(engine, templates, take, max_entries, timeout, if_exists, txn)
+            # _find's first step inline: a pair's take finds at once, without a coroutine of its own
+            found, conflicted = engine.find_or_conflict(
+                templates, take=take, max_entries=max_entries, txn=txn
+            )
+            if not (found or timeout == 0 or (if_exists and not conflicted)):
+                found = await self._park(engine, templates, take, max_entries, timeout, if_exists, txn)
             if take and found and self._recorder is not None and txn is None:
                 await self._commit_take(space, engine, found, outcome)
             elif found and txn is not None and self._keeping_transactions:
@@ -622,6 +630,33 @@ class MemoryBackend(DeliveringMixin, ChangesMixin):
         # locked by other transactions.
         if found or timeout == 0 or (if_exists and not conflicted):
             return found
+        return await self._park(
+            engine,
+            templates,
+            take,
+            max_entries,
+            timeout,
+            if_exists,
+            txn,
+            ack=ack,
+            max_deliveries=max_deliveries,
+        )
+
+    async def _park(
+        self,
+        engine: SpaceEngine,
+        templates: Sequence[Template],
+        take: bool,
+        max_entries: int,
+        timeout: float | None,
+        if_exists: bool,
+        txn: Transaction | None = None,
+        *,
+        ack: float | None = None,
+        max_deliveries: int = 0,
+    ) -> list[StoredEntry]:
+        """`_find`'s wait, when it found nothing at once: park a waiter until a delivery, the
+        timeout or the caller's cancellation."""
         if self.closing:
             raise ShuttingDownError(SHUTTING_DOWN)
         limit = self.config.limits.max_waiters
