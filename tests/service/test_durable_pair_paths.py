@@ -99,3 +99,25 @@ async def test_a_durable_call_s_request_id_answers_its_retry_once_finished_by_it
         )
         assert [s.id for s in again] == [grants[0].id]
         assert await backend.count(SPACE, [JOBS]) == 0
+
+
+async def test_a_take_without_an_id_cancelled_while_its_batch_commits_puts_the_entry_back(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """Its caller is gone and no retry can claim the entry (the take awaits its batch itself now,
+    not through a coroutine of its own): the entry is back, in memory and in the store."""
+    config = make_config(tmp_path / "data")
+    async with running(config, clock) as backend:
+        (grant,) = await backend.write(SPACE, [job(1)], None)
+        taking = asyncio.create_task(
+            backend.match(SPACE, [_one(1)], take=True, max_entries=1, timeout=0, if_exists=False)
+        )
+        await asyncio.sleep(0)  # the take is now waiting for its batch
+        assert not taking.done()
+        taking.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await taking
+        (back,) = await backend.match(SPACE, [_one(1)], take=False, max_entries=1, timeout=0, if_exists=False)
+        assert back.id == grant.id
+    async with running(config, clock) as backend:
+        assert await backend.count(SPACE, [_one(1)]) == 1

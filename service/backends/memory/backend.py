@@ -393,7 +393,10 @@ class MemoryBackend(DeliveringMixin, ChangesMixin):
                 except BaseException:
                     undo()
                     raise
-                await recorder.commit(records, undo, written, outcome)  # not through _commit: a frame less
+                # Recorder.commit's wait here: not through _commit nor commit, two coroutines less
+                waiter = recorder.enqueue(records, undo, written, outcome)
+                if waiter is not None:
+                    await waiter
         except BaseException:
             if outcome is not None:
                 self._requests.abandon(outcome)
@@ -484,7 +487,13 @@ class MemoryBackend(DeliveringMixin, ChangesMixin):
             if not (found or timeout == 0 or (if_exists and not conflicted)):
                 found = await self._park(engine, templates, take, max_entries, timeout, if_exists, txn)
             if take and found and self._recorder is not None and txn is None:
-                await self._commit_take(space, engine, found, outcome)
+                waiter = self._enqueue_take(space, engine, found, outcome)
+                if waiter is not None:  # awaited here: a coroutine less than a _commit_take
+                    try:
+                        await waiter
+                    except asyncio.CancelledError:
+                        self._take_cancelled(space, engine, found, outcome)
+                        raise
             elif found and txn is not None and self._keeping_transactions:
                 await self._commit_holds(space, engine, txn, found, take, outcome)
             elif found and not take and self._recorder is not None and not await self.settled(found):
@@ -508,11 +517,13 @@ class MemoryBackend(DeliveringMixin, ChangesMixin):
         earlier = await self._replay(request_id, space, "take")
         return [] if earlier is None else list(earlier)
 
-    async def _commit_take(
+    def _enqueue_take(
         self, space: str, engine: SpaceEngine, found: list[StoredEntry], outcome: Outcome | None
-    ) -> None:
-        # A take that waited may resume after the store failed: `Recorder.commit` then undoes
-        # it (the journal's `submit` refuses), before any of it reaches the store.
+    ) -> asyncio.Future[None] | None:
+        """Record a take of `found` (`Recorder.enqueue`): the caller's future to await, None if
+        nothing is to be awaited (`interval`). A take that waited may resume after the store
+        failed: the journal's `submit` then refuses, and `enqueue` undoes the take before any
+        of it reaches the store."""
         if outcome is None:
             records: list[Record] = [("delete", space, stored.id) for stored in found]
         else:  # the rows stay, marked, to answer a retry until the request window passes
@@ -525,19 +536,24 @@ class MemoryBackend(DeliveringMixin, ChangesMixin):
             records.append(("request", request_id, space, "take", until, None, len(found), None, None))
         recorder = self._recorder
         assert recorder is not None  # only a recorded space's takes come here
-        try:  # not through _commit: a coroutine less
-            await recorder.commit(records, lambda: engine.restore(found), outcome=outcome, hands_out=True)
-        except asyncio.CancelledError:
-            # The caller is gone. With a request id its retry gets these entries; without one,
-            # nobody will: put them back, as a cancelled blocked take does.
-            if outcome is None:
-                engine.restore(found)
-                self.note(
-                    [("put", space, s.id, s.arrival, s.expires_at, s.payload) for s in found]
-                    + [visibility_record(space, s) for s in found if s.deliveries]  # its count
-                    + recorder.id_records(space, engine)
-                )
-            raise
+        undo = functools.partial(engine.restore, found)  # no closure's cells for engine and found
+        return recorder.enqueue(records, undo, outcome=outcome, hands_out=True)
+
+    def _take_cancelled(
+        self, space: str, engine: SpaceEngine, found: list[StoredEntry], outcome: Outcome | None
+    ) -> None:
+        """The caller of a recorded take is gone while it waited for its batch. With a request id
+        its retry gets these entries; without one, nobody will: put them back, as a cancelled
+        blocked take does."""
+        if outcome is None:
+            recorder = self._recorder
+            assert recorder is not None
+            engine.restore(found)
+            self.note(
+                [("put", space, s.id, s.arrival, s.expires_at, s.payload) for s in found]
+                + [visibility_record(space, s) for s in found if s.deliveries]  # its count
+                + recorder.id_records(space, engine)
+            )
 
     def _hold_records(
         self,
