@@ -367,16 +367,23 @@ class MemoryBackend(DeliveringMixin, ChangesMixin):
         visible_at: float | None = None,
     ) -> list[LeaseGrant]:
         # `_replay` only when the id is known (a coroutine less for every first call).
-        if request_id and self._requests.find(request_id, space, "write") is not None:
+        requests = self._requests
+        if (
+            request_id
+            and request_id in requests.ids
+            and requests.find(request_id, space, "write") is not None
+        ):
             earlier = await self._replay(request_id, space, "write")
             if earlier is not None:
                 return list(earlier)
-        engine = self.engine(space)
-        txn = self._transaction(engine, transaction)
+        engine = self._spaces.get(space)  # engine()'s and _transaction()'s, inline: frames less
+        if engine is None:
+            engine = self.engine(space)
+        txn = engine.transaction(transaction) if transaction else None
         recorder = self._recorder
         if recorder is not None:
             recorder.journal.check()  # Recorder.check's, a frame less
-        outcome = self._requests.begin(request_id, space, "write") if request_id else None
+        outcome = requests.begin(request_id, space, "write") if request_id else None
         try:  # _acting_for's, inline (a pair's write and take: an object and two calls less)
             written, granted = engine.write_entries(entries, lease, txn, visible_at)
             if len(written) == 1:  # a pair's write: no list comprehension's frame
@@ -470,15 +477,18 @@ class MemoryBackend(DeliveringMixin, ChangesMixin):
     ) -> list[StoredEntry]:
         request_id = request_id if take else ""
         # `_replay` only when the id is known (a coroutine less for every first call).
-        if request_id and self._requests.find(request_id, space, "take") is not None:
+        requests = self._requests
+        if request_id and request_id in requests.ids and requests.find(request_id, space, "take") is not None:
             earlier = await self._replay(request_id, space, "take")
             if earlier is not None:
                 return list(earlier)
-        engine = self.engine(space)
-        txn = self._transaction(engine, transaction)
+        engine = self._spaces.get(space)  # as in write
+        if engine is None:
+            engine = self.engine(space)
+        txn = engine.transaction(transaction) if transaction else None
         if take and self._recorder is not None:
             self._recorder.journal.check()  # _check_store's, two frames less
-        outcome = self._requests.begin(request_id, space, "take") if request_id else None
+        outcome = requests.begin(request_id, space, "take") if request_id else None
         try:  # _acting_for's, inline (see write)
             # _find's first step inline: a pair's take finds at once, without a coroutine of its own
             found, conflicted = engine.find_or_conflict(

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Mapping
 from typing import Any
 
 from outrig.service.engine.clock import Clock
@@ -139,6 +140,9 @@ class RequestLog:
         self._clock = clock
         # An id's call in flight, or its `_Finished` record once it acted.
         self._outcomes: dict[str, Outcome | _Finished] = {}
+        # The same dict, for a membership test without a call (`request_id in log.ids`: a write's
+        # and a take's first look, before `find`); not to be changed through.
+        self.ids: Mapping[str, object] = self._outcomes
         self._order: deque[tuple[float, str]] = deque()  # (expires_at, request id), oldest first
 
     def __len__(self) -> int:
