@@ -344,8 +344,10 @@ class MemoryBackend(DeliveringMixin, ChangesMixin):
 
     def _acted(self, outcome: Outcome | None, result: Any, *, keep: bool = False) -> None:
         """The first call with a request id acted; an in-memory server keeps its result, and so
-        does a durable one for a call under a transaction (which the store does not see)."""
-        if outcome is not None:
+        does a durable one for a call under a transaction (which the store does not see). A
+        durable call's batch has already finished its id (`Recorder._batch_done` runs before its
+        caller resumes): its `record` is set, and nothing is left to do but keeping a result."""
+        if outcome is not None and (outcome.record is None or keep):
             self._requests.finish(outcome, result if keep or self._recorder is None else None)
 
     @staticmethod
@@ -365,19 +367,29 @@ class MemoryBackend(DeliveringMixin, ChangesMixin):
         visible_at: float | None = None,
     ) -> list[LeaseGrant]:
         # `_replay` only when the id is known (a coroutine less for every first call).
-        if request_id and self._requests.find(request_id, space, "write") is not None:
+        requests = self._requests
+        if (
+            request_id
+            and request_id in requests.ids
+            and requests.find(request_id, space, "write") is not None
+        ):
             earlier = await self._replay(request_id, space, "write")
             if earlier is not None:
                 return list(earlier)
-        engine = self.engine(space)
-        txn = self._transaction(engine, transaction)
+        engine = self._spaces.get(space)  # engine()'s and _transaction()'s, inline: frames less
+        if engine is None:
+            engine = self.engine(space)
+        txn = engine.transaction(transaction) if transaction else None
         recorder = self._recorder
         if recorder is not None:
-            recorder.check()
-        outcome = self._requests.begin(request_id, space, "write") if request_id else None
-        with self._acting_for(outcome):
+            recorder.journal.check()  # Recorder.check's, a frame less
+        outcome = requests.begin(request_id, space, "write") if request_id else None
+        try:  # _acting_for's, inline (a pair's write and take: an object and two calls less)
             written, granted = engine.write_entries(entries, lease, txn, visible_at)
-            grants = [LeaseGrant(stored.id, stored.expires_at, granted) for stored in written]
+            if len(written) == 1:  # a pair's write: no list comprehension's frame
+                grants = [LeaseGrant(written[0].id, written[0].expires_at, granted)]
+            else:
+                grants = [LeaseGrant(stored.id, stored.expires_at, granted) for stored in written]
             if recorder is not None and txn is not None and not self.keeps_transactions:
                 # The store learns of the entries at commit; their ids are reserved now.
                 self.note(recorder.id_records(space, engine))
@@ -388,8 +400,16 @@ class MemoryBackend(DeliveringMixin, ChangesMixin):
                 except BaseException:
                     undo()
                     raise
-                await recorder.commit(records, undo, written, outcome)  # not through _commit: a frame less
-        self._acted(outcome, grants, keep=txn is not None)
+                # Recorder.commit's wait here: not through _commit nor commit, two coroutines less
+                waiter = recorder.enqueue(records, undo, written, outcome)
+                if waiter is not None:
+                    await waiter
+        except BaseException:
+            if outcome is not None:
+                self._requests.abandon(outcome)
+            raise
+        if outcome is not None and (outcome.record is None or txn is not None):  # _acted's, inline
+            self._requests.finish(outcome, grants if txn is not None or recorder is None else None)
         return grants
 
     def _write_records(
@@ -401,19 +421,22 @@ class MemoryBackend(DeliveringMixin, ChangesMixin):
         outcome: Outcome | None,
         txn: Transaction | None = None,
     ) -> list[Record]:
-        assert self._recorder is not None
-        if txn is None:
-            records: list[Record] = [
-                ("put", space, s.id, s.arrival, s.expires_at, s.payload) for s in written
-            ]
-        else:  # recorded as the transaction's: invisible to others until it commits
+        recorder = self._recorder
+        assert recorder is not None
+        if txn is not None:  # recorded as the transaction's: invisible to others until it commits
             records = _written_records(space, written, txn)
+        elif len(written) == 1:  # a pair's write: no list comprehension's frame
+            s = written[0]
+            records = [("put", space, s.id, s.arrival, s.expires_at, s.payload)]
+        else:
+            records = [("put", space, s.id, s.arrival, s.expires_at, s.payload) for s in written]
         if written[0].hidden_until is not None:  # a delayed write (never under a transaction)
             records += [visibility_record(space, s) for s in written]
-        records += [
-            ("type", space, name, json.dumps(list(parents))) for name, parents in engine.declared.items()
-        ]
-        records += self._recorder.id_records(space, engine)
+        if engine.declared:  # types this write declared first
+            records += [
+                ("type", space, name, json.dumps(list(parents))) for name, parents in engine.declared.items()
+            ]
+        records += recorder.id_records(space, engine)
         if outcome is not None:
             # Ids of one write are consecutive (a partition's, its stride apart), with one lease:
             # four numbers say it all.
@@ -421,7 +444,7 @@ class MemoryBackend(DeliveringMixin, ChangesMixin):
             assert grants[-1].id == first.id + (len(grants) - 1) * engine.id_stride
             records.append(
                 (
-                    *self._recorder.request_head(outcome),
+                    *recorder.request_head(outcome),
                     first.id,
                     len(grants),
                     first.expires_at,
@@ -454,24 +477,42 @@ class MemoryBackend(DeliveringMixin, ChangesMixin):
     ) -> list[StoredEntry]:
         request_id = request_id if take else ""
         # `_replay` only when the id is known (a coroutine less for every first call).
-        if request_id and self._requests.find(request_id, space, "take") is not None:
+        requests = self._requests
+        if request_id and request_id in requests.ids and requests.find(request_id, space, "take") is not None:
             earlier = await self._replay(request_id, space, "take")
             if earlier is not None:
                 return list(earlier)
-        engine = self.engine(space)
-        txn = self._transaction(engine, transaction)
-        if take:
-            self._check_store()
-        outcome = self._requests.begin(request_id, space, "take") if request_id else None
-        with self._acting_for(outcome):
-            found = await self._find(engine, templates, take, max_entries, timeout, if_exists, txn)
+        engine = self._spaces.get(space)  # as in write
+        if engine is None:
+            engine = self.engine(space)
+        txn = engine.transaction(transaction) if transaction else None
+        if take and self._recorder is not None:
+            self._recorder.journal.check()  # _check_store's, two frames less
+        outcome = requests.begin(request_id, space, "take") if request_id else None
+        try:  # _acting_for's, inline (see write)
+            # _find's first step inline: a pair's take finds at once, without a coroutine of its own
+            found, conflicted = engine.find_or_conflict(
+                templates, take=take, max_entries=max_entries, txn=txn
+            )
+            if not (found or timeout == 0 or (if_exists and not conflicted)):
+                found = await self._park(engine, templates, take, max_entries, timeout, if_exists, txn)
             if take and found and self._recorder is not None and txn is None:
-                await self._commit_take(space, engine, found, outcome)
+                waiter = self._enqueue_take(space, engine, found, outcome)
+                if waiter is not None:  # awaited here: a coroutine less than a _commit_take
+                    try:
+                        await waiter
+                    except asyncio.CancelledError:
+                        self._take_cancelled(space, engine, found, outcome)
+                        raise
             elif found and txn is not None and self._keeping_transactions:
                 await self._commit_holds(space, engine, txn, found, take, outcome)
             elif found and not take and self._recorder is not None and not await self.settled(found):
                 self._check_store()
                 return []
+        except BaseException:
+            if outcome is not None:
+                self._requests.abandon(outcome)
+            raise
         if take and not found and outcome is not None:
             # A take that took nothing leaves nothing to answer: its retry acts afresh (as on a
             # durable store, which records nothing for it), and a partitioned space's fan-out
@@ -486,36 +527,43 @@ class MemoryBackend(DeliveringMixin, ChangesMixin):
         earlier = await self._replay(request_id, space, "take")
         return [] if earlier is None else list(earlier)
 
-    async def _commit_take(
+    def _enqueue_take(
         self, space: str, engine: SpaceEngine, found: list[StoredEntry], outcome: Outcome | None
-    ) -> None:
-        try:
-            self._check_store()  # a take that waited may resume after the store failed
-        except SpaceError:
-            engine.restore(found)
-            raise
+    ) -> asyncio.Future[None] | None:
+        """Record a take of `found` (`Recorder.enqueue`): the caller's future to await, None if
+        nothing is to be awaited (`interval`). A take that waited may resume after the store
+        failed: the journal's `submit` then refuses, and `enqueue` undoes the take before any
+        of it reaches the store."""
         if outcome is None:
             records: list[Record] = [("delete", space, stored.id) for stored in found]
         else:  # the rows stay, marked, to answer a retry until the request window passes
-            records = [
-                ("take", space, s.id, outcome.request_id, i, outcome.expires_at) for i, s in enumerate(found)
-            ]
-            records.append((*Recorder.request_head(outcome), None, len(found), None, None))
+            request_id, until = outcome.request_id, outcome.expires_at
+            if len(found) == 1:  # a pair's take: no list comprehension's frame
+                records = [("take", space, found[0].id, request_id, 0, until)]
+            else:
+                records = [("take", space, s.id, request_id, i, until) for i, s in enumerate(found)]
+            # Recorder.request_head's, inline (the outcome is this space's take's): a call less
+            records.append(("request", request_id, space, "take", until, None, len(found), None, None))
         recorder = self._recorder
         assert recorder is not None  # only a recorded space's takes come here
-        try:  # not through _commit: a coroutine less
-            await recorder.commit(records, lambda: engine.restore(found), outcome=outcome, hands_out=True)
-        except asyncio.CancelledError:
-            # The caller is gone. With a request id its retry gets these entries; without one,
-            # nobody will: put them back, as a cancelled blocked take does.
-            if outcome is None:
-                engine.restore(found)
-                self.note(
-                    [("put", space, s.id, s.arrival, s.expires_at, s.payload) for s in found]
-                    + [visibility_record(space, s) for s in found if s.deliveries]  # its count
-                    + recorder.id_records(space, engine)
-                )
-            raise
+        undo = functools.partial(engine.restore, found)  # no closure's cells for engine and found
+        return recorder.enqueue(records, undo, outcome=outcome, hands_out=True)
+
+    def _take_cancelled(
+        self, space: str, engine: SpaceEngine, found: list[StoredEntry], outcome: Outcome | None
+    ) -> None:
+        """The caller of a recorded take is gone while it waited for its batch. With a request id
+        its retry gets these entries; without one, nobody will: put them back, as a cancelled
+        blocked take does."""
+        if outcome is None:
+            recorder = self._recorder
+            assert recorder is not None
+            engine.restore(found)
+            self.note(
+                [("put", space, s.id, s.arrival, s.expires_at, s.payload) for s in found]
+                + [visibility_record(space, s) for s in found if s.deliveries]  # its count
+                + recorder.id_records(space, engine)
+            )
 
     def _hold_records(
         self,
@@ -608,6 +656,33 @@ class MemoryBackend(DeliveringMixin, ChangesMixin):
         # locked by other transactions.
         if found or timeout == 0 or (if_exists and not conflicted):
             return found
+        return await self._park(
+            engine,
+            templates,
+            take,
+            max_entries,
+            timeout,
+            if_exists,
+            txn,
+            ack=ack,
+            max_deliveries=max_deliveries,
+        )
+
+    async def _park(
+        self,
+        engine: SpaceEngine,
+        templates: Sequence[Template],
+        take: bool,
+        max_entries: int,
+        timeout: float | None,
+        if_exists: bool,
+        txn: Transaction | None = None,
+        *,
+        ack: float | None = None,
+        max_deliveries: int = 0,
+    ) -> list[StoredEntry]:
+        """`_find`'s wait, when it found nothing at once: park a waiter until a delivery, the
+        timeout or the caller's cancellation."""
         if self.closing:
             raise ShuttingDownError(SHUTTING_DOWN)
         limit = self.config.limits.max_waiters

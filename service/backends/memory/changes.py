@@ -186,40 +186,65 @@ class ChangesMixin:
         if engine.changes is not None:
             engine.on_logged = functools.partial(self.wake_feeds, name)  # a frame less than a lambda
             if self._recorder is not None:
-                engine.on_change = lambda change: self._changed(name, engine, change)
+                engine.on_change = functools.partial(self._changed, name, engine)
 
     # ------------------------------------------------------------------ recording
 
     def _changed(self, space: str, engine: SpaceEngine, change: Change) -> None:
         """The engine's hook: record `change` in the batch of the change itself (the engine's
         `on_logged` then wakes the space's feeds). Never raises (it runs past the engine's
-        commit point)."""
+        commit point): while the store is failed, `submit` refuses and nothing of this reaches
+        the store (a failed batch's undo, or as `note`)."""
         recorder = self._recorder
-        if recorder is not None:
-            journal = recorder.journal
-            try:
-                journal.check()
-            except SpaceError:
-                pass  # nothing of this reaches the store (a failed batch's undo, or as `note`)
+        if recorder is None:
+            return
+        journal = recorder.journal
+        log = engine.changes
+        assert log is not None
+        records: Sequence[Record] = ()
+        epoch = False
+        if recorder.keeps_changes:
+            entry = change.entry
+            kind = change.kind
+            record = (  # change_record's, inline: a call less per change
+                "change",
+                space,
+                change.seq,
+                kind,
+                entry.id,
+                change.at,
+                change.transaction,
+                change.visible_at,
+                None if kind == "write" else entry.payload,
+            )
+            if space in self._epoch_recorded:
+                records = (record,)
             else:
-                log = engine.changes
-                assert log is not None
-                records: list[Record] = []
-                if getattr(journal, "keeps_changes", False):
-                    records.append(change_record(space, change))
-                if records and space not in self._epoch_recorded:
-                    records.insert(0, ("change_epoch", space, log.epoch))
-                    self._epoch_recorded.add(space)
-                seq = change.seq
+                records, epoch = (("change_epoch", space, log.epoch), record), True
+        waits = journal.waits
+        try:
+            future, _ = journal.submit(
+                records,
+                functools.partial(self._rewind, log, space, change.seq) if waits else None,
+                own=False,
+            )
+        except SpaceError:
+            return
+        if epoch:
+            self._epoch_recorded.add(space)
+        if waits:
+            # _track_batch's common case inline: the space's newest change is in this batch too
+            tracked = self._change_batches.get(space)
+            if tracked is not None and tracked[0] is future:
+                tracked[1] = change.seq
+            else:
+                self._track_batch(space, future, change.seq)
 
-                def rewind() -> None:
-                    log.rewind(seq - 1)
-                    if seq == 1:
-                        self._epoch_recorded.discard(space)
-
-                future, _ = journal.submit(records, rewind if journal.waits else None, own=False)
-                if journal.waits:
-                    self._track_batch(space, future, seq)
+    def _rewind(self, log: ChangeLog, space: str, seq: int) -> None:
+        """A failed batch's undo of the change `seq` it recorded: the log goes back before it."""
+        log.rewind(seq - 1)
+        if seq == 1:
+            self._epoch_recorded.discard(space)
 
     def _track_batch(self, space: str, future: asyncio.Future[None], seq: int) -> None:
         """Remember that `seq` is durable once `future` (its batch) is."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Mapping
 from typing import Any
 
 from outrig.service.engine.clock import Clock
@@ -139,6 +140,9 @@ class RequestLog:
         self._clock = clock
         # An id's call in flight, or its `_Finished` record once it acted.
         self._outcomes: dict[str, Outcome | _Finished] = {}
+        # The same dict, for a membership test without a call (`request_id in log.ids`: a write's
+        # and a take's first look, before `find`); not to be changed through.
+        self.ids: Mapping[str, object] = self._outcomes
         self._order: deque[tuple[float, str]] = deque()  # (expires_at, request id), oldest first
 
     def __len__(self) -> int:
@@ -163,8 +167,10 @@ class RequestLog:
 
     def begin(self, request_id: str, space: str, kind: str) -> Outcome:
         """Record a first call now in flight."""
-        outcome = Outcome(request_id, space, kind, self._clock.time() + self.window, in_flight=True)
-        self._add(outcome)
+        expires_at = self._clock.time() + self.window
+        outcome = Outcome(request_id, space, kind, expires_at, in_flight=True)
+        self._outcomes[request_id] = outcome  # _add's, inline: a frame less per call with an id
+        self._order.append((expires_at, request_id))
         return outcome
 
     def restore(self, request_id: str, space: str, kind: str, expires_at: float) -> None:
@@ -180,8 +186,13 @@ class RequestLog:
         """The first call acted; `result` is kept for retries when there is no store (as a
         `_Finished` record, in the place of `outcome`)."""
         outcome.result = result
-        outcome.settle(True)
-        if self._holds(outcome):
+        outcome._in_flight = False  # settle(True)'s, inline (a frame less, every call with an id)
+        done = outcome._done
+        if done is not None and not done.done():
+            done.set_result(True)
+        # _holds's, inline
+        record = self._outcomes.get(outcome.request_id)
+        if record is not None and (record is outcome or record is outcome.record):
             outcome.record = _finished(outcome, result)
             self._outcomes[outcome.request_id] = outcome.record
 

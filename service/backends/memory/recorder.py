@@ -34,6 +34,8 @@ class Recorder:
 
     def __init__(self, journal: Journal, requests: RequestLog) -> None:
         self.journal = journal
+        # Whether it records the change log (memory/journal.py: an optional attribute), read once.
+        self.keeps_changes: bool = getattr(journal, "keeps_changes", False)
         self._requests = requests
         # Entries whose write is not yet durable, with the batch that will make it so.
         self._unsynced: dict[StoredEntry, asyncio.Future[None]] = {}
@@ -70,6 +72,21 @@ class Recorder:
         batch fails; undoing the change then would put them back for a second taker. So its undo
         runs only if the journal refuses it at once: memory keeps the take, and the store, as
         after a crash, loses it (the interval policy's documented loss)."""
+        waiter = self.enqueue(records, undo, written, outcome, hands_out=hands_out)
+        if waiter is not None:
+            await waiter  # its own future: cancelling this call cancels nothing shared
+
+    def enqueue(
+        self,
+        records: Sequence[Record],
+        undo: Callable[[], None] | None,
+        written: Iterable[StoredEntry] = (),
+        outcome: Outcome | None = None,
+        *,
+        hands_out: bool = False,
+    ) -> asyncio.Future[None] | None:
+        """`commit` without its wait: the caller's own future to await (None under `interval`).
+        A durable write or take awaits it itself, a coroutine less than awaiting `commit`."""
         journal = self.journal
         undo_later = undo if journal.waits or not hands_out else None
         try:
@@ -84,12 +101,12 @@ class Recorder:
             outcome.committing = True
             self._outcomes.append(outcome)
         if waiter is None:  # the interval policy: the reply does not wait
-            return
+            return None
         unsynced = self._unsynced
         for stored in written:
             unsynced[stored] = future
             self._written.append(stored)
-        await waiter  # its own future: cancelling this call cancels nothing shared
+        return waiter
 
     async def settled(self, entries: Sequence[StoredEntry]) -> bool:
         """Wait until the writes of `entries` are durable; False if one of them failed."""
