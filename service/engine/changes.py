@@ -260,9 +260,14 @@ class ChangeLog:
     def _trim_size(self) -> None:
         held, known, oldest, size = self._entries, self._facts, self._oldest, self._bytes
         while held and (len(held) > self.max_count or size > self.max_bytes):
-            # `_drop_oldest`, with the figures in locals
+            # `_drop_oldest`, with the figures in locals and `_size` inline (a full log drops a
+            # change for each one added: a call each was 5% of a full log's logging of a batch pair)
             del known[oldest]
-            size -= _size(held.pop(oldest)) + CHANGE_OVERHEAD
+            entry = held.pop(oldest)
+            if entry.__class__ is tuple:  # frozen: gone from its space
+                size -= entry[FROZEN_SIZE] + CHANGE_OVERHEAD
+            else:
+                size -= entry.size + CHANGE_OVERHEAD  # type: ignore[union-attr]
             oldest += 1
         self._oldest, self._bytes = oldest, size
 

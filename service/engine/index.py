@@ -36,6 +36,12 @@ Bucket = OrderedDict[int, StoredEntry] | StoredEntry
 """The entries filed under one key, in arrival order; a (type, field, value) slot of one entry
 holds it bare."""
 
+Slots = dict[Hashable, Bucket]
+"""The slots of one (type, field): a value key's bucket."""
+
+Fields = dict[str, Slots]
+"""The slots of one type, by field."""
+
 
 # A range of at most this many distinct values is read as its groups of one value each (each in
 # arrival order, in the ordered index), merged: the oldest match at the cost of a bisection per
@@ -43,9 +49,13 @@ holds it bare."""
 _MERGED_GROUPS = 32
 
 
-_Last = tuple[FieldValue, Hashable, Bucket]
+_Last = tuple[FieldValue, Slots, Bucket]
 """What `insert_many` and `remove_many` remember of a (type, field) from an earlier entry of the
-batch: its value, that value's slot key and what the slot holds."""
+batch: its value, the (type, field)'s slots and what that value's slot holds."""
+
+
+_FORGOTTEN = FieldValue("null", None)
+"""In a `_Last`, the value of no entry: the (type, field)'s slots are remembered, not a bucket."""
 
 
 def _shares(entries: Sequence[StoredEntry]) -> bool:
@@ -110,8 +120,14 @@ class EntryIndex:
         # A (type, field, value) slot holds its one entry itself, or an OrderedDict once it has
         # more: most slots of unique values (ids, counters) hold one entry, and a container each
         # would cost ~400 bytes (measured: 1,879 bytes per two-field entry with containers).
+        # The slots are kept by type, then field, then value key: a slot is found by two
+        # lookups of a name (string keys, their hashes cached) and one of the value's key (the
+        # very `value.key` object it was filed under, when an entry is unfiled), not by a (type,
+        # field, key) tuple made, hashed and compared for each field of each entry. A field's
+        # slots are kept once emptied (bounded by the names a space files), so that a space
+        # emptied by each take does not make them again for each write (3% of an engine pair).
         self._by_type: dict[str, OrderedDict[int, StoredEntry]] = {}
-        self._by_field: dict[Hashable, Bucket] = {}
+        self._by_field: dict[str, Fields] = {}
         # Ordered indexes by type, then field: empty until a template needs one (or declared).
         self._ordered: dict[str, dict[str, OrderedField]] = {}
         for type_name, field in indexes:
@@ -128,13 +144,19 @@ class EntryIndex:
             if bucket is None:
                 bucket = by_type[type_name] = OrderedDict()
             bucket[entry_id] = stored
+            fields = by_field.get(type_name)
             for name, value in stored.fields.items():
-                slot = (type_name, name, value.key)
-                current = by_field.get(slot)
+                if fields is None:
+                    fields = by_field[type_name] = {}
+                slots = fields.get(name)
+                if slots is None:
+                    slots = fields[name] = {}
+                key = value.key
+                current = slots.get(key)
                 if current is None:
-                    by_field[slot] = stored
+                    slots[key] = stored
                 elif isinstance(current, StoredEntry):
-                    by_field[slot] = OrderedDict(((current.id, current), (entry_id, stored)))
+                    slots[key] = OrderedDict(((current.id, current), (entry_id, stored)))
                 else:
                     current[entry_id] = stored
         if self._ordered:
@@ -149,8 +171,9 @@ class EntryIndex:
         of one lineage are remembered (`_Last`): the type's buckets are looked up once for the
         run, and a field whose value is the very `FieldValue` the field had in an earlier entry
         of the run (the codec's one-pass reading shares a batch's equal values) goes straight to
-        that slot's bucket, without making and looking up its slot key. So each bucket, and the
-        slots' order in the index, end as one `insert` after the other leaves them."""
+        that slot's bucket, and any other value of the field is looked up in the (type, field)'s
+        slots remembered from the earlier entry. So each bucket, and the slots' order in the
+        index, end as one `insert` after the other leaves them."""
         if not _shares(entries):
             insert, filed = self.insert, 0
             try:
@@ -168,35 +191,44 @@ class EntryIndex:
         try:
             for stored in entries:
                 entry_id = stored.id
-                if stored.lineage != lineage:  # a new run: its types' buckets, nothing remembered
-                    lineage = stored.lineage
+                if stored.lineage is not lineage and stored.lineage != lineage:
+                    lineage = stored.lineage  # a new run: its types' buckets, nothing remembered
                     runs = [(t, self._typed(t), {}) for t in lineage]
                 items = stored.fields.items()
                 for type_name, typed, last in runs:
                     typed[entry_id] = stored
                     for name, value in items:
                         seen = last.get(name)
-                        if seen is not None and seen[0] is value:  # the slot of an earlier entry
+                        if seen is None:  # the run's first value of the field: its slots
+                            fields = by_field.get(type_name)
+                            if fields is None:
+                                fields = by_field[type_name] = {}
+                            slots = fields.get(name)
+                            if slots is None:
+                                slots = fields[name] = {}
+                        elif seen[0] is value:  # the slot of an earlier entry
                             earlier = seen[2]
                             if type(earlier) is OrderedDict:
                                 earlier[entry_id] = stored
                             else:  # that entry alone, bare
                                 assert isinstance(earlier, StoredEntry)
-                                bucket = by_field[seen[1]] = OrderedDict(
+                                bucket = seen[1][value.key] = OrderedDict(
                                     ((earlier.id, earlier), (entry_id, stored))
                                 )
                                 last[name] = (value, seen[1], bucket)
                             continue
-                        slot = (type_name, name, value.key)
-                        current = by_field.get(slot)
+                        else:
+                            slots = seen[1]
+                        key = value.key
+                        current = slots.get(key)
                         if current is None:
-                            by_field[slot] = current = stored
+                            slots[key] = current = stored
                         elif isinstance(current, StoredEntry):
                             current = OrderedDict(((current.id, current), (entry_id, stored)))
-                            by_field[slot] = current
+                            slots[key] = current
                         else:
                             current[entry_id] = stored
-                        last[name] = (value, slot, current)
+                        last[name] = (value, slots, current)
                 if self._ordered:
                     for ordered in self._ordered_of(stored):
                         ordered.add(stored)
@@ -228,20 +260,26 @@ class EntryIndex:
                     bucket.pop(entry_id, None)
                     if not bucket:
                         del by_type[type_name]
+                fields = by_field.get(type_name, {})
                 for name, value in stored.fields.items():
-                    slot = (type_name, name, value.key)
-                    current = by_field.get(slot)
+                    slots = fields.get(name)
+                    current = None if slots is None else slots.get(value.key)
                     if current is None:
                         continue
+                    assert slots is not None
                     if isinstance(current, StoredEntry):
                         if current is stored:
-                            del by_field[slot]
-                        continue
-                    current.pop(entry_id, None)
-                    if not current:
-                        del by_field[slot]
-                    elif len(current) == 1:
-                        by_field[slot] = next(iter(current.values()))
+                            del slots[value.key]
+                    else:
+                        current.pop(entry_id, None)
+                        if not current:
+                            del slots[value.key]
+                        elif len(current) == 1:
+                            slots[value.key] = next(iter(current.values()))
+                    if not slots:
+                        del fields[name]
+                        if not fields:
+                            del by_field[type_name]
 
     def remove(self, stored: StoredEntry) -> None:
         """Unfile an entry that is filed."""
@@ -252,15 +290,18 @@ class EntryIndex:
             del bucket[entry_id]
             if not bucket:
                 del by_type[type_name]
+            fields = by_field.get(type_name)
             for name, value in stored.fields.items():
-                slot = (type_name, name, value.key)
-                current = by_field[slot]
+                assert fields is not None
+                slots = fields[name]
+                key = value.key
+                current = slots[key]
                 if isinstance(current, StoredEntry):
-                    del by_field[slot]
+                    del slots[key]
                 else:
                     del current[entry_id]
                     if len(current) == 1:
-                        by_field[slot] = next(iter(current.values()))
+                        slots[key] = next(iter(current.values()))
         if self._ordered:
             for ordered in self._ordered_of(stored):
                 ordered.discard(stored)
@@ -290,7 +331,7 @@ class EntryIndex:
         try:
             for stored in entries:
                 entry_id = stored.id
-                if stored.lineage != lineage:
+                if stored.lineage is not lineage and stored.lineage != lineage:
                     lineage = stored.lineage
                     runs = [(t, by_type[t], {}) for t in lineage]
                 items = stored.fields.items()
@@ -301,20 +342,22 @@ class EntryIndex:
                     for name, value in items:
                         seen = last.get(name)
                         if seen is not None and seen[0] is value:  # a bucket of two or more
-                            slot, current = seen[1], seen[2]
+                            slots, current = seen[1], seen[2]
                         else:
-                            slot = (type_name, name, value.key)
-                            current = by_field[slot]
+                            slots = by_field[type_name][name] if seen is None else seen[1]
+                            current = slots[value.key]
                             if isinstance(current, StoredEntry):
-                                del by_field[slot]
+                                del slots[value.key]
+                                if seen is None:  # its slots remembered, no bucket
+                                    last[name] = (_FORGOTTEN, slots, current)
                                 continue
                         assert not isinstance(current, StoredEntry)
                         del current[entry_id]
                         if len(current) == 1:
-                            by_field[slot] = next(iter(current.values()))
-                            last.pop(name, None)
+                            slots[value.key] = left = next(iter(current.values()))
+                            last[name] = (_FORGOTTEN, slots, left)  # its slots, no bucket of two
                         elif seen is None or seen[2] is not current:
-                            last[name] = (value, slot, current)
+                            last[name] = (value, slots, current)
                 if self._ordered:
                     for ordered in self._ordered_of(stored):
                         ordered.discard(stored)
@@ -335,7 +378,7 @@ class EntryIndex:
         for type_name in stored.lineage:
             _reorder(self._by_type[type_name], stored)
             for name, value in stored.fields.items():
-                bucket = self._by_field[(type_name, name, value.key)]
+                bucket = self._by_field[type_name][name][value.key]
                 if not isinstance(bucket, StoredEntry):
                     _reorder(bucket, stored)
 
@@ -353,12 +396,15 @@ class EntryIndex:
         if not template.fields:
             bucket = self._by_type.get(type_name)
             return None if bucket is None else (bucket, None)
-        by_field = self._by_field
+        fields = self._by_field.get(type_name)
+        if fields is None:
+            return None
         smallest: Bucket | None = None
         filed = ""
         least = 0
         for name, value in template.fields:
-            found = by_field.get((type_name, name, value.key))
+            slots = fields.get(name)
+            found = None if slots is None else slots.get(value.key)
             if found is None:
                 return None
             size = 1 if isinstance(found, StoredEntry) else len(found)
@@ -481,7 +527,8 @@ class EntryIndex:
         for name, matcher in template.matchers:
             values = matcher.equals()
             if values is not None:
-                buckets = [b for v in values if (b := by_field.get((type_name, name, v.key))) is not None]
+                slots = by_field.get(type_name, {}).get(name, {})
+                buckets = [b for v in values if (b := slots.get(v.key)) is not None]
                 total = sum(map(_size, buckets))
                 if not total:
                     return ()
@@ -546,4 +593,18 @@ class EntryIndex:
 
     def field_slots(self) -> list[tuple[str, str, Hashable]]:
         """Every (type, field, value key) slot, a copy."""
-        return list(self._by_field)  # type: ignore[arg-type]  # the slots `insert` files
+        return [
+            (t, f, key)
+            for t, fields in self._by_field.items()
+            for f, slots in fields.items()
+            for key in slots
+        ]
+
+    def slot_buckets(self) -> list[tuple[tuple[str, str, Hashable], Bucket]]:
+        """Every (type, field, value key) slot and what it holds, a copy (for tests and checks)."""
+        return [
+            ((t, f, key), bucket)
+            for t, fields in self._by_field.items()
+            for f, slots in fields.items()
+            for key, bucket in slots.items()
+        ]

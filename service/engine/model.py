@@ -48,9 +48,14 @@ class NewEntry(Record):
     `payload` is whatever the adapter wants back when the entry is returned (the servicer keeps
     the entry's encoded bytes, framed as a reply's field, so replies need no re-encoding); `size`
     is its encoded size in bytes, charged against the space's byte quota.
+
+    `lineage` is the type followed by its supertypes, the stored entry's: a batch's reading
+    passes one tuple for the entries of one lineage (their `StoredEntry`s share it, and the
+    index's batch filing tells a run of one lineage by identity), else it is made here. Not one
+    of the attributes it is compared by: it follows from the type and supertypes.
     """
 
-    __slots__ = ("fields", "payload", "size", "supertypes", "type_name")
+    __slots__ = ("fields", "lineage", "payload", "size", "supertypes", "type_name")
     _fields = ("type_name", "supertypes", "fields", "payload", "size")
 
     def __init__(
@@ -60,12 +65,14 @@ class NewEntry(Record):
         fields: Mapping[str, FieldValue],
         payload: object,
         size: int,
+        lineage: tuple[str, ...] | None = None,
     ) -> None:
         self.type_name: Final = type_name
         self.supertypes: Final = supertypes
         self.fields: Final = fields
         self.payload: Final = payload
         self.size: Final = size
+        self.lineage: Final = (type_name, *supertypes) if lineage is None else lineage
 
 
 class StoredEntry:
@@ -93,7 +100,7 @@ class StoredEntry:
         # Position in the space's arrival order: the id, until the entry is put back after a
         # cancelled take, when it joins the back of the queue like a new write.
         self.arrival = entry_id
-        self.lineage = (new.type_name, *new.supertypes)
+        self.lineage = new.lineage
         self.fields = new.fields
         self.payload = new.payload
         self.size = new.size

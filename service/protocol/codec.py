@@ -248,7 +248,7 @@ def _viewed_entries(encodings: Sequence[bytes | memoryview], limits: Limits) -> 
     `new_entry` (a large one, whose arrays are views; anything to refuse, so that the refusal
     names its entry and field; a name sent twice, which the map decodes as its last; a type
     name sent twice, or a separator's empty name or field sent by the entry itself)."""
-    if any(len(encoding) > wire.VIEW_ARRAYS_ABOVE for encoding in encodings):
+    if max(map(len, encodings)) > wire.VIEW_ARRAYS_ABOVE:  # at C speed, not a generator
         return None
     try:
         batch = views.batch_view(encodings)
@@ -271,7 +271,8 @@ def _viewed_entries(encodings: Sequence[bytes | memoryview], limits: Limits) -> 
     del distinct[b""]  # the separators
     known = _viewed_fields(list(distinct), limits)
     longest, most = limits.max_name_length, limits.max_fields
-    lineages: dict[tuple[str, tuple[str, ...]], bool] = {}
+    # each lineage's tuple, shared by its entries (None: refused)
+    lineages: dict[tuple[str, tuple[str, ...]], tuple[str, ...] | None] = {}
     result: list[dict[str, FieldValue]] = []  # each entry's fields
     append = result.append
     fields: dict[str, FieldValue] = {}
@@ -298,14 +299,20 @@ def _viewed_entries(encodings: Sequence[bytes | memoryview], limits: Limits) -> 
     made: list[NewEntry] = []
     for i, (type_name, encoding) in enumerate(zip(type_names, encodings, strict=True)):
         lineage_of = () if supertypes is None else supertypes[i]
-        lineage = (type_name, lineage_of)
-        valid = lineages.get(lineage)
-        if valid is None:
-            valid = lineages[lineage] = _valid_lineage(type_name, lineage_of, longest)
-        if not valid:
+        shape = (type_name, lineage_of)
+        lineage = lineages.get(shape, _UNSEEN)
+        if lineage is _UNSEEN:
+            lineage = lineages[shape] = (
+                (type_name, *lineage_of) if _valid_lineage(type_name, lineage_of, longest) else None
+            )
+        if lineage is None:
             return None
-        made.append(NewEntry(type_name, lineage_of, result[i], wire.frame(encoding), len(encoding)))
+        made.append(NewEntry(type_name, lineage_of, result[i], wire.frame(encoding), len(encoding), lineage))
     return made
+
+
+_UNSEEN: tuple[str, ...] = ()
+"""`_viewed_entries`' lineages: one not met yet (a lineage has its type at least)."""
 
 
 def _grouped(names: list[str], count: int) -> list[tuple[str, ...]] | None:

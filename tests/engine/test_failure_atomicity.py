@@ -214,7 +214,7 @@ def check_indexes(space: SpaceEngine) -> None:
     assert {t: list(b) for t, b in space._index._by_type.items()} == expected_types
     slots = {
         slot: [bucket.id] if isinstance(bucket, StoredEntry) else list(bucket)
-        for slot, bucket in space._index._by_field.items()
+        for slot, bucket in space._index.slot_buckets()
     }
     assert slots == expected_slots
     assert space._bytes == sum(stored.size for stored in entries.values())

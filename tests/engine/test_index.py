@@ -34,18 +34,19 @@ def test_an_entry_is_filed_under_every_type_of_its_lineage_and_every_field() -> 
         assert ids(index.candidates([tpl(type_name, legs=4)])) == [dog.id]
     index.remove(dog)
     assert index.type_counts() == {}
-    assert index._by_field == {}
+    assert index.field_slots() == []  # a (type, field)'s emptied slots are kept, holding none
 
 
 def test_a_slot_of_one_entry_holds_it_bare_and_a_container_only_for_more() -> None:
     index = EntryIndex()
     first, second = filed(index, 1, "A", k=1), filed(index, 2, "A", k=1)
-    slot = ("A", "k", first.fields["k"].key)
-    assert index._by_field[slot] == OrderedDict(((1, first), (2, second)))
+    key = first.fields["k"].key
+    assert index._by_field["A"]["k"][key] == OrderedDict(((1, first), (2, second)))
     index.remove(first)
-    assert index._by_field[slot] is second
+    assert index._by_field["A"]["k"][key] is second
+    assert index.slot_buckets() == [(("A", "k", key), second)]
     index.remove(second)
-    assert slot not in index._by_field
+    assert index._by_field == {"A": {"k": {}}} and index.field_slots() == []
 
 
 def test_a_template_starts_from_its_smallest_bucket_or_none() -> None:
@@ -139,7 +140,7 @@ def _state(index: EntryIndex) -> tuple[object, ...]:
         {t: list(bucket) for t, bucket in index._by_type.items()},
         {
             slot: current.id if isinstance(current, StoredEntry) else list(current)
-            for slot, current in index._by_field.items()
+            for slot, current in index.slot_buckets()
         },
         index.ordered_indexes(),
     )
@@ -153,6 +154,30 @@ def _sharing(shared: bool, entries: list[StoredEntry]) -> list[StoredEntry]:
         for stored in entries:
             stored.fields = {name: values.setdefault(v.key, v) for name, v in stored.fields.items()}
     return entries
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_field_with_no_slot_left_keeps_its_empty_slots(shared: bool) -> None:
+    """The slots are kept by type, then field, then value key: a field whose last slot goes keeps
+    its (empty) slots, by `remove_many` (whichever way it remembers) as by `remove`, so that a
+    space emptied by each take does not make them again for each write; nothing lists them."""
+    index = EntryIndex()
+    kept = filed(index, 1, "A", k=1)
+    batch = _sharing(shared, [StoredEntry(i, new("A", "B", k=1, u=i, s="x"), None) for i in range(2, 6)])
+    index.insert_many(batch)
+    assert sorted(index._by_field) == ["A", "B"]
+    assert sorted(index._by_field["A"]) == ["k", "s", "u"]
+    assert len(index.field_slots()) == 2 * (1 + 4 + 1)
+    index.remove_many(batch)
+    emptied = {"A": {"k": {kept.fields["k"].key: kept}, "s": {}, "u": {}}, "B": {"k": {}, "s": {}, "u": {}}}
+    assert index._by_field == emptied
+    assert index.field_slots() == [("A", "k", kept.fields["k"].key)]
+    index.insert_many(batch)
+    for stored in batch:
+        index.remove(stored)
+    assert index._by_field == emptied
+    index.remove(kept)
+    assert index.field_slots() == [] and index.slot_buckets() == []
 
 
 @pytest.mark.parametrize("shared", [False, True])
@@ -265,7 +290,7 @@ def _layout(index: EntryIndex) -> tuple[object, ...]:
         [(t, list(bucket)) for t, bucket in index._by_type.items()],
         [
             (slot, current.id if isinstance(current, StoredEntry) else list(current))
-            for slot, current in index._by_field.items()
+            for slot, current in index.slot_buckets()
         ],
         index.ordered_indexes(),
     )
