@@ -32,7 +32,7 @@ import tempfile
 from pathlib import Path
 
 from measure import tune_client
-from mux import SHAPE, Probe
+from mux import SHAPE, Probe, Shape
 from run import _load, progress
 from servers import (
     MAX_MESSAGE_BYTES,
@@ -45,7 +45,7 @@ from servers import (
     start_redis,
     stop_all,
 )
-from workloads import Plan, redis_pair
+from workloads import WORKLOADS, Plan, Workload, redis_pair
 
 _HERE = Path(__file__).resolve().parent
 TARGETS = ("noop", "minimal_memory", "minimal_durable", "outrig_memory", "outrig_durable")
@@ -76,10 +76,23 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0, help="measured seconds per run (default 3)")
     parser.add_argument("--warmup", type=float, default=1.0, help="warm-up seconds per run (default 1)")
     parser.add_argument("--shapes", default="10_shared,1", help="client shapes (bench/mux.py's)")
+    parser.add_argument(
+        "--workloads", help="bench/run.py's workloads (take_many, notify, pair) instead of the Mux shapes"
+    )
     parser.add_argument("--quick", action="store_true", help="1 round of 1 s runs")
     args = parser.parse_args()
     rounds, seconds, warmup = (1, 1.0, 0.5) if args.quick else (args.rounds, args.seconds, args.warmup)
-    shapes = [SHAPE[name] for name in args.shapes.split(",")]
+    shapes: list[Shape | tuple[Workload, int]] = (
+        [SHAPE[name] for name in args.shapes.split(",")]
+        if not args.workloads
+        else [
+            (workload, clients)
+            for name in args.workloads.split(",")
+            for workload in WORKLOADS
+            if workload.name == name
+            for clients in (1, 10)
+        ]
+    )
     client = tune_client()
     print(f"server CPU per pair against the floors: {os.cpu_count()} cores, Python {sys.version.split()[0]}")
     print(f"client process: {client}")
@@ -95,7 +108,7 @@ def main() -> None:
         servers["minimal_durable"] = start_minimal(workdir, durable=True)
         servers["outrig_memory"] = start_outrig(workdir, name="outrig-memory")
         servers["outrig_durable"] = start_durable_outrig(workdir, name="outrig-durable")
-        if redis_available():
+        if redis_available() and not args.workloads:
             servers["redis_memory"] = start_redis(workdir)
             servers["redis_aof"] = start_redis(workdir, aof_always=True)
         names = list(servers)
@@ -106,30 +119,34 @@ def main() -> None:
                     shift = index % len(names)
                     for name in names[shift:] + names[:shift]:
                         server = servers[name]
-                        if name in REDIS:  # its 10 clients are 10 connections
+                        if not isinstance(shape, Shape):
+                            workload, clients = shape
+                            sample = workload.run(server, clients, plan)
+                        elif name in REDIS:  # its 10 clients are 10 connections
                             sample = redis_pair(server, shape.clients, plan)
                         else:
                             probe = Probe(server, plan, None)
                             sample = probe.result(shape.run(server, plan, True, probe)).sample
-                        results.setdefault((name, shape.name), []).append((sample.rate, sample.server_cpu))
+                        results.setdefault((name, _name(shape)), []).append((sample.rate, sample.server_cpu))
                         progress(
-                            f"round {index + 1}/{rounds} {shape.name:<10} {name:<16} {sample.rate:>9,.1f} "
-                            f"pairs/s {sample.server_cpu * 1e6:>9,.1f} us each"
+                            f"round {index + 1}/{rounds} {_name(shape):<12} {name:<16} {sample.rate:>9,.1f} "
+                            f"/s {sample.server_cpu * 1e6:>9,.1f} us each"
                         )
     finally:
         stop_all(servers.values(), workdir)
     print(f"load average after: {_load()}")
     print()
+    unit = "unit" if args.workloads else "pair"
     print(
-        "| shape | target | pairs/s | vs Redis (same kind) | server us/pair (min - max) | vs no-op |"
-        " outrig's own over the minimal's, vs no-op |"
+        f"| shape | target | {unit}s/s | vs Redis (same kind) | vs no-op | server us/{unit} (min - max) |"
+        " vs no-op | outrig's own over the minimal's, vs no-op |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for shape in shapes:
-        cpu = {name: statistics.median(c for _, c in results[(name, shape.name)]) for name in names}
-        rates = {name: statistics.median(r for r, _ in results[(name, shape.name)]) for name in names}
+        cpu = {name: statistics.median(c for _, c in results[(name, _name(shape))]) for name in names}
+        rates = {name: statistics.median(r for r, _ in results[(name, _name(shape))]) for name in names}
         for name in names:
-            runs = results[(name, shape.name)]
+            runs = results[(name, _name(shape))]
             low, high = min(c for _, c in runs), max(c for _, c in runs)
             kind = name.partition("_")[2]
             own = ""
@@ -137,10 +154,16 @@ def main() -> None:
                 own = f"{(cpu[name] - cpu[f'minimal_{kind}']) / cpu['noop']:.2f}"
             redis = {"memory": "redis_memory", "durable": "redis_aof"}.get(kind)
             versus = f"{rates[name] / rates[redis]:.2f}" if redis in rates and name not in REDIS else ""
+            spread = f"{cpu[name] * 1e6:,.1f} ({low * 1e6:,.0f} - {high * 1e6:,.0f})"
             print(
-                f"| {shape.name} | {name} | {rates[name]:,.0f} | {versus} | {cpu[name] * 1e6:,.1f} "
-                f"({low * 1e6:,.0f} - {high * 1e6:,.0f}) | {cpu[name] / cpu['noop']:.2f} | {own} |"
+                f"| {_name(shape)} | {name} | {rates[name]:,.0f} | {versus} | "
+                f"{rates[name] / rates['noop']:.2f} | {spread} | {cpu[name] / cpu['noop']:.2f} | {own} |"
             )
+
+
+def _name(shape: Shape | tuple[Workload, int]) -> str:
+    """A shape's name in the tables: bench/mux.py's, or a workload's as bench/run.py's ratios name it."""
+    return shape.name if isinstance(shape, Shape) else f"{shape[0].name}_{shape[1]}"
 
 
 if __name__ == "__main__":

@@ -6,22 +6,25 @@ for bench/floor.py.
 The no-op server (bench/noop_server.py) answers from canned replies; this one, built on it (the
 same service, generated code, Mux stream and framing), keeps what is written and hands it back:
 
-- a Mux ``write`` files its entry (the decoded `pb.Entry` the stream's deserializer made) under a
-  new id in a hash index of (type name, field name, the Value's bytes), keeps the entry's bytes,
-  and answers with a lease of its own (the id, an expiry, the seconds granted);
-- a Mux ``take`` looks the template's first set field up in that index (or the type's bucket
-  when no field is set), takes the first entry whose every other template field is equal,
-  unfiles it from each of its buckets and answers with its bytes; no match answers at once with
-  no entry (the pairs this floor is for always find theirs: the take follows the write's answer).
+- a Mux ``write``, and each entry of a ``write_many``, files its entry (the `pb.Entry` the
+  stream's deserializer decoded) under a new id in a hash index of (type name, field name, the
+  Value's bytes), keeps the entry's bytes, and answers with a lease of its own (the id, an
+  expiry, the seconds granted);
+- a Mux ``take`` (a ``take_many``: up to its max_entries) looks the template's first set field
+  up in that index (or the type's bucket when no field is set), takes the first entries whose
+  every other template field is equal, unfiles them from each of their buckets and answers with
+  their bytes; no match answers at once with no entry (the workloads this floor is for always
+  find theirs: the take follows the write's answer).
 
 Nothing else: no supertypes, leases that never expire, no request ids, no change log, no
-quotas, no waiting, no access check, no metrics. With ``--data-dir``, each MuxRequest's writes
-and takes are also appended to a log file in DIR (each op's bytes, length-prefixed) and the
-results of every request that arrived in one turn of the event loop wait for one ``fdatasync``
-on a thread of its own (group commit, as Redis's ``appendfsync always`` does per turn): the
-least a durable space must do, without recovery.
+quotas, no waiting, no access check, no metrics; every other call is the no-op server's (a
+write still puts the no-op's canned event in each Notify stream). With ``--data-dir``, each
+MuxRequest's writes and takes are also appended to a log file in DIR (each op's bytes,
+length-prefixed), and the results of the requests that arrived in one turn of the event loop
+wait for one ``fdatasync`` on a thread of its own (group commit, as Redis's ``appendfsync
+always`` does per turn): the least a durable space must do, without recovery.
 
-Every other call is the no-op server's. Prints ``minimal listening on HOST:PORT`` once it serves.
+Prints ``minimal listening on HOST:PORT`` once it serves, and stops on SIGTERM or SIGINT.
 """
 
 # The gRPC method names are fixed by the proto.
@@ -49,6 +52,7 @@ from outrig.v1 import space_pb2 as pb
 
 _LEASE_SECONDS = 60.0
 _ENTRIES_TAG = b"\x0a"  # MatchReply.entries, field 1, length-delimited
+_LOGGED = frozenset(("write", "write_many", "take", "take_many"))  # what --data-dir logs
 
 
 def _varint(value: int) -> bytes:
@@ -83,7 +87,8 @@ class MinimalSpace(NoopSpace):
         self._waiting: list[asyncio.Future[None]] = []
         self._sync_scheduled = False
 
-    def _file(self, entry: pb.Entry) -> Reply:
+    def _filed(self, entry: pb.Entry) -> pb.Lease:
+        """File `entry` under a new id; its lease."""
         entry_id = self._next_id
         self._next_id += 1
         type_name = entry.type_name
@@ -97,35 +102,42 @@ class MinimalSpace(NoopSpace):
             bucket[entry_id] = None
         body = entry.SerializeToString()
         self._entries[entry_id] = _Stored(_ENTRIES_TAG + _varint(len(body)) + body, keys)
-        lease = pb.WriteReply(
-            lease=pb.Lease(
-                id=entry_id, expires_at=time.time() + _LEASE_SECONDS, granted_seconds=_LEASE_SECONDS
-            )
-        )
-        return _reply("write", lease.SerializeToString())
+        return pb.Lease(id=entry_id, expires_at=time.time() + _LEASE_SECONDS, granted_seconds=_LEASE_SECONDS)
 
-    def _take_first(self, request: pb.MatchRequest) -> Reply:
+    def _taken(self, request: pb.MatchRequest, most: int) -> bytes:
+        """Up to `most` entries matching the request's first template, unfiled: a MatchReply."""
         template = request.templates[0]
         type_name = template.type_name
         wanted = [(type_name, name, value.SerializeToString()) for name, value in template.fields.items()]
         bucket = self._buckets.get(wanted[0] if wanted else (type_name, "", b""))
-        if bucket:
-            others = set(wanted[1:])
-            for entry_id in bucket:
-                stored = self._entries[entry_id]
-                if others.issubset(stored.keys):
-                    del self._entries[entry_id]
-                    for key in stored.keys:
-                        del self._buckets[key][entry_id]  # emptied buckets stay, as outrig's slots do
-                    return _reply("take", stored.body)
-        return _reply("take", b"")
+        if not bucket:
+            return b""
+        others = set(wanted[1:])
+        found: list[int] = []
+        for entry_id in bucket:
+            if others.issubset(self._entries[entry_id].keys):
+                found.append(entry_id)
+                if len(found) == most:
+                    break
+        bodies = []
+        for entry_id in found:
+            stored = self._entries.pop(entry_id)
+            for key in stored.keys:
+                del self._buckets[key][entry_id]  # emptied buckets stay, as outrig's slots do
+            bodies.append(stored.body)
+        return b"".join(bodies)
 
     def _mux_reply(self, op: pb.MuxOp, kind: str) -> Reply:
         if kind == "write":
             self._written()
-            return self._file(op.write.entry)
+            return _reply(kind, pb.WriteReply(lease=self._filed(op.write.entry)).SerializeToString())
+        if kind == "write_many":
+            leases = [self._filed(entry) for entry in op.write_many.entries]
+            return _reply(kind, pb.WriteManyReply(leases=leases).SerializeToString())
         if kind == "take":
-            return self._take_first(op.take)
+            return _reply(kind, self._taken(op.take, 1))
+        if kind == "take_many":
+            return _reply(kind, self._taken(op.take_many, max(1, op.take_many.max_entries)))
         return super()._mux_reply(op, kind)
 
     # Durability: the log and the group commit.
@@ -137,7 +149,7 @@ class MinimalSpace(NoopSpace):
         parts: list[bytes] = []
         for op in request.ops:
             kind = op.WhichOneof("op")
-            if kind == "write" or kind == "take":
+            if kind in _LOGGED:
                 data = op.SerializeToString()
                 parts += (struct.pack("<I", len(data)), data)
         if not parts:
