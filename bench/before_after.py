@@ -74,17 +74,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="1 round of 1 s runs")
     args = parser.parse_args()
     rounds, seconds, warmup = (1, 1.0, 0.5) if args.quick else (args.rounds, args.seconds, args.warmup)
-    shapes: list[Shape | tuple[Workload, int]] = (
-        [SHAPE[name] for name in args.shapes.split(",")]
-        if not args.workloads
-        else [
-            (workload, clients)
-            for name in args.workloads.split(",")
-            for workload in WORKLOADS
-            if workload.name == name
-            for clients in (1, 10)
-        ]
-    )
+    shapes = client_shapes(args.shapes, args.workloads)
     client = tune_client()
     print(f"server CPU per pair, before / after: {os.cpu_count()} cores, Python {sys.version.split()[0]}")
     print(f"baseline: {args.baseline_python}; client process: {client}")
@@ -119,9 +109,10 @@ def main() -> None:
                         else:
                             workload, clients = shape
                             sample = workload.run(server, clients, plan)
-                        results.setdefault((name, _name(shape)), []).append((sample.rate, sample.server_cpu))
+                        label = shape_name(shape)
+                        results.setdefault((name, label), []).append((sample.rate, sample.server_cpu))
                         progress(
-                            f"round {index + 1}/{rounds} {_name(shape):<12} {name:<15} {sample.rate:>9,.1f} "
+                            f"round {index + 1}/{rounds} {label:<12} {name:<15} {sample.rate:>9,.1f} "
                             f"/s {sample.server_cpu * 1e6:>9,.1f} us each"
                         )
             if args.profile:
@@ -136,9 +127,9 @@ def main() -> None:
     print(f"| shape | target | {unit}s/s | server us/{unit} (min - max) | vs no-op | after / before |")
     print("|---|---|---|---|---|---|")
     for shape in shapes:
-        cpu = {name: statistics.median(c for _, c in results[(name, _name(shape))]) for name in servers}
+        cpu = {name: statistics.median(c for _, c in results[(name, shape_name(shape))]) for name in servers}
         for name in servers:
-            runs = results[(name, _name(shape))]
+            runs = results[(name, shape_name(shape))]
             rate = statistics.median(r for r, _ in runs)
             low, high = min(c for _, c in runs), max(c for _, c in runs)
             kind = name.rpartition("_")[2]
@@ -149,7 +140,7 @@ def main() -> None:
                 else ""
             )
             print(
-                f"| {_name(shape)} | {name} | {rate:,.0f} | {cpu[name] * 1e6:,.1f} ({low * 1e6:,.0f} - "
+                f"| {shape_name(shape)} | {name} | {rate:,.0f} | {cpu[name] * 1e6:,.1f} ({low * 1e6:,.0f} - "
                 f"{high * 1e6:,.0f}) | {cpu[name] / cpu['noop']:.2f} | {versus} |"
             )
     for name, (profile, marked, rate) in profiles.items():
@@ -161,7 +152,21 @@ def main() -> None:
             print(f"| {what} | {count / profile.busy:.1%} |")
 
 
-def _name(shape: Shape | tuple[Workload, int]) -> str:
+def client_shapes(shapes: str, workloads: str | None) -> list[Shape | tuple[Workload, int]]:
+    """bench/mux.py's shapes by name, or with `workloads` bench/run.py's workloads by name, each with
+    1 and with 10 clients (also bench/floor.py's)."""
+    if not workloads:
+        return [SHAPE[name] for name in shapes.split(",")]
+    return [
+        (workload, clients)
+        for name in workloads.split(",")
+        for workload in WORKLOADS
+        if workload.name == name
+        for clients in (1, 10)
+    ]
+
+
+def shape_name(shape: Shape | tuple[Workload, int]) -> str:
     """A shape's name in the tables: bench/mux.py's, or a workload's as bench/run.py's ratios name it."""
     return shape.name if isinstance(shape, Shape) else f"{shape[0].name}_{shape[1]}"
 

@@ -31,8 +31,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from before_after import client_shapes, shape_name
 from measure import tune_client
-from mux import SHAPE, Probe, Shape
+from mux import Probe, Shape
 from run import _load, progress
 from servers import (
     MAX_MESSAGE_BYTES,
@@ -45,7 +46,7 @@ from servers import (
     start_redis,
     stop_all,
 )
-from workloads import WORKLOADS, Plan, Workload, redis_pair
+from workloads import Plan, redis_pair
 
 _HERE = Path(__file__).resolve().parent
 TARGETS = ("noop", "minimal_memory", "minimal_durable", "outrig_memory", "outrig_durable")
@@ -82,17 +83,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="1 round of 1 s runs")
     args = parser.parse_args()
     rounds, seconds, warmup = (1, 1.0, 0.5) if args.quick else (args.rounds, args.seconds, args.warmup)
-    shapes: list[Shape | tuple[Workload, int]] = (
-        [SHAPE[name] for name in args.shapes.split(",")]
-        if not args.workloads
-        else [
-            (workload, clients)
-            for name in args.workloads.split(",")
-            for workload in WORKLOADS
-            if workload.name == name
-            for clients in (1, 10)
-        ]
-    )
+    shapes = client_shapes(args.shapes, args.workloads)
     client = tune_client()
     print(f"server CPU per pair against the floors: {os.cpu_count()} cores, Python {sys.version.split()[0]}")
     print(f"client process: {client}")
@@ -127,9 +118,10 @@ def main() -> None:
                         else:
                             probe = Probe(server, plan, None)
                             sample = probe.result(shape.run(server, plan, True, probe)).sample
-                        results.setdefault((name, _name(shape)), []).append((sample.rate, sample.server_cpu))
+                        label = shape_name(shape)
+                        results.setdefault((name, label), []).append((sample.rate, sample.server_cpu))
                         progress(
-                            f"round {index + 1}/{rounds} {_name(shape):<12} {name:<16} {sample.rate:>9,.1f} "
+                            f"round {index + 1}/{rounds} {label:<12} {name:<16} {sample.rate:>9,.1f} "
                             f"/s {sample.server_cpu * 1e6:>9,.1f} us each"
                         )
     finally:
@@ -143,10 +135,10 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|---|---|")
     for shape in shapes:
-        cpu = {name: statistics.median(c for _, c in results[(name, _name(shape))]) for name in names}
-        rates = {name: statistics.median(r for r, _ in results[(name, _name(shape))]) for name in names}
+        cpu = {name: statistics.median(c for _, c in results[(name, shape_name(shape))]) for name in names}
+        rates = {name: statistics.median(r for r, _ in results[(name, shape_name(shape))]) for name in names}
         for name in names:
-            runs = results[(name, _name(shape))]
+            runs = results[(name, shape_name(shape))]
             low, high = min(c for _, c in runs), max(c for _, c in runs)
             kind = name.partition("_")[2]
             own = ""
@@ -156,14 +148,9 @@ def main() -> None:
             versus = f"{rates[name] / rates[redis]:.2f}" if redis in rates and name not in REDIS else ""
             spread = f"{cpu[name] * 1e6:,.1f} ({low * 1e6:,.0f} - {high * 1e6:,.0f})"
             print(
-                f"| {_name(shape)} | {name} | {rates[name]:,.0f} | {versus} | "
+                f"| {shape_name(shape)} | {name} | {rates[name]:,.0f} | {versus} | "
                 f"{rates[name] / rates['noop']:.2f} | {spread} | {cpu[name] / cpu['noop']:.2f} | {own} |"
             )
-
-
-def _name(shape: Shape | tuple[Workload, int]) -> str:
-    """A shape's name in the tables: bench/mux.py's, or a workload's as bench/run.py's ratios name it."""
-    return shape.name if isinstance(shape, Shape) else f"{shape[0].name}_{shape[1]}"
 
 
 if __name__ == "__main__":

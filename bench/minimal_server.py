@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import struct
 import time
 from collections.abc import AsyncIterator
@@ -43,8 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import grpc
-from noop_server import MAX_STREAM_OPS, PENDING_REQUESTS, NoopSpace, Reply, _reply, _Stream, add_to_server
+from noop_server import MAX_STREAM_OPS, NoopSpace, Reply, _reply, _Stream, serve
 
 from outrig._protocol import LIMIT_KEY
 from outrig.service.transport.mux import Result
@@ -210,29 +208,6 @@ class MinimalSpace(NoopSpace):
         stream.add(results)
 
 
-async def serve(listen: str, data_dir: Path | None, max_message_bytes: int) -> None:
-    server = grpc.aio.server(
-        options=[
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.max_send_message_length", max_message_bytes),
-            ("grpc.so_reuseport", 0),
-            ("grpc.server.max_pending_requests", PENDING_REQUESTS),
-            ("grpc.server.max_pending_requests_hard_limit", 2 * PENDING_REQUESTS),
-        ]
-    )
-    add_to_server(MinimalSpace(data_dir), server)
-    host = listen.rpartition(":")[0]
-    port = server.add_insecure_port(listen)
-    await server.start()
-    stopping = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stopping.set)
-    print(f"minimal listening on {host}:{port}", flush=True)
-    await stopping.wait()
-    await server.stop(0)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -241,7 +216,7 @@ def main() -> None:
     parser.add_argument("--data-dir", type=Path, help="log every write and take there, fdatasync per turn")
     parser.add_argument("--max-message-bytes", type=int, default=64 * 1024 * 1024, metavar="N")
     args = parser.parse_args()
-    asyncio.run(serve(args.listen, args.data_dir, args.max_message_bytes))
+    asyncio.run(serve(args.listen, args.max_message_bytes, MinimalSpace(args.data_dir), "minimal"))
 
 
 if __name__ == "__main__":

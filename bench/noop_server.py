@@ -325,7 +325,11 @@ class _Handlers:
         self.handlers = handlers
 
 
-async def serve(listen: str, max_message_bytes: int) -> None:
+async def serve(
+    listen: str, max_message_bytes: int, servicer: NoopSpace | None = None, name: str = "noop"
+) -> None:
+    """Serve `servicer` (default a NoopSpace) until SIGTERM or SIGINT, printing ``NAME listening
+    on HOST:PORT`` once it serves (bench/minimal_server.py serves its own through this)."""
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", max_message_bytes),
@@ -335,7 +339,7 @@ async def serve(listen: str, max_message_bytes: int) -> None:
             ("grpc.server.max_pending_requests_hard_limit", 2 * PENDING_REQUESTS),
         ]
     )
-    add_to_server(NoopSpace(), server)
+    add_to_server(servicer if servicer is not None else NoopSpace(), server)
     host = listen.rpartition(":")[0]
     port = server.add_insecure_port(listen)
     await server.start()
@@ -343,7 +347,7 @@ async def serve(listen: str, max_message_bytes: int) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stopping.set)
-    print(f"noop listening on {host}:{port}", flush=True)
+    print(f"{name} listening on {host}:{port}", flush=True)
     await stopping.wait()
     await server.stop(0)
 
