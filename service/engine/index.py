@@ -276,10 +276,6 @@ class EntryIndex:
                             del slots[value.key]
                         elif len(current) == 1:
                             slots[value.key] = next(iter(current.values()))
-                    if not slots:
-                        del fields[name]
-                        if not fields:
-                            del by_field[type_name]
 
     def remove(self, stored: StoredEntry) -> None:
         """Unfile an entry that is filed."""

@@ -408,8 +408,7 @@ class MemoryBackend(DeliveringMixin, ChangesMixin):
             if outcome is not None:
                 self._requests.abandon(outcome)
             raise
-        if outcome is not None and (outcome.record is None or txn is not None):  # _acted's, inline
-            self._requests.finish(outcome, grants if txn is not None or recorder is None else None)
+        self._acted(outcome, grants, keep=txn is not None)
         return grants
 
     def _write_records(
@@ -542,8 +541,7 @@ class MemoryBackend(DeliveringMixin, ChangesMixin):
                 records = [("take", space, found[0].id, request_id, 0, until)]
             else:
                 records = [("take", space, s.id, request_id, i, until) for i, s in enumerate(found)]
-            # Recorder.request_head's, inline (the outcome is this space's take's): a call less
-            records.append(("request", request_id, space, "take", until, None, len(found), None, None))
+            records.append((*Recorder.request_head(outcome), None, len(found), None, None))
         recorder = self._recorder
         assert recorder is not None  # only a recorded space's takes come here
         undo = functools.partial(engine.restore, found)  # no closure's cells for engine and found

@@ -204,19 +204,7 @@ class ChangesMixin:
         records: Sequence[Record] = ()
         epoch = False
         if recorder.keeps_changes:
-            entry = change.entry
-            kind = change.kind
-            record = (  # change_record's, inline: a call less per change
-                "change",
-                space,
-                change.seq,
-                kind,
-                entry.id,
-                change.at,
-                change.transaction,
-                change.visible_at,
-                None if kind == "write" else entry.payload,
-            )
+            record = change_record(space, change)
             if space in self._epoch_recorded:
                 records = (record,)
             else:
@@ -233,12 +221,7 @@ class ChangesMixin:
         if epoch:
             self._epoch_recorded.add(space)
         if waits:
-            # _track_batch's common case inline: the space's newest change is in this batch too
-            tracked = self._change_batches.get(space)
-            if tracked is not None and tracked[0] is future:
-                tracked[1] = change.seq
-            else:
-                self._track_batch(space, future, change.seq)
+            self._track_batch(space, future, change.seq)
 
     def _rewind(self, log: ChangeLog, space: str, seq: int) -> None:
         """A failed batch's undo of the change `seq` it recorded: the log goes back before it."""

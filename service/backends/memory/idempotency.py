@@ -169,7 +169,7 @@ class RequestLog:
         """Record a first call now in flight."""
         expires_at = self._clock.time() + self.window
         outcome = Outcome(request_id, space, kind, expires_at, in_flight=True)
-        self._outcomes[request_id] = outcome  # _add's, inline: a frame less per call with an id
+        self._outcomes[request_id] = outcome
         self._order.append((expires_at, request_id))
         return outcome
 
@@ -178,21 +178,12 @@ class RequestLog:
         self._outcomes[request_id] = (space, kind, expires_at, _AS_GIVEN, None)
         self._order.append((expires_at, request_id))
 
-    def _add(self, outcome: Outcome) -> None:
-        self._outcomes[outcome.request_id] = outcome
-        self._order.append((outcome.expires_at, outcome.request_id))
-
     def finish(self, outcome: Outcome, result: Any) -> None:
         """The first call acted; `result` is kept for retries when there is no store (as a
         `_Finished` record, in the place of `outcome`)."""
         outcome.result = result
-        outcome._in_flight = False  # settle(True)'s, inline (a frame less, every call with an id)
-        done = outcome._done
-        if done is not None and not done.done():
-            done.set_result(True)
-        # _holds's, inline
-        record = self._outcomes.get(outcome.request_id)
-        if record is not None and (record is outcome or record is outcome.record):
+        outcome.settle(True)
+        if self._holds(outcome):
             outcome.record = _finished(outcome, result)
             self._outcomes[outcome.request_id] = outcome.record
 
