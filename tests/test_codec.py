@@ -109,7 +109,9 @@ def test_int_outside_int64_raises_value_error_naming_the_field(value: int) -> No
         encode_entry(Task(n=value))
 
 
-@pytest.mark.parametrize("value", [object(), {1, 2}, 1j, frozenset()], ids=repr)
+@pytest.mark.parametrize(
+    "value", [object(), {1, 2}, 1j, frozenset()], ids=["object", "set", "complex", "frozenset"]
+)
 def test_unsupported_type_raises_type_error_naming_field_and_type(value: object) -> None:
     with pytest.raises(TypeError, match=f"field 'job'.*{type(value).__name__}"):
         encode_entry(Task(job=value))  # type: ignore[arg-type]
