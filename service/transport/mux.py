@@ -226,7 +226,7 @@ def _view_classes() -> Any:
     """The view of a MuxRequest (`parse_request`): a message class of this module's own (in a
     descriptor pool of its own: nothing is added to protobuf's default pool) with MuxRequest's
     field numbers, whose MuxOps carry their operation's request as bytes (each op field of the
-    oneof a bytes field of the same number; `cancel` the bool it is)."""
+    oneof a bytes field of the same number; `cancel` a uint64, read as its tag reads it)."""
     package, kind = "outrig.service.muxview", descriptor_pb2.FieldDescriptorProto
     file = descriptor_pb2.FileDescriptorProto(
         name="outrig/service/muxview.proto", package=package, syntax="proto3"
@@ -237,7 +237,11 @@ def _view_classes() -> Any:
         if field.containing_oneof is None:  # the id
             op.field.add(name=field.name, number=field.number, type=field.type, label=kind.LABEL_OPTIONAL)
         else:
-            carried = kind.TYPE_BYTES if field.type == field.TYPE_MESSAGE else field.type
+            # A bool (`cancel`) as a uint64 of the same wire type: a varint of 2 reads as 2, as
+            # the tags read it (a bool would read it as 1, in as many bytes).
+            carried = {field.TYPE_MESSAGE: kind.TYPE_BYTES, field.TYPE_BOOL: kind.TYPE_UINT64}.get(
+                field.type, field.type
+            )
             op.field.add(
                 name=field.name, number=field.number, type=carried, label=kind.LABEL_OPTIONAL, oneof_index=0
             )
