@@ -55,7 +55,7 @@ from outrig.service.exceptions import InvalidArgumentError
 from outrig.service.protocol import views, wire
 from outrig.service.protocol.wire import ONE_BYTE_VARINTS
 from outrig.service.transport import handlers
-from outrig.service.transport.servicer import Failure, SpaceServicer, bounded
+from outrig.service.transport.servicer import Failure, SpaceServicer, bounded, peer_secret
 from outrig.v1 import space_pb2 as pb
 
 log = logging.getLogger("outrig.service")
@@ -316,24 +316,6 @@ def _parse_fields(raw: bytes) -> list[tuple[int, int, int | bytes | memoryview]]
     return ops
 
 
-class StreamContext:
-    """The context a Mux stream's operations see: the stream's own gRPC context, whose metadata
-    (read for every operation: the peer secret, a token) is read from gRPC once, when the stream
-    starts, since a call's metadata cannot change. Everything else is the stream's context's."""
-
-    __slots__ = ("_context", "_metadata")
-
-    def __init__(self, context: handlers.MuxContext) -> None:
-        self._context = context
-        self._metadata = context.invocation_metadata()
-
-    def invocation_metadata(self) -> Any:
-        return self._metadata
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._context, name)
-
-
 class MuxService:
     """The Mux method of a server: `handle` serves one stream; `close` ends them all (at shutdown)."""
 
@@ -384,8 +366,10 @@ class MuxStream:
         self._servicer = servicer
         self._methods = methods
         self._context = context
-        # What the operations are given as their context (a stand-in: see StreamContext).
-        self._operation_context = cast(handlers.Context, StreamContext(context))
+        # What the operations are given as their context (a stand-in: see handlers.StreamContext).
+        self._operation_context = cast(
+            handlers.Context, handlers.StreamContext(context, peer_secret(context))
+        )
         self._limit = limit
         self._max_bytes = max_bytes
         self._running: dict[int, asyncio.Task[None]] = {}
