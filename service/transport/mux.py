@@ -127,6 +127,29 @@ def runs_eagerly(name: str, request: Any) -> bool:
     return name in EAGER or isinstance(request, handlers.Undecodable)
 
 
+class Served(NamedTuple):
+    """An operation as one server's streams run it, found once: its `Operation`'s parts, the
+    undecorated method it runs (what the `unary` wrapper runs), and whether it starts at once
+    whatever its decoded request (`runs_eagerly`, on a lone server)."""
+
+    name: str
+    request: Any
+    decode: Callable[[Any], Any]
+    result_field: int
+    method: Any
+    eager: bool
+
+
+def served_operations(servicer: SpaceServicer, *, lone: bool) -> dict[int, Served]:
+    """The `Served` of each MuxOp field (OPERATIONS) on `servicer`'s server."""
+    return {
+        field: Served(
+            *operation, getattr(servicer, operation.name).operation, lone and operation.name in EAGER
+        )
+        for field, operation in OPERATIONS.items()
+    }
+
+
 @types.coroutine
 def _resume(coro: Coroutine[Any, Any, None], step: Any) -> Generator[Any, Any, None]:
     """The rest of a coroutine whose first step already ran and yielded `step` (a future to wait
@@ -325,12 +348,11 @@ class MuxService:
         self._max_bytes = max_bytes
         self._eager = lone  # a lone server: operations that cannot wait run without a task
         self._streams: set[MuxStream] = set()
-        # The undecorated method each operation runs (what the `unary` wrapper runs), found once.
-        self._methods = {name: getattr(servicer, name).operation for name, *_ in OPERATIONS.values()}
+        self._operations = served_operations(servicer, lone=lone)
 
     async def handle(self, requests: AsyncIterator[bytes], context: handlers.MuxContext) -> None:
         stream = MuxStream(
-            self._servicer, self._methods, context, self._limit, self._max_bytes, eager=self._eager
+            self._servicer, self._operations, context, self._limit, self._max_bytes, eager=self._eager
         )
         self._streams.add(stream)
         try:
@@ -356,7 +378,7 @@ class MuxStream:
     def __init__(
         self,
         servicer: SpaceServicer,
-        methods: dict[str, Any],
+        operations: dict[int, Served],
         context: handlers.MuxContext,
         limit: int,
         max_bytes: int,
@@ -364,7 +386,7 @@ class MuxStream:
         eager: bool = False,
     ) -> None:
         self._servicer = servicer
-        self._methods = methods
+        self._operations = operations
         self._context = context
         # What the operations are given as their context (a stand-in: see handlers.StreamContext).
         self._operation_context = cast(
@@ -468,13 +490,13 @@ class MuxStream:
                 self._start(op_id, field, value)
 
     def _start(self, op_id: int, field: int, value: int | bytes | memoryview) -> None:
-        operation = OPERATIONS.get(field)
+        operation = self._operations.get(field)
         if operation is None:
             what = "op: is required" if field == 0 else f"op: field {field} is no operation this server knows"
             status = grpc.StatusCode.INVALID_ARGUMENT if field == 0 else grpc.StatusCode.UNIMPLEMENTED
             self._finish(error_result(op_id, status, what))
             return
-        name, message_type, decode, reply_field = operation
+        name, message_type, decode, reply_field, method, eager = operation
         # Bytes that are no valid request decode as a `handlers.Undecodable`, which `perform`
         # refuses as it does a unary call's.
         if isinstance(value, (bytes, memoryview)):
@@ -483,8 +505,9 @@ class MuxStream:
             request = handlers.Undecodable(
                 message_type.DESCRIPTOR.full_name, "a number where a message belongs"
             )
-        performing = self._perform(op_id, name, request, reply_field)
-        if not (self._eager and runs_eagerly(name, request)):
+        performing = self._perform(op_id, name, method, request, reply_field)
+        # `runs_eagerly`: its name's part found once (`Served.eager`), an undecodable request's here.
+        if not (eager or (self._eager and isinstance(request, handlers.Undecodable))):
             self._running[op_id] = self._loop.create_task(performing)
             return
         # Its first step now, in a context of its own as a task's; a task only if it waits.
@@ -498,10 +521,10 @@ class MuxStream:
             return
         self._running[op_id] = self._loop.create_task(_resume(performing, step), context=context)
 
-    async def _perform(self, op_id: int, name: str, request: Any, reply_field: int) -> None:
+    async def _perform(self, op_id: int, name: str, method: Any, request: Any, reply_field: int) -> None:
         # A cancelled operation ends here with CancelledError: a cancel op's callback on the task
         # answers it (`_cancelled`); when the stream ends, nobody is owed an answer.
-        outcome = await self._servicer.perform(name, self._methods[name], request, self._operation_context)
+        outcome = await self._servicer.perform(name, method, request, self._operation_context)
         self._running.pop(op_id, None)
         if isinstance(outcome, Failure):
             self._finish(
