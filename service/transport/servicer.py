@@ -323,6 +323,7 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
         self._forwards: bool = getattr(backend, "forwards", True)
         self._peers = peers or Peers(config)
         self._router = Router(config)
+        self._partitioned = self._router.partitioned  # else `route` answers None: not asked per call
         self._fan = Fan(config, self.served, self.served_stream)
         #: This server's advertised address (OutrigServer sets it once bound): what Locate and
         #: ListSpaces name for a space served here when the backend names no address.
@@ -365,7 +366,7 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
                 )
             return self._router.route(name, request)  # a peer names the partition: served here
         self._guard.check(context, name, request)
-        fan = self._router.route(name, request)
+        fan = self._router.route(name, request) if self._partitioned else None
         if name in ANSWERED_HERE:
             return None
         if fan is not None:
