@@ -81,6 +81,26 @@ class Undecodable:
         self.too_deep = too_deep
 
 
+class StreamContext:
+    """The context a Mux stream's operations see: the stream's own gRPC context, whose metadata
+    (read for every operation: a token) is read from gRPC once, when the stream starts, since a
+    call's metadata cannot change; so is the peer secret it presents (`peer_secret`: None if
+    none, as the servicer's `peer_secret` finds it). Everything else is the stream's context's."""
+
+    __slots__ = ("_context", "_metadata", "peer_secret")
+
+    def __init__(self, context: MuxContext, peer_secret: str | None) -> None:
+        self._context = context
+        self._metadata = context.invocation_metadata()
+        self.peer_secret = peer_secret
+
+    def invocation_metadata(self) -> Any:
+        return self._metadata
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+
 # "Error parsing message with type 'outrig.v1.WriteRequest': Wire format was corrupt": the
 # type is said by the refusal already.
 _PARSE_ERROR = re.compile(r"Error parsing message(?: with type '[^']*')?:?\s*")

@@ -55,7 +55,7 @@ from outrig.service.exceptions import InvalidArgumentError
 from outrig.service.protocol import views, wire
 from outrig.service.protocol.wire import ONE_BYTE_VARINTS
 from outrig.service.transport import handlers
-from outrig.service.transport.servicer import Failure, SpaceServicer, bounded
+from outrig.service.transport.servicer import Failure, SpaceServicer, bounded, peer_secret
 from outrig.v1 import space_pb2 as pb
 
 log = logging.getLogger("outrig.service")
@@ -125,6 +125,29 @@ def runs_eagerly(name: str, request: Any) -> bool:
     may wait for binds the task current when it starts. Bytes that are no valid request are
     refused at once, whatever the operation."""
     return name in EAGER or isinstance(request, handlers.Undecodable)
+
+
+class Served(NamedTuple):
+    """An operation as one server's streams run it, found once: its `Operation`'s parts, the
+    undecorated method it runs (what the `unary` wrapper runs), and whether it starts at once
+    whatever its decoded request (`runs_eagerly`, on a lone server)."""
+
+    name: str
+    request: Any
+    decode: Callable[[Any], Any]
+    result_field: int
+    method: Any
+    eager: bool
+
+
+def served_operations(servicer: SpaceServicer, *, lone: bool) -> dict[int, Served]:
+    """The `Served` of each MuxOp field (OPERATIONS) on `servicer`'s server."""
+    return {
+        field: Served(
+            *operation, getattr(servicer, operation.name).operation, lone and operation.name in EAGER
+        )
+        for field, operation in OPERATIONS.items()
+    }
 
 
 @types.coroutine
@@ -226,7 +249,7 @@ def _view_classes() -> Any:
     """The view of a MuxRequest (`parse_request`): a message class of this module's own (in a
     descriptor pool of its own: nothing is added to protobuf's default pool) with MuxRequest's
     field numbers, whose MuxOps carry their operation's request as bytes (each op field of the
-    oneof a bytes field of the same number; `cancel` the bool it is)."""
+    oneof a bytes field of the same number; `cancel` a uint64, read as its tag reads it)."""
     package, kind = "outrig.service.muxview", descriptor_pb2.FieldDescriptorProto
     file = descriptor_pb2.FileDescriptorProto(
         name="outrig/service/muxview.proto", package=package, syntax="proto3"
@@ -237,7 +260,11 @@ def _view_classes() -> Any:
         if field.containing_oneof is None:  # the id
             op.field.add(name=field.name, number=field.number, type=field.type, label=kind.LABEL_OPTIONAL)
         else:
-            carried = kind.TYPE_BYTES if field.type == field.TYPE_MESSAGE else field.type
+            # A bool (`cancel`) as a uint64 of the same wire type: a varint of 2 reads as 2, as
+            # the tags read it (a bool would read it as 1, in as many bytes).
+            carried = {field.TYPE_MESSAGE: kind.TYPE_BYTES, field.TYPE_BOOL: kind.TYPE_UINT64}.get(
+                field.type, field.type
+            )
             op.field.add(
                 name=field.name, number=field.number, type=carried, label=kind.LABEL_OPTIONAL, oneof_index=0
             )
@@ -312,24 +339,6 @@ def _parse_fields(raw: bytes) -> list[tuple[int, int, int | bytes | memoryview]]
     return ops
 
 
-class StreamContext:
-    """The context a Mux stream's operations see: the stream's own gRPC context, whose metadata
-    (read for every operation: the peer secret, a token) is read from gRPC once, when the stream
-    starts, since a call's metadata cannot change. Everything else is the stream's context's."""
-
-    __slots__ = ("_context", "_metadata")
-
-    def __init__(self, context: handlers.MuxContext) -> None:
-        self._context = context
-        self._metadata = context.invocation_metadata()
-
-    def invocation_metadata(self) -> Any:
-        return self._metadata
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._context, name)
-
-
 class MuxService:
     """The Mux method of a server: `handle` serves one stream; `close` ends them all (at shutdown)."""
 
@@ -339,12 +348,11 @@ class MuxService:
         self._max_bytes = max_bytes
         self._eager = lone  # a lone server: operations that cannot wait run without a task
         self._streams: set[MuxStream] = set()
-        # The undecorated method each operation runs (what the `unary` wrapper runs), found once.
-        self._methods = {name: getattr(servicer, name).operation for name, *_ in OPERATIONS.values()}
+        self._operations = served_operations(servicer, lone=lone)
 
     async def handle(self, requests: AsyncIterator[bytes], context: handlers.MuxContext) -> None:
         stream = MuxStream(
-            self._servicer, self._methods, context, self._limit, self._max_bytes, eager=self._eager
+            self._servicer, self._operations, context, self._limit, self._max_bytes, eager=self._eager
         )
         self._streams.add(stream)
         try:
@@ -370,7 +378,7 @@ class MuxStream:
     def __init__(
         self,
         servicer: SpaceServicer,
-        methods: dict[str, Any],
+        operations: dict[int, Served],
         context: handlers.MuxContext,
         limit: int,
         max_bytes: int,
@@ -378,10 +386,12 @@ class MuxStream:
         eager: bool = False,
     ) -> None:
         self._servicer = servicer
-        self._methods = methods
+        self._operations = operations
         self._context = context
-        # What the operations are given as their context (a stand-in: see StreamContext).
-        self._operation_context = cast(handlers.Context, StreamContext(context))
+        # What the operations are given as their context (a stand-in: see handlers.StreamContext).
+        self._operation_context = cast(
+            handlers.Context, handlers.StreamContext(context, peer_secret(context))
+        )
         self._limit = limit
         self._max_bytes = max_bytes
         self._running: dict[int, asyncio.Task[None]] = {}
@@ -480,13 +490,13 @@ class MuxStream:
                 self._start(op_id, field, value)
 
     def _start(self, op_id: int, field: int, value: int | bytes | memoryview) -> None:
-        operation = OPERATIONS.get(field)
+        operation = self._operations.get(field)
         if operation is None:
             what = "op: is required" if field == 0 else f"op: field {field} is no operation this server knows"
             status = grpc.StatusCode.INVALID_ARGUMENT if field == 0 else grpc.StatusCode.UNIMPLEMENTED
             self._finish(error_result(op_id, status, what))
             return
-        name, message_type, decode, reply_field = operation
+        name, message_type, decode, reply_field, method, eager = operation
         # Bytes that are no valid request decode as a `handlers.Undecodable`, which `perform`
         # refuses as it does a unary call's.
         if isinstance(value, (bytes, memoryview)):
@@ -495,8 +505,9 @@ class MuxStream:
             request = handlers.Undecodable(
                 message_type.DESCRIPTOR.full_name, "a number where a message belongs"
             )
-        performing = self._perform(op_id, name, request, reply_field)
-        if not (self._eager and runs_eagerly(name, request)):
+        performing = self._perform(op_id, name, method, request, reply_field)
+        # `runs_eagerly`: its name's part found once (`Served.eager`), an undecodable request's here.
+        if not (eager or (self._eager and isinstance(request, handlers.Undecodable))):
             self._running[op_id] = self._loop.create_task(performing)
             return
         # Its first step now, in a context of its own as a task's; a task only if it waits.
@@ -510,10 +521,10 @@ class MuxStream:
             return
         self._running[op_id] = self._loop.create_task(_resume(performing, step), context=context)
 
-    async def _perform(self, op_id: int, name: str, request: Any, reply_field: int) -> None:
+    async def _perform(self, op_id: int, name: str, method: Any, request: Any, reply_field: int) -> None:
         # A cancelled operation ends here with CancelledError: a cancel op's callback on the task
         # answers it (`_cancelled`); when the stream ends, nobody is owed an answer.
-        outcome = await self._servicer.perform(name, self._methods[name], request, self._operation_context)
+        outcome = await self._servicer.perform(name, method, request, self._operation_context)
         self._running.pop(op_id, None)
         if isinstance(outcome, Failure):
             self._finish(

@@ -119,6 +119,9 @@ class Router:
         self._config = config
         self._limits = config.limits
         self._partitionings = {name: config.partitioning(name) for name in config.spaces}
+        #: Whether any space is configured (`[spaces.NAME]`): if none is, `route` serves every
+        #: call as it names its space (None), and need not be asked.
+        self.partitioned = bool(self._partitionings)
         #: Each partition's name a call has named (the SDK names the one it routed to): its
         #: space, its number and its space's partitioning, found once. Only the names of
         #: configured partitions, as `partition_name` spells them, are kept: at most their number.

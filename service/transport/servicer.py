@@ -323,6 +323,7 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
         self._forwards: bool = getattr(backend, "forwards", True)
         self._peers = peers or Peers(config)
         self._router = Router(config)
+        self._partitioned = self._router.partitioned  # else `route` answers None: not asked per call
         self._fan = Fan(config, self.served, self.served_stream)
         #: This server's advertised address (OutrigServer sets it once bound): what Locate and
         #: ListSpaces name for a space served here when the backend names no address.
@@ -347,7 +348,7 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
     def _admitted(self, name: str, request: Any, context: handlers.Context) -> str | FanOut | _Locate | None:
         """`admit`'s steps that need not wait: None (served here), the partitions, or the space
         whose server `_located` asks the backend for."""
-        secret = _peer_secret(context)
+        secret = peer_secret(context)
         if secret is not None:
             if not self._backend.accepts_peer(secret):
                 _throttle.log(
@@ -365,14 +366,15 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
                 )
             return self._router.route(name, request)  # a peer names the partition: served here
         self._guard.check(context, name, request)
-        fan = self._router.route(name, request)
+        fan = self._router.route(name, request) if self._partitioned else None
         if name in ANSWERED_HERE:
             return None
         if fan is not None:
             return fan
+        if not self._forwards:
+            return None  # a lone server serves every space: its name is checked by the method
         message = request.message if isinstance(request, handlers.Received) else request
-        space = self._space_named(message.space)
-        return _Locate(space) if self._forwards else None
+        return _Locate(self._space_named(message.space))
 
     async def _located(self, name: str, space: str, context: handlers.Context) -> str | None:
         """Where the backend serves `space`: None here, else the address to forward the call to
@@ -486,8 +488,9 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
         return self._space_named(request.space)
 
     def _space_named(self, name: str) -> str:
-        """`codec.space_name`, remembered: every operation checks its space's name twice (here
-        and in `admit`), and a server serves few names; a bounded set of those that passed."""
+        """`codec.space_name`, remembered: every operation checks its space's name (in its method,
+        and first in `admit` when the backend may serve it elsewhere), and a server serves few
+        names; a bounded set of those that passed."""
         if name in self._checked_names:
             return name
         checked = codec.space_name(name, self._limits)
@@ -819,7 +822,7 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
         reply = pb.ListSpacesReply()
         placements = sorted(await self._backend.placements(), key=lambda p: p.space)
         figures = {name: (f.entries, f.bytes) for name, f in (await self._backend.space_figures()).items()}
-        if _peer_secret(context) is None:  # asked by a client: the owners elsewhere count theirs
+        if peer_secret(context) is None:  # asked by a client: the owners elsewhere count theirs
             others = {p.address for p in placements if not p.here and p.address and p.expires_in}
             figures.update(await self._figures_at(others, context.time_remaining()))
         for placement in placements:
@@ -921,8 +924,12 @@ def _lease_id(request: pb.LeaseIdRequest) -> int:
     return int(request.id)
 
 
-def _peer_secret(context: handlers.Context) -> str | None:
-    """The secret a call presents in `outrig-peer` (PEER_KEY), or None if it presents none."""
+def peer_secret(context: handlers.Context) -> str | None:
+    """The secret a call presents in `outrig-peer` (PEER_KEY), or None if it presents none; a Mux
+    stream's operation, what its stream's metadata presented (found once, when the stream started:
+    `handlers.StreamContext`)."""
+    if isinstance(context, handlers.StreamContext):
+        return context.peer_secret
     for key, value in context.invocation_metadata() or ():
         if key == PEER_KEY:
             return value if isinstance(value, str) else value.decode("utf-8", "replace")

@@ -18,7 +18,9 @@ import pytest
 import outrig
 from outrig.service.config import ServerConfig
 from outrig.service.transport import handlers
-from outrig.service.transport.mux import runs_eagerly
+from outrig.service.transport.mux import OPERATIONS, runs_eagerly, served_operations
+from outrig.service.transport.server import OutrigServer
+from outrig.service.transport.servicer import SpaceServicer
 from outrig.testing import LocalServer
 from outrig.v1 import space_pb2 as pb
 
@@ -40,6 +42,25 @@ def test_which_operations_run_without_a_task() -> None:
     assert not runs_eagerly("Commit", object()) and not runs_eagerly("Nack", object())
     # Bytes that are no valid request are refused at once, whichever operation they were for.
     assert runs_eagerly("Commit", handlers.Undecodable("outrig.v1.CommitRequest", "truncated"))
+
+
+async def _servicer() -> SpaceServicer:
+    """The servicer of an in-memory server, as `outrig serve --in-memory` builds it (not started)."""
+    return OutrigServer(ServerConfig(in_memory=True, listen="127.0.0.1:0"))._servicer
+
+
+def test_a_streams_operations_say_once_what_runs_eagerly_says_of_their_decoded_requests() -> None:
+    """`Served.eager`, found once per server, is `runs_eagerly` of any decoded request of its
+    operation on a lone server, and false on any other (whose operations all get a task)."""
+    servicer = asyncio.run(_servicer())
+    lone, tier = served_operations(servicer, lone=True), served_operations(servicer, lone=False)
+    assert set(lone) == set(tier) == set(OPERATIONS)
+    for field, operation in OPERATIONS.items():
+        decoded = operation.request()
+        assert lone[field].eager is runs_eagerly(operation.name, decoded), operation.name
+        assert tier[field].eager is False
+        assert lone[field].method is getattr(servicer, operation.name).operation
+        assert lone[field][:4] == operation
 
 
 class _Counted:

@@ -184,3 +184,19 @@ def test_a_call_of_the_whole_space_still_fans_out() -> None:
     router = Router(CONFIG)
     fan = router.route("Count", pb.CountRequest(space="jobs", templates=[_template(absent, "field")]))
     assert isinstance(fan, FanOut) and fan.partitions == tuple(range(P))
+
+
+@settings(max_examples=200, deadline=None)
+@given(call=calls)
+def test_a_server_with_no_space_configured_routes_no_call(call: tuple[str, Any]) -> None:
+    """`Router.partitioned` false (no `[spaces.NAME]`), which lets the servicer skip `route`: then
+    `route` serves every call as it names its space, partitions' names included, and renames none."""
+    name, request = call
+    assert Router(CONFIG).partitioned
+    router = Router(ServerConfig())
+    assert not router.partitioned
+    for space in ("jobs", "jobs~1", "other"):
+        request.space = space
+        held = _received(request)
+        assert router.route(name, held) is None
+        assert _named(held) == space
