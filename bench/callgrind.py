@@ -23,7 +23,10 @@ def counted(
     done = subprocess.run(
         ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *command],
         cwd=cwd,
-        env={**os.environ, "PYTHONHASHSEED": "0"},
+        # one OpenBLAS thread: the pool of threads of numpy (which bench/entries.py imports)
+        # spins as it waits, and callgrind counts it by wall time: about 1% of a batch pair, the
+        # runs' spread (docs/performance.md, "The batch pair, sixth pass")
+        env={**os.environ, "PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1"},
         capture_output=True,
         text=True,
     )

@@ -13,10 +13,10 @@ class Clock(Protocol):
 
 
 class SystemClock:
-    """The real clock."""
+    """The real clock: its `time` is `time.time` itself, so that a read is one C call and no
+    Python frame (the engine reads it three to four times an operation)."""
 
-    def time(self) -> float:
-        return time.time()
+    time = staticmethod(time.time)
 
 
 class FakeClock:
