@@ -20,6 +20,7 @@ take's request has no row: `_request`).
 
 from __future__ import annotations
 
+import itertools
 import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -298,10 +299,42 @@ def _unbound(
     return prune
 
 
+#: The INSERTs whose rows of one layer run as one statement of several VALUES rows (`_execute`).
+_MULTI_ROW = frozenset(
+    {_PUT, _TYPE, _REGISTER, _REQUEST, _CHANGE, _CHANGE_WRITE, _CHANGE_GONE, _SUBSCRIPTION}
+)
+#: Rows per such statement at most (so at most this many texts of each in sqlite3's statement
+#: cache, and 8 * 16 parameters, far below SQLite's limit).
+_ROWS = 16
+#: (statement, rows) -> the statement with that many VALUES rows.
+_TEXTS: dict[tuple[str, int], str] = {}
+
+
+def _rows_of(sql: str, rows: int) -> str:
+    """`sql` (an INSERT of one VALUES row) inserting `rows` rows, in their order."""
+    text = _TEXTS.get((sql, rows))
+    if text is None:
+        head, _, row = sql.partition(" VALUES ")
+        text = _TEXTS[(sql, rows)] = f"{head} VALUES {', '.join([row] * rows)}"
+    return text
+
+
 def _execute(connection: sqlite3.Connection, layers: list[dict[str, list[tuple[Any, ...]]]]) -> None:
+    """Each layer's statements, each with its parameters. An INSERT's rows go as one statement
+    of many VALUES rows (up to `_ROWS` at a time), which SQLite inserts in order, as
+    `executemany` would: one step of the statement instead of one per row (and Python's sqlite3
+    releases and takes back the GIL around each step and each reset, two hand-offs a row)."""
+    chain = itertools.chain.from_iterable
     for layer in layers:
         for sql, parameters in layer.items():
-            if len(parameters) == 1:
+            count = len(parameters)
+            if count == 1:
                 connection.execute(sql, parameters[0])
-            else:
+            elif sql not in _MULTI_ROW:
                 connection.executemany(sql, parameters)
+            elif count <= _ROWS:
+                connection.execute(_rows_of(sql, count), list(chain(parameters)))
+            else:
+                for start in range(0, count, _ROWS):
+                    rows = parameters[start : start + _ROWS]
+                    connection.execute(_rows_of(sql, len(rows)), list(chain(rows)))
