@@ -8,6 +8,7 @@ store refuses rewinds the log (and no feed ever shows it), and a format-2 data d
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sqlite3
 import threading
 from collections.abc import Callable
@@ -462,6 +463,31 @@ async def test_under_always_a_feed_shows_a_change_only_once_its_batch_is_durable
         assert summary(await reader) == [(1, "write", 1)]
         await writer
         feed.close()
+
+
+async def test_under_interval_a_feed_shows_a_change_before_its_batch_is_durable(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """Under `interval` a feed reads to the log's head, woken as a change is logged (the engine's
+    `on_logged`); under `always` the batch's end wakes it, so the engine has no `on_logged`."""
+    config = dataclasses.replace(make_config(tmp_path / "data"), durability="interval")
+    async with running(config, clock) as backend:
+        journal = backend.journal
+        assert journal is not None and not journal.waits
+        assert backend.engine(SPACE).on_logged is not None
+        feed = await backend.changes(SPACE, [], ALL, since=None)
+        reader = asyncio.create_task(read(feed, 1))
+        held = threading.Event()
+        journal._executor.submit(held.wait, WAIT)  # type: ignore[attr-defined]
+        try:
+            await backend.write(SPACE, [job(1)], None)  # answered at once: nothing is durable yet
+            assert summary(await asyncio.wait_for(reader, WAIT)) == [(1, "write", 1)]
+        finally:
+            held.set()
+        feed.close()
+    async with running(make_config(tmp_path / "always"), clock) as backend:
+        assert backend.journal is not None and backend.journal.waits
+        assert backend.engine(SPACE).on_logged is None
 
 
 async def test_check_counts_the_log_and_names_a_gap_and_a_write_without_its_payload(

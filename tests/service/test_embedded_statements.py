@@ -165,3 +165,75 @@ def test_grouped_statements_leave_the_store_as_one_statement_per_record(
     finally:
         grouped.close()
         reference.close()
+
+
+# Inserts, deletes and takes, over more rows and in larger batches: one kind's rows of a layer go as
+# one statement of many rows, up to statements._ROWS at a time (the rest in a further statement),
+# a row inserted twice in one of them keeps the later values, and a row taken twice is taken by the
+# later take, as one statement per record does.
+_insert_ids = st.integers(1, 40)
+_inserts = st.one_of(
+    st.tuples(st.just("put"), _spaces, _insert_ids, st.integers(1, 9), _times, st.binary(max_size=4)),
+    st.tuples(
+        st.just("request"),
+        st.sampled_from([f"r{n}" for n in range(30)]),
+        _spaces,
+        st.just("write"),
+        st.floats(1.0, 100.0),
+        _insert_ids,
+        st.integers(0, 3),
+        _times,
+        _times,
+    ),
+    st.tuples(
+        st.just("change"),
+        _spaces,
+        _insert_ids,
+        st.sampled_from(["write", "take"]),
+        _insert_ids,
+        st.floats(1.0, 100.0),
+        st.integers(0, 2),
+        st.none(),
+        st.one_of(st.none(), st.binary(max_size=3)),
+    ),
+    st.tuples(st.just("delete"), _spaces, _insert_ids),
+    st.tuples(  # an UPDATE from a VALUES list: a row taken twice goes to the next layer
+        st.just("take"), _spaces, _insert_ids, st.sampled_from(["r1", "r2"]), st.integers(0, 2), _times
+    ),
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(records=st.lists(_inserts, min_size=statements._ROWS, max_size=4 * statements._ROWS))
+def test_large_batches_of_inserts_leave_the_store_as_one_statement_per_record(
+    tmp_path_factory: Any, records: list[Record]
+) -> None:
+    grouped = _store(tmp_path_factory.mktemp("grouped"))
+    reference = _store(tmp_path_factory.mktemp("reference"))
+    try:
+        statements.run(grouped, records, _number(grouped), _dump)
+        _one_by_one(reference, records)
+        assert _contents(grouped) == _contents(reference)
+    finally:
+        grouped.close()
+        reference.close()
+
+
+def test_a_row_inserted_twice_in_one_statement_keeps_the_later_values(tmp_path: Path) -> None:
+    """The case the random batches may miss: one layer's two puts of the same entry, and more
+    rows than one statement takes, each row's last put kept; then two takes of each."""
+    connection = _store(tmp_path)
+    try:
+        records: list[Record] = [
+            ("put", "a", n % 20, n, None, bytes([n])) for n in range(2 * statements._ROWS + 3)
+        ]
+        statements.run(connection, records, _number(connection), _dump)
+        rows = connection.execute("SELECT id, arrival, payload FROM entries ORDER BY id").fetchall()
+        expected = {n % 20: n for n in range(2 * statements._ROWS + 3)}
+        assert rows == [(entry_id, n, bytes([n])) for entry_id, n in sorted(expected.items())]
+        takes: list[Record] = [("take", "a", n % 20, f"r{n}", n, 50.0) for n in range(40)]
+        statements.run(connection, takes, _number(connection), _dump)
+        taken = connection.execute("SELECT id, taken_by, taken_position FROM entries ORDER BY id").fetchall()
+        assert taken == [(n, f"r{n + 20}", n + 20) for n in range(20)]
+    finally:
+        connection.close()

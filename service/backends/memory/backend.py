@@ -536,12 +536,13 @@ class MemoryBackend(DeliveringMixin, ChangesMixin):
         if outcome is None:
             records: list[Record] = [("delete", space, stored.id) for stored in found]
         else:  # the rows stay, marked, to answer a retry until the request window passes
+            # No `request` record: the take records hold the id and its window's end, which both
+            # stores keep it by (memory/journal.py), and neither has a row for a take's request.
             request_id, until = outcome.request_id, outcome.expires_at
             if len(found) == 1:  # a pair's take: no list comprehension's frame
                 records = [("take", space, found[0].id, request_id, 0, until)]
             else:
                 records = [("take", space, s.id, request_id, i, until) for i, s in enumerate(found)]
-            records.append((*Recorder.request_head(outcome), None, len(found), None, None))
         recorder = self._recorder
         assert recorder is not None  # only a recorded space's takes come here
         undo = functools.partial(engine.restore, found)  # no closure's cells for engine and found

@@ -2,8 +2,9 @@
 subscriptions, and the records that make the log durable (engine/changes.py has the log).
 
 A mixin, as deliveries.py is: `MemoryBackend` inherits it and sets each engine's hooks: on a
-durable server `on_change` to `_changed`, which records each change, and `on_logged`, told once per
-call that logged changes, to `wake_feeds`, which wakes the space's feeds.
+durable server `on_change` to `_changed`, which records each change, and (but under `always`,
+where a change's batch wakes them once it is durable) `on_logged`, told once per call that logged
+changes, to `wake_feeds`, which wakes the space's feeds.
 
 A feed is one loop over the log: from its position it reads the changes after it, in order, a
 batch at a time, and at the head it waits on the space's signal, an `asyncio.Event` set (and
@@ -182,10 +183,17 @@ class ChangesMixin:
         """Have `engine` tell this backend of the changes it logs: each change, if a store
         records them (`_changed`), and then, once per call, that there are new ones (which wakes
         the space's feeds). In memory only, no `Change` is made for the first (`use_journal`
-        watches the spaces again when a store comes)."""
+        watches the spaces again when a store comes). Under `always` a feed reads only as far as
+        the changes are durable (`readable`), and the end of their batch wakes it
+        (`_track_batch`): waking it as they are logged would only have it find nothing new, so
+        the engine is given no `on_logged` then (a call and a frame less per change)."""
         if engine.changes is not None:
-            engine.on_logged = functools.partial(self.wake_feeds, name)  # a frame less than a lambda
-            if self._recorder is not None:
+            recorder = self._recorder
+            if recorder is None or not recorder.journal.waits:
+                engine.on_logged = functools.partial(self.wake_feeds, name)  # a frame less than a lambda
+            else:
+                engine.on_logged = None
+            if recorder is not None:
                 engine.on_change = functools.partial(self._changed, name, engine)
 
     # ------------------------------------------------------------------ recording

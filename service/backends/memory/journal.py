@@ -46,6 +46,11 @@ recorded alone by a delivery (hidden until the deadline, the receipt, the count)
 hidden_until is past loads it visible, its stale receipt dropped. A move to a dead-letter space
 is `delete` in the space and `put` + `visibility` in the dead-letter space, in one change.
 
+A take's request id is in its `take` records (or, under a transaction, its `lock` records), which
+mark the taken rows with it and its window's end: they answer its retry, and start-up remembers the
+id by them. A take's `request` record, where one is made (a take under a transaction on the owner
+tier), has no row in either store; an ordinary take makes none.
+
 A `request` answers a retry from its own columns for these kinds (nothing else is kept):
 
     deliver   first_id: the first receipt, count: how many (receipts are consecutive ids of the

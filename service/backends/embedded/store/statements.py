@@ -6,13 +6,14 @@ id), a registration, a request id, a change (space, seq), a type, a space's id m
 epoch, a durable subscription. Statements on different rows commute (no statement reads another
 row, no triggers, no foreign keys), so only the order of a row's own records matters. The plan
 puts each record in a layer: the layer of its row's previous record if that was of the same kind
-(one `executemany` keeps their order), the next layer if it was of another kind, else the first.
-Layers run in order; inside one, each statement's parameters are one `executemany` (a kind may
-have a variant statement for its common case: NULL literals instead of None parameters, which
-Python's sqlite3 binds slowly; see `_blob`). A pair's batch of 5 writes and 5 takes is then 7
-statements (the puts, the takes of entries written in an earlier batch, those of entries written
-earlier in this one, the writes' requests, the writes' and the takes' changes) instead of 25 (a
-take's request has no row: `_request`).
+(one statement keeps their order; but a take's repeat, `_DISTINCT`), the next layer if it was of
+another kind, else the first. Layers run in order; inside one, each statement's rows run as one
+statement of many rows (an INSERT's VALUES rows, a take's UPDATE from a VALUES list: `_MANY`),
+else as one `executemany` (a kind may have a variant statement for its common case: NULL literals
+instead of None parameters, which Python's sqlite3 binds slowly; see `_blob`). A pair's batch of 5
+writes and 5 takes is then 7 statements, one step each (the puts, the takes of entries written in
+an earlier batch, those of entries written earlier in this one, the writes' requests, the writes'
+and the takes' changes) instead of 25 (a take's request has no row: `_request`).
 
 `change_trim` deletes a range of the log: a barrier (what is planned before it runs first).
 `prune_requests` has no statement here: the journal runs its deletions at COMMIT.
@@ -20,6 +21,7 @@ take's request has no row: `_request`).
 
 from __future__ import annotations
 
+import itertools
 import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -266,7 +268,7 @@ def run(
         last = rows.get(key)
         if last is None:
             layer = 0
-        elif last[1] == sql:
+        elif last[1] == sql and sql not in _DISTINCT:
             layer = last[0]
         else:
             layer = last[0] + 1
@@ -298,10 +300,61 @@ def _unbound(
     return prune
 
 
+def _values(sql: str) -> tuple[str, str, str]:
+    """An INSERT of one VALUES row as (what comes before its rows, a row, what comes after)."""
+    head, _, row = sql.partition(" VALUES ")
+    return f"{head} VALUES ", row, ""
+
+
+#: The statements whose rows of one layer run as one statement of several rows (`_execute`): the
+#: INSERTs as many VALUES rows, a take's UPDATE from a VALUES list of its rows (one search of the
+#: entries' key per row, as the one-row statement does).
+_MANY: dict[str, tuple[str, str, str]] = {
+    **{sql: _values(sql) for sql in (_PUT, _TYPE, _REGISTER, _REQUEST, _CHANGE, _CHANGE_WRITE, _CHANGE_GONE)},
+    _SUBSCRIPTION: _values(_SUBSCRIPTION),
+    _TAKE: (
+        "UPDATE entries SET taken_by = v.column1, taken_position = v.column2, taken_until = v.column3 "
+        "FROM (VALUES ",
+        "(?, ?, ?, ?, ?)",
+        ") AS v WHERE entries.space = v.column4 AND entries.id = v.column5",
+    ),
+}
+#: Of those, the UPDATEs: a row that two of its rows in one statement would change gets one of
+#: them, SQLite does not say which, so the plan puts a row's repeat in the next layer.
+_DISTINCT = frozenset({_TAKE})
+#: Rows per such statement at most (so at most this many texts of each in sqlite3's statement
+#: cache, and 8 * 16 parameters, far below SQLite's limit).
+_ROWS = 16
+#: (statement, rows) -> the statement for that many rows.
+_TEXTS: dict[tuple[str, int], str] = {}
+
+
+def _rows_of(sql: str, rows: int) -> str:
+    """`sql` (one row's statement, in `_MANY`) for `rows` rows, in their order."""
+    text = _TEXTS.get((sql, rows))
+    if text is None:
+        before, row, after = _MANY[sql]
+        text = _TEXTS[(sql, rows)] = before + ", ".join([row] * rows) + after
+    return text
+
+
 def _execute(connection: sqlite3.Connection, layers: list[dict[str, list[tuple[Any, ...]]]]) -> None:
+    """Each layer's statements, each with its parameters. The rows of a statement in `_MANY` go
+    as one statement of many rows (up to `_ROWS` at a time; an INSERT's in order, as
+    `executemany` would insert them; an UPDATE's each a different row, `_DISTINCT`): one step of
+    the statement instead of one per row (and Python's sqlite3 releases and takes back the GIL
+    around each step and each reset, two hand-offs a row)."""
+    chain = itertools.chain.from_iterable
     for layer in layers:
         for sql, parameters in layer.items():
-            if len(parameters) == 1:
+            count = len(parameters)
+            if count == 1:
                 connection.execute(sql, parameters[0])
-            else:
+            elif sql not in _MANY:
                 connection.executemany(sql, parameters)
+            elif count <= _ROWS:
+                connection.execute(_rows_of(sql, count), list(chain(parameters)))
+            else:
+                for start in range(0, count, _ROWS):
+                    rows = parameters[start : start + _ROWS]
+                    connection.execute(_rows_of(sql, len(rows)), list(chain(rows)))
