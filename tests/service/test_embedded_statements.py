@@ -237,3 +237,20 @@ def test_a_row_inserted_twice_in_one_statement_keeps_the_later_values(tmp_path: 
         assert taken == [(n, f"r{n + 20}", n + 20) for n in range(20)]
     finally:
         connection.close()
+
+
+def test_takes_without_update_from_run_as_one_executemany(tmp_path: Path, monkeypatch: Any) -> None:
+    """With an SQLite older than 3.33 (no UPDATE ... FROM) a take's rows stay one `executemany`,
+    a row's repeated take in the same layer: each row's later take still wins."""
+    monkeypatch.delitem(statements._MANY, statements._TAKE, raising=False)
+    monkeypatch.setattr(statements, "_DISTINCT", frozenset())
+    connection = _store(tmp_path)
+    try:
+        puts: list[Record] = [("put", "a", n, n, 90.0, bytes([n])) for n in range(20)]
+        statements.run(connection, puts, _number(connection), _dump)
+        takes: list[Record] = [("take", "a", n % 20, f"r{n}", n, 50.0) for n in range(40)]
+        statements.run(connection, takes, _number(connection), _dump)
+        taken = connection.execute("SELECT id, taken_by, taken_position FROM entries ORDER BY id").fetchall()
+        assert taken == [(n, f"r{n + 20}", n + 20) for n in range(20)]
+    finally:
+        connection.close()

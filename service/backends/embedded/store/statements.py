@@ -312,16 +312,20 @@ def _values(sql: str) -> tuple[str, str, str]:
 _MANY: dict[str, tuple[str, str, str]] = {
     **{sql: _values(sql) for sql in (_PUT, _TYPE, _REGISTER, _REQUEST, _CHANGE, _CHANGE_WRITE, _CHANGE_GONE)},
     _SUBSCRIPTION: _values(_SUBSCRIPTION),
-    _TAKE: (
+}
+#: UPDATE ... FROM is SQLite 3.33's (2020): with an older library (the one Python's sqlite3 was
+#: built against) a take's rows stay one `executemany`.
+UPDATE_FROM = sqlite3.sqlite_version_info >= (3, 33, 0)
+if UPDATE_FROM:
+    _MANY[_TAKE] = (
         "UPDATE entries SET taken_by = v.column1, taken_position = v.column2, taken_until = v.column3 "
         "FROM (VALUES ",
         "(?, ?, ?, ?, ?)",
         ") AS v WHERE entries.space = v.column4 AND entries.id = v.column5",
-    ),
-}
+    )
 #: Of those, the UPDATEs: a row that two of its rows in one statement would change gets one of
 #: them, SQLite does not say which, so the plan puts a row's repeat in the next layer.
-_DISTINCT = frozenset({_TAKE})
+_DISTINCT = frozenset({_TAKE}) if UPDATE_FROM else frozenset()
 #: Rows per such statement at most (so at most this many texts of each in sqlite3's statement
 #: cache, and 8 * 16 parameters, far below SQLite's limit).
 _ROWS = 16
