@@ -154,14 +154,21 @@ _records = st.one_of(
 def test_grouped_statements_leave_the_store_as_one_statement_per_record(
     tmp_path_factory: Any, records: list[Record]
 ) -> None:
+    prune = _grouped_as_one_by_one(tmp_path_factory, records)
+    pruned = [record[1] for record in records if record[0] == "prune_requests"]
+    assert prune == (pruned[-1] if pruned else None)
+
+
+def _grouped_as_one_by_one(tmp_path_factory: Any, records: list[Record]) -> float | None:
+    """Run `records` grouped in one store and one statement per record in another, check that
+    both stores hold the same, and give the grouped run's prune."""
     grouped = _store(tmp_path_factory.mktemp("grouped"))
     reference = _store(tmp_path_factory.mktemp("reference"))
     try:
         prune = statements.run(grouped, records, _number(grouped), _dump)
         _one_by_one(reference, records)
         assert _contents(grouped) == _contents(reference)
-        pruned = [record[1] for record in records if record[0] == "prune_requests"]
-        assert prune == (pruned[-1] if pruned else None)
+        return prune
     finally:
         grouped.close()
         reference.close()
@@ -208,15 +215,7 @@ _inserts = st.one_of(
 def test_large_batches_of_inserts_leave_the_store_as_one_statement_per_record(
     tmp_path_factory: Any, records: list[Record]
 ) -> None:
-    grouped = _store(tmp_path_factory.mktemp("grouped"))
-    reference = _store(tmp_path_factory.mktemp("reference"))
-    try:
-        statements.run(grouped, records, _number(grouped), _dump)
-        _one_by_one(reference, records)
-        assert _contents(grouped) == _contents(reference)
-    finally:
-        grouped.close()
-        reference.close()
+    _grouped_as_one_by_one(tmp_path_factory, records)
 
 
 def test_a_row_inserted_twice_in_one_statement_keeps_the_later_values(tmp_path: Path) -> None:
@@ -231,12 +230,17 @@ def test_a_row_inserted_twice_in_one_statement_keeps_the_later_values(tmp_path: 
         rows = connection.execute("SELECT id, arrival, payload FROM entries ORDER BY id").fetchall()
         expected = {n % 20: n for n in range(2 * statements._ROWS + 3)}
         assert rows == [(entry_id, n, bytes([n])) for entry_id, n in sorted(expected.items())]
-        takes: list[Record] = [("take", "a", n % 20, f"r{n}", n, 50.0) for n in range(40)]
-        statements.run(connection, takes, _number(connection), _dump)
-        taken = connection.execute("SELECT id, taken_by, taken_position FROM entries ORDER BY id").fetchall()
-        assert taken == [(n, f"r{n + 20}", n + 20) for n in range(20)]
+        _take_each_twice(connection)
     finally:
         connection.close()
+
+
+def _take_each_twice(connection: sqlite3.Connection) -> None:
+    """Take entries 0-19 of space "a" twice each in one batch: each row keeps its later take."""
+    takes: list[Record] = [("take", "a", n % 20, f"r{n}", n, 50.0) for n in range(40)]
+    statements.run(connection, takes, _number(connection), _dump)
+    taken = connection.execute("SELECT id, taken_by, taken_position FROM entries ORDER BY id").fetchall()
+    assert taken == [(n, f"r{n + 20}", n + 20) for n in range(20)]
 
 
 def test_takes_without_update_from_run_as_one_executemany(tmp_path: Path, monkeypatch: Any) -> None:
@@ -248,9 +252,6 @@ def test_takes_without_update_from_run_as_one_executemany(tmp_path: Path, monkey
     try:
         puts: list[Record] = [("put", "a", n, n, 90.0, bytes([n])) for n in range(20)]
         statements.run(connection, puts, _number(connection), _dump)
-        takes: list[Record] = [("take", "a", n % 20, f"r{n}", n, 50.0) for n in range(40)]
-        statements.run(connection, takes, _number(connection), _dump)
-        taken = connection.execute("SELECT id, taken_by, taken_position FROM entries ORDER BY id").fetchall()
-        assert taken == [(n, f"r{n + 20}", n + 20) for n in range(20)]
+        _take_each_twice(connection)
     finally:
         connection.close()
