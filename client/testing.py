@@ -67,6 +67,10 @@ class LocalServer:
             asyncio.run_coroutine_threadsafe(self._server.stop(grace), self._loop).result(timeout=30)
             self._server = None
         if self._thread.is_alive():
+            # What the stop left on the loop (a call's handler cut off by a stop without grace):
+            # cancelled and finished here, as asyncio.run does, not destroyed pending with the loop.
+            asyncio.run_coroutine_threadsafe(_finish_the_rest(), self._loop).result(timeout=30)
+        if self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=30)
         if not self._loop.is_closed() and not self._loop.is_running():
@@ -80,3 +84,15 @@ class LocalServer:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+async def _finish_the_rest() -> None:
+    """Cancel every other task of the running loop and wait (a few seconds at most) for them to
+    end, then close its asynchronous generators."""
+    current = asyncio.current_task()
+    rest = [task for task in asyncio.all_tasks() if task is not current]
+    for task in rest:
+        task.cancel()
+    if rest:
+        await asyncio.wait(rest, timeout=5.0)
+    await asyncio.get_running_loop().shutdown_asyncgens()
