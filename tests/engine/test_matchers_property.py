@@ -20,6 +20,7 @@ import math
 import struct
 from dataclasses import dataclass
 
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
@@ -32,6 +33,11 @@ from outrig.service.engine.watchers import WatcherIndex
 
 from .test_matching_property import lineages
 from .test_space import contents, find
+
+# Pure CPU work bounded by its examples (300 runs of up to 30 steps; about 40 s alone on these
+# machines, nearly all of it hypothesis's drawing), so no hang to catch sooner: beside other tests
+# on a loaded machine (pytest-xdist) it came within 25 s of the suite's 120 s timeout.
+pytestmark = pytest.mark.timeout(300)
 
 
 def _double(x: float) -> bytes:
