@@ -229,7 +229,7 @@ class ChangesMixin:
         if epoch:
             self._epoch_recorded.add(space)
         if waits:
-            self._track_batch(space, future, change.seq)
+            self._track_batch(recorder, space, future, change.seq)
 
     def _rewind(self, log: ChangeLog, space: str, seq: int) -> None:
         """A failed batch's undo of the change `seq` it recorded: the log goes back before it."""
@@ -237,7 +237,7 @@ class ChangesMixin:
         if seq == 1:
             self._epoch_recorded.discard(space)
 
-    def _track_batch(self, space: str, future: asyncio.Future[None], seq: int) -> None:
+    def _track_batch(self, recorder: Recorder, space: str, future: asyncio.Future[None], seq: int) -> None:
         """Remember that `seq` is durable once `future` (its batch) is."""
         tracked = self._change_batches.get(space)
         if tracked is not None and tracked[0] is future:
@@ -256,7 +256,7 @@ class ChangesMixin:
                 self._durable_through[space] = through
                 self.wake_feeds(space)
 
-        future.add_done_callback(done)
+        recorder.when_done(future, done)
 
     def readable(self, space: str, log: ChangeLog) -> int:
         """The seq through which a feed may read now: the log's head, or under `always` its
