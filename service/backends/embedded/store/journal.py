@@ -82,6 +82,11 @@ class _Writer:
 
     def __init__(self, connection: sqlite3.Connection, dump: Callable[[object], bytes | memoryview]) -> None:
         self.connection = connection
+        # One cursor for the batches' statements, BEGIN and COMMIT: `connection.execute` makes a
+        # cursor per statement (and a weak reference to it, which the connection lists), about
+        # 1,500 instructions a statement made and freed. The loop and the store thread never use
+        # it at once (a batch's statements, then its COMMIT).
+        self._cursor = connection.cursor()
         self._dump = dump
         self._space_numbers = _SpaceNumbers(connection)
         self._prune_before: float | None = None
@@ -89,9 +94,10 @@ class _Writer:
     def apply(self, records: Sequence[Record]) -> None:
         """Begin a transaction and run the records' statements (on the loop): one `executemany`
         per kind of record where their rows allow it (statements.py)."""
-        self.connection.execute("BEGIN IMMEDIATE")
+        cursor = self._cursor
+        cursor.execute("BEGIN IMMEDIATE")
         try:
-            self._prune_before = statements.run(self.connection, records, self._space_numbers, self._dump)
+            self._prune_before = statements.run(cursor, records, self._space_numbers, self._dump)
         except BaseException:
             self.rollback()
             raise
@@ -103,7 +109,7 @@ class _Writer:
         try:
             if self._prune_before is not None:
                 self._delete_expired_requests(self._prune_before)
-            self.connection.execute("COMMIT")
+            self._cursor.execute("COMMIT")
         except BaseException:
             self.rollback()
             raise
