@@ -42,27 +42,10 @@ from outrig.service.exceptions import (
     SpaceError,
 )
 
-__all__ = ["BATCH", "ChangesMixin", "MemoryChangeFeed", "change_record"]
+__all__ = ["BATCH", "ChangesMixin", "MemoryChangeFeed"]
 
 #: Changes a feed reads from the log at a time (then other calls run).
 BATCH = 256
-
-
-def change_record(space: str, change: Change) -> Record:
-    """A change as the store records it: a write's payload is its entry's row (memory/journal.py)."""
-    entry = change.entry
-    payload = None if change.kind == "write" else entry.payload
-    return (
-        "change",
-        space,
-        change.seq,
-        change.kind,
-        entry.id,
-        change.at,
-        change.transaction,
-        change.visible_at,
-        payload,
-    )
 
 
 class MemoryChangeFeed:
@@ -212,7 +195,20 @@ class ChangesMixin:
         records: Sequence[Record] = ()
         epoch = False
         if recorder.keeps_changes:
-            record = change_record(space, change)
+            # The change as the store records it, made here (a frame less per change): a write's
+            # payload is its entry's row (memory/journal.py).
+            entry, kind = change.entry, change.kind
+            record = (
+                "change",
+                space,
+                change.seq,
+                kind,
+                entry.id,
+                change.at,
+                change.transaction,
+                change.visible_at,
+                None if kind == "write" else entry.payload,
+            )
             if space in self._epoch_recorded:
                 records = (record,)
             else:
@@ -229,7 +225,11 @@ class ChangesMixin:
         if epoch:
             self._epoch_recorded.add(space)
         if waits:
-            self._track_batch(space, future, change.seq)
+            tracked = self._change_batches.get(space)
+            if tracked is not None and tracked[0] is future:  # the space's newest change's batch
+                tracked[1] = change.seq
+            else:
+                self._track_batch(recorder, space, future, change.seq)
 
     def _rewind(self, log: ChangeLog, space: str, seq: int) -> None:
         """A failed batch's undo of the change `seq` it recorded: the log goes back before it."""
@@ -237,12 +237,9 @@ class ChangesMixin:
         if seq == 1:
             self._epoch_recorded.discard(space)
 
-    def _track_batch(self, space: str, future: asyncio.Future[None], seq: int) -> None:
-        """Remember that `seq` is durable once `future` (its batch) is."""
-        tracked = self._change_batches.get(space)
-        if tracked is not None and tracked[0] is future:
-            tracked[1] = seq
-            return
+    def _track_batch(self, recorder: Recorder, space: str, future: asyncio.Future[None], seq: int) -> None:
+        """Remember that `seq` is durable once `future` (its batch) is: a batch other than that
+        of the space's newest change (`_changed` moves the seq of that one itself)."""
         tracked = self._change_batches[space] = [future, seq]
 
         def done(batch: asyncio.Future[None]) -> None:
@@ -256,7 +253,7 @@ class ChangesMixin:
                 self._durable_through[space] = through
                 self.wake_feeds(space)
 
-        future.add_done_callback(done)
+        recorder.when_done(future, done)
 
     def readable(self, space: str, log: ChangeLog) -> int:
         """The seq through which a feed may read now: the log's head, or under `always` its

@@ -114,6 +114,12 @@ nack or extend, the same columns of its `request` record, as the docstring above
 TakenRow = tuple[int, float | None, Any]
 """A stored take's answer, one row per entry in order: (id, expiry, payload)."""
 
+BatchEnd = Callable[[asyncio.Future[None]], None]
+"""A callback of a batch's end, given the batch's future (done). A journal may run it itself in
+the batch's resolution, before its callers resume, with an optional method `when_done(future,
+callback)` (the SQLite store's does: a loop iteration's handle less than a done callback); the
+`Recorder` uses a done callback where a journal has none (memory/recorder.py)."""
+
 
 class Journal(Protocol):
     """A group committer (see the module docstring)."""

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from outrig.service.backends.memory.idempotency import Outcome, RequestLog
-from outrig.service.backends.memory.journal import Journal, Record
+from outrig.service.backends.memory.journal import BatchEnd, Journal, Record
 from outrig.service.engine.model import LeaseGrant, StoredEntry
 from outrig.service.engine.partitions import ids_of
 from outrig.service.engine.space import SpaceEngine
@@ -29,6 +30,10 @@ _ID_BLOCK = 1024
 ANSWERED_IN_ITS_ROW = frozenset({"deliver", "ack", "nack", "extend"})
 
 
+def _add_done_callback(future: asyncio.Future[None], callback: BatchEnd) -> None:
+    future.add_done_callback(callback)
+
+
 class Recorder:
     """The memory backend's side of its `Journal`."""
 
@@ -36,11 +41,16 @@ class Recorder:
         self.journal = journal
         # Whether it records the change log (memory/journal.py: an optional attribute), read once.
         self.keeps_changes: bool = getattr(journal, "keeps_changes", False)
+        # How a batch's end runs a callback: the journal's `when_done` (memory/journal.py: an
+        # optional method, in the batch's own resolution), else a done callback of its future.
+        self.when_done: Callable[[asyncio.Future[None], BatchEnd], None] = getattr(
+            journal, "when_done", _add_done_callback
+        )
         self._requests = requests
         # Entries whose write is not yet durable, with the batch that will make it so.
         self._unsynced: dict[StoredEntry, asyncio.Future[None]] = {}
         # The batch the last change joined, and the request outcomes and written entries its
-        # end settles: one done callback per batch (`_batch_done`), not one per caller.
+        # end settles: one callback of its end per batch (`_batch_done`), not one per caller.
         self._batch: asyncio.Future[None] | None = None
         self._outcomes: list[Outcome] = []
         self._written: list[StoredEntry] = []
@@ -132,7 +142,7 @@ class Recorder:
         batch already done settles only the change that met it: the next one gets lists anew.)"""
         self._batch, self._outcomes, self._written = batch, [], []
         outcomes, written = self._outcomes, self._written
-        batch.add_done_callback(lambda done: self._batch_done(done, outcomes, written))
+        self.when_done(batch, functools.partial(self._batch_done, outcomes=outcomes, written=written))
 
     def _batch_done(
         self, batch: asyncio.Future[None], outcomes: list[Outcome], written: list[StoredEntry]

@@ -28,7 +28,8 @@ from outrig.service.backends.embedded.store.check import (
 from outrig.service.backends.embedded.store.schema import DB_NAME, database_path
 from outrig.service.exceptions import StoreError
 
-# Pages copied per backup step (4 MiB with SQLite's default 4 KiB pages).
+# Pages copied per backup step (4 MiB with SQLite's default 4 KiB pages, 2 MiB with the 2 KiB pages
+# of a store made since schema.PAGE_SIZE).
 BACKUP_STEP_PAGES = 1024
 _SIDE_FILES = ("-journal", "-wal", "-shm")
 

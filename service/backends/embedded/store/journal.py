@@ -34,7 +34,7 @@ from typing import Any
 
 from outrig.service.backends.embedded.store import statements
 from outrig.service.backends.embedded.store.schema import connect, transaction
-from outrig.service.backends.memory.journal import Record, TakenRow, WriteAnswer
+from outrig.service.backends.memory.journal import BatchEnd, Record, TakenRow, WriteAnswer
 from outrig.service.exceptions import StoreUnavailableError
 
 log = logging.getLogger("outrig.service.backends.embedded.store")
@@ -82,6 +82,11 @@ class _Writer:
 
     def __init__(self, connection: sqlite3.Connection, dump: Callable[[object], bytes | memoryview]) -> None:
         self.connection = connection
+        # One cursor for the batches' statements, BEGIN and COMMIT: `connection.execute` makes a
+        # cursor per statement (and a weak reference to it, which the connection lists), about
+        # 1,500 instructions a statement made and freed. The loop and the store thread never use
+        # it at once (a batch's statements, then its COMMIT).
+        self._cursor = connection.cursor()
         self._dump = dump
         self._space_numbers = _SpaceNumbers(connection)
         self._prune_before: float | None = None
@@ -89,9 +94,10 @@ class _Writer:
     def apply(self, records: Sequence[Record]) -> None:
         """Begin a transaction and run the records' statements (on the loop): one `executemany`
         per kind of record where their rows allow it (statements.py)."""
-        self.connection.execute("BEGIN IMMEDIATE")
+        cursor = self._cursor
+        cursor.execute("BEGIN IMMEDIATE")
         try:
-            self._prune_before = statements.run(self.connection, records, self._space_numbers, self._dump)
+            self._prune_before = statements.run(cursor, records, self._space_numbers, self._dump)
         except BaseException:
             self.rollback()
             raise
@@ -103,7 +109,7 @@ class _Writer:
         try:
             if self._prune_before is not None:
                 self._delete_expired_requests(self._prune_before)
-            self.connection.execute("COMMIT")
+            self._cursor.execute("COMMIT")
         except BaseException:
             self.rollback()
             raise
@@ -190,33 +196,43 @@ def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | Non
 
 class _Batch:
     """Changes that will be committed together: their records, their undos, the future readers
-    of not-yet-durable entries wait on, and one future per waiting caller."""
+    of not-yet-durable entries wait on, the callbacks its end runs (`Journal.when_done`), and one
+    future per waiting caller."""
 
-    __slots__ = ("future", "operations", "records", "undos", "waiters")
+    __slots__ = ("done", "future", "operations", "records", "undos", "waiters")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.records: list[Record] = []
         self.operations = 0
         self.undos: list[Callable[[], None]] = []
         self.waiters: list[asyncio.Future[None]] = []
+        self.done: list[BatchEnd] = []
         self.future: asyncio.Future[None] = loop.create_future()
-        # A batch nobody awaits (interval policy) must not log "exception never retrieved".
-        self.future.add_done_callback(_retrieve)
 
     def resolve(self, error: BaseException | None) -> None:
-        futures = [self.future, *self.waiters]
-        for future in futures:
-            if future.done():  # a caller that was cancelled meanwhile
-                continue
+        """The batch's future, then its callbacks, here and in order (each a loop iteration's
+        handle less than a done callback's), then its callers' futures: so the callbacks have
+        run when a caller resumes, as the done callbacks, scheduled first, had."""
+        future = self.future
+        if not future.done():
             if error is None:
                 future.set_result(None)
             else:
                 future.set_exception(error)
-
-
-def _retrieve(future: asyncio.Future[None]) -> None:
-    if not future.cancelled():
-        future.exception()
+                # A batch nobody awaits (interval policy) must not log "exception never retrieved".
+                future.exception()
+        for callback in self.done:
+            try:
+                callback(future)
+            except Exception:  # the others must still run, and every caller must hear
+                log.exception("a callback of a batch's end failed")
+        for waiter in self.waiters:
+            if waiter.done():  # a caller that was cancelled meanwhile
+                continue
+            if error is None:
+                waiter.set_result(None)
+            else:
+                waiter.set_exception(error)
 
 
 class Journal:
@@ -297,6 +313,17 @@ class Journal:
         """Queue bookkeeping nobody waits for (expired leases, pruning); dropped while failed."""
         if self._failure is None:
             self.submit(records, own=False)
+
+    def when_done(self, future: asyncio.Future[None], callback: BatchEnd) -> None:
+        """Call `callback(future)` once `future`, a batch's from `submit`, is done: for the open
+        batch or the one being written, in the callback that resolves it, before its callers'
+        futures (no loop iteration's handle of its own, as `add_done_callback` would make);
+        otherwise as a done callback. (An optional method of memory/journal.py's protocol.)"""
+        for batch in (self._open, self._writing):
+            if batch is not None and batch.future is future:
+                batch.done.append(callback)
+                return
+        future.add_done_callback(callback)
 
     @property
     def pending(self) -> asyncio.Future[None] | None:

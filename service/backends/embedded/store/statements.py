@@ -31,6 +31,8 @@ from outrig.service.backends.memory.journal import Record
 Dump = Callable[[object], bytes | memoryview]
 # A space's number by its name (journal.py's `_SpaceNumbers` makes a new name's at its first use).
 Number = Mapping[str, int]
+# What runs the statements: a connection, or a cursor of it (the journal's: journal.py `_Writer`).
+Runner = sqlite3.Connection | sqlite3.Cursor
 # A record, as it is (its kind first) -> (its row's key, its statement, the parameters): a binder
 # unpacks the kind with the rest, so no record is sliced into a tuple of its arguments.
 Bound = tuple[tuple[Any, ...], str, tuple[Any, ...]]
@@ -233,9 +235,7 @@ BARRIER = "change_trim"
 PRUNE = "prune_requests"
 
 
-def run(
-    connection: sqlite3.Connection, records: Sequence[Record], numbers: Number, dump: Dump
-) -> float | None:
+def run(connection: Runner, records: Sequence[Record], numbers: Number, dump: Dump) -> float | None:
     """Run `records`' statements, grouped (see the module docstring), in the open transaction.
     Returns the `now` of the batch's last `prune_requests`, if any (the caller prunes at COMMIT).
     An unknown kind raises KeyError (the journal then rolls the whole batch back)."""
@@ -284,9 +284,7 @@ def run(
     return prune
 
 
-def _unbound(
-    connection: sqlite3.Connection, record: Record, numbers: Number, prune: float | None
-) -> float | None:
+def _unbound(connection: Runner, record: Record, numbers: Number, prune: float | None) -> float | None:
     """A record without a bound statement: `prune_requests` (returns its `now`), `change_trim`."""
     kind = record[0]
     if kind == PRUNE:
@@ -342,7 +340,7 @@ def _rows_of(sql: str, rows: int) -> str:
     return text
 
 
-def _execute(connection: sqlite3.Connection, layers: list[dict[str, list[tuple[Any, ...]]]]) -> None:
+def _execute(connection: Runner, layers: list[dict[str, list[tuple[Any, ...]]]]) -> None:
     """Each layer's statements, each with its parameters. The rows of a statement in `_MANY` go
     as one statement of many rows (up to `_ROWS` at a time; an INSERT's in order, as
     `executemany` would insert them; an UPDATE's each a different row, `_DISTINCT`): one step of
