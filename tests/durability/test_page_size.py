@@ -35,7 +35,7 @@ async def test_a_new_store_has_the_page_size_and_keeps_an_entry_larger_than_a_pa
     assert _page_size(config.data_dir) == PAGE_SIZE
     async with running(config, clock) as backend:
         found = await read_all(backend)
-        assert set(numbers(found)) == {1, 2}
+        assert sorted(numbers(found)) == [1, 2]
         (taken,) = await take(backend, template(n=1))
         assert taken.fields["note"].data == big
     async with running(config, clock) as backend:
@@ -53,7 +53,7 @@ async def test_a_store_made_with_4096_byte_pages_keeps_them(
     assert _page_size(config.data_dir) == 4096
     async with running(config, clock) as backend:  # opened with today's PAGE_SIZE
         await backend.write("s", [entry(n=2)], None, request_id="w2")
-        assert set(numbers(await read_all(backend))) == {1, 2}
+        assert sorted(numbers(await read_all(backend))) == [1, 2]
     assert _page_size(config.data_dir) == 4096
     async with running(config, clock) as backend:
-        assert set(numbers(await read_all(backend))) == {1, 2}
+        assert sorted(numbers(await read_all(backend))) == [1, 2]
