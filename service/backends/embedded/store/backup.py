@@ -28,8 +28,7 @@ from outrig.service.backends.embedded.store.check import (
 from outrig.service.backends.embedded.store.schema import DB_NAME, database_path
 from outrig.service.exceptions import StoreError
 
-# Pages copied per backup step (4 MiB with SQLite's default 4 KiB pages, 2 MiB with the 2 KiB pages
-# of a store made since schema.PAGE_SIZE).
+# Pages copied per backup step (4 MiB with SQLite's default 4 KiB pages).
 BACKUP_STEP_PAGES = 1024
 _SIDE_FILES = ("-journal", "-wal", "-shm")
 

@@ -84,9 +84,6 @@ APPLICATION_ID = 0x6F757472
 #    format-5 store's takes, nor remove their rows before a restart.
 FORMAT_VERSION = 5
 
-# The page size of a store made from now on (SQLite's default 4096; see `connect`).
-PAGE_SIZE = 2048
-
 # No index by entry: a change's row is written once per change and read only at start-up, whose
 # one pass in order finds a removed write's payload (recovery.py); the index cost every change a
 # second B-tree insert (docs/performance.md, "The durable pair, fourth pass").
@@ -191,10 +188,6 @@ def database_path(data_dir: Path) -> Path:
 def connect(path: Path) -> sqlite3.Connection:
     """A connection with outrig's settings: WAL, fsync at every commit, explicit transactions."""
     connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=10.0)
-    # A new store's pages (before WAL mode, which fixes the size): each commit writes, and
-    # checksums, every page it changed whole, and a batch changes a few rows of a few pages.
-    # An existing store keeps its own size (SQLite changes it only by a VACUUM outside WAL).
-    connection.execute(f"PRAGMA page_size = {PAGE_SIZE:d}")
     connection.execute("PRAGMA journal_mode = WAL")
     # FULL: a commit returns only once the WAL is fsynced, so an acknowledged change survives a
     # power cut, not only a crash of the server.
