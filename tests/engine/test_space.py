@@ -602,6 +602,29 @@ def test_a_type_redeclared_with_other_supertypes_conflicts() -> None:
     assert space.count([tpl("Animal")]) == 4
 
 
+def test_a_one_entry_write_of_a_known_shape_still_conflicts_once_its_type_is_redeclared() -> None:
+    # A one-entry write whose (type, supertypes) was written before skips the lineage's check;
+    # `declare` (a restart's) may change a type's supertypes, and then it is checked again.
+    space = make()
+    space.write([new(*DOG)], None)
+    space.write([new(*DOG)], None)  # the known shape
+    space.declare("Dog", ("Animal",))
+    with pytest.raises(TypeConflictError):
+        space.write([new(*DOG)], None)
+    space.write([new("Dog", "Animal")], None)
+    assert space.count([tpl("Dog")]) == 3
+
+
+def test_a_refused_one_entry_write_leaves_its_shape_unknown() -> None:
+    space = make(max_entries=1)
+    space.write([new("A")], None)
+    with pytest.raises(QuotaExceededError):
+        space.write([new("B", "X")], None)
+    find(space, [tpl("A")], take=True)
+    space.write([new("B", "X")], None)  # declares B and X now: the refusal had declared nothing
+    assert space.statistics().types == 3 and space.declared_types()["B"] == ("X",)
+
+
 def test_type_conflict_inside_one_batch_stores_nothing() -> None:
     space = make()
     with pytest.raises(TypeConflictError, match="'A'"):
