@@ -349,10 +349,14 @@ class SpaceEngine(TransactionsMixin, DeliveriesMixin):
             self._check_quota(count, size)
         first_id, stride = self._next_id, self._ids.stride
         self._next_id = first_id + len(entries) * stride  # `_new_id` of each entry, at once
-        written = [
-            StoredEntry(entry_id, new, expires_at)
-            for entry_id, new in zip(range(first_id, self._next_id, stride), entries, strict=True)
-        ]
+        written = (
+            [StoredEntry(first_id, entries[0], expires_at)]  # a pair's write: no comprehension's frame
+            if count == 1
+            else [
+                StoredEntry(entry_id, new, expires_at)
+                for entry_id, new in zip(range(first_id, self._next_id, stride), entries, strict=True)
+            ]
+        )
         if visible_at is not None or carried[0]:
             for stored in written:
                 stored.hidden_until = visible_at
@@ -716,6 +720,9 @@ class SpaceEngine(TransactionsMixin, DeliveriesMixin):
             candidates = index.members(filed[0])
             unfiled = template.unfiled(filed[1])
         matches, matches_filed = template.matches, template.matches_filed
+        # A plain template's bucket that says all it asks (a pair's take: its one field's):
+        # nothing is left to compare, and no `matches_filed` call is made per candidate.
+        said = unfiled == () and template.__class__ is Template
         found: list[StoredEntry] = []
         expired: list[StoredEntry] = []
         conflicted = False
@@ -725,7 +732,7 @@ class SpaceEngine(TransactionsMixin, DeliveriesMixin):
             if expires_at is not None and expires_at <= now:
                 if len(expired) < _LAZY_REMOVALS:
                     expired.append(stored)
-            elif matches_filed(stored, unfiled) if unfiled is not None else matches(stored):
+            elif said or (matches_filed(stored, unfiled) if unfiled is not None else matches(stored)):
                 lock = stored.lock
                 if lock is not None:
                     verdict = access(lock, txn)
@@ -874,7 +881,13 @@ class SpaceEngine(TransactionsMixin, DeliveriesMixin):
         else:
             found, conflicted = self._select(templates, max_entries, txn, take, now)
         if txn is None:
-            if take and len(found) > 1 and all(s.lock is None and s.hidden_until is None for s in found):
+            # an entry found in the index is visible (not hidden); with no lock in the space,
+            # none of them is locked, and the generator is not run
+            if (
+                take
+                and len(found) > 1
+                and (not self._locked or all(s.lock is None and s.hidden_until is None for s in found))
+            ):
                 self._remove_many(found)
                 self._log_many("take", found, None, 0, now)
             elif take:  # the common take, without closures: unfiled one by one, or none of them
