@@ -51,6 +51,7 @@ from outrig.service.engine.model import (
 )
 from outrig.service.engine.partitions import ids_of
 from outrig.service.engine.transacting import TransactionsMixin
+from outrig.service.engine.values import FULL_KEY_LIMIT
 from outrig.service.engine.watchers import WatcherIndex
 from outrig.service.exceptions import (
     InvalidArgumentError,
@@ -723,6 +724,14 @@ class SpaceEngine(TransactionsMixin, DeliveriesMixin):
         # A plain template's bucket that says all it asks (a pair's take: its one field's):
         # nothing is left to compare, and no `matches_filed` call is made per candidate.
         said = unfiled == () and template.__class__ is Template
+        # One small field left of a plain template (a batch take's, of two fields): compared by
+        # its key here (a small value's key is the value), not by a `matches_filed` call each.
+        one_name, one_key = "", None
+        if unfiled and len(unfiled) == 1 and template.__class__ is Template:
+            name, value = unfiled[0]
+            if value.size <= FULL_KEY_LIMIT:
+                one_name, one_key = name, value.key
+        general = not said and not one_name  # `matches_filed` or `matches` of each
         found: list[StoredEntry] = []
         expired: list[StoredEntry] = []
         conflicted = False
@@ -732,7 +741,11 @@ class SpaceEngine(TransactionsMixin, DeliveriesMixin):
             if expires_at is not None and expires_at <= now:
                 if len(expired) < _LAZY_REMOVALS:
                     expired.append(stored)
-            elif said or (matches_filed(stored, unfiled) if unfiled is not None else matches(stored)):
+            elif (
+                said
+                or (one_name and (field := stored.fields.get(one_name)) is not None and field.key == one_key)
+                or (general and (matches_filed(stored, unfiled) if unfiled is not None else matches(stored)))
+            ):
                 lock = stored.lock
                 if lock is not None:
                     verdict = access(lock, txn)

@@ -5,7 +5,8 @@ begun); a take that parks is begun when it parks, so a retry that comes meanwhil
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any
 
 import pytest
 
@@ -13,7 +14,7 @@ from outrig.service.backends.memory.backend import MemoryBackend
 from outrig.service.backends.memory.idempotency import Outcome, RequestLog
 from outrig.service.config import ServerConfig
 from outrig.service.engine import FakeClock, NewEntry, Template
-from outrig.service.engine.model import LeaseGrant
+from outrig.service.engine.model import LeaseGrant, StoredEntry
 from outrig.service.exceptions import RequestConflictError, TypeConflictError
 
 from ..polling import wait_until_async
@@ -33,7 +34,9 @@ async def backend() -> AsyncIterator[MemoryBackend]:
         await backend.close()
 
 
-def _take(backend: MemoryBackend, request_id: str, timeout: float | None = 0) -> object:
+def _take(
+    backend: MemoryBackend, request_id: str, timeout: float | None = 0
+) -> Coroutine[Any, Any, list[StoredEntry]]:
     return backend.match(
         "s",
         [Template("T", {})],
@@ -84,7 +87,6 @@ async def test_a_retried_take_that_found_at_once_takes_once(backend: MemoryBacke
     await backend.write("s", [_entry(2)], 60.0)
     taken = await _take(backend, "t")
     again = await _take(backend, "t")
-    assert isinstance(taken, list) and isinstance(again, list)
     assert [(e.id, e.payload) for e in again] == [(e.id, e.payload) for e in taken] == [(taken[0].id, 1)]
     assert await backend.count("s", [Template("T", {})]) == 1
 
@@ -94,15 +96,15 @@ async def test_a_take_that_found_nothing_leaves_its_id_free(backend: MemoryBacke
     assert "t" not in backend._requests.ids
     await backend.write("s", [_entry(1)], 60.0)
     taken = await _take(backend, "t")
-    assert isinstance(taken, list) and [e.payload for e in taken] == [1]
+    assert [e.payload for e in taken] == [1]
 
 
 async def test_a_retry_of_a_parked_take_waits_for_it_and_gets_its_entry(backend: MemoryBackend) -> None:
-    first = asyncio.ensure_future(_take(backend, "t", timeout=None))  # type: ignore[arg-type]
+    first = asyncio.ensure_future(_take(backend, "t", timeout=None))
     await wait_until_async(lambda: backend.engine("s").waiting == 1, what="the take parks")
     outcome = backend._requests.find("t", "s", "take")
     assert isinstance(outcome, Outcome) and outcome._done is None  # begun as it parked
-    retry = asyncio.ensure_future(_take(backend, "t", timeout=None))  # type: ignore[arg-type]
+    retry = asyncio.ensure_future(_take(backend, "t", timeout=None))
     await wait_until_async(lambda: outcome._done is not None, what="the retry waits for the first call")
     assert backend.engine("s").waiting == 1 and not retry.done()  # it parked nothing
     await backend.write("s", [_entry(1)], 60.0)
