@@ -221,9 +221,14 @@ class EntryIndex:
                             slots = seen[1]
                         key = value.key
                         current = slots.get(key)
-                        if current is None:
-                            slots[key] = current = stored
-                        elif isinstance(current, StoredEntry):
+                        if current is None:  # a value's first entry (each of a unique field's)
+                            slots[key] = stored
+                            if seen is None:
+                                last[name] = (value, slots, stored)
+                            # else what is remembered still holds (the slot is another value's):
+                            # an entry sharing this value finds it in the slots, no tuple made
+                            continue
+                        if isinstance(current, StoredEntry):
                             current = OrderedDict(((current.id, current), (entry_id, stored)))
                             slots[key] = current
                         else:

@@ -95,7 +95,12 @@ class LeaseQueue:
     def add(self, lease_id: int, expires_at: float) -> None:
         """File a lease ending at `expires_at`; ValueError, with nothing changed, if that is no
         finite time (FOREVER is not filed: it never expires)."""
-        bucket = self._bucket_at(expires_at, lease_id)
+        quotient = expires_at / self._granularity
+        # a bucket that is there already (a pair's write: the previous write's, as a rule) is
+        # found without `_bucket_at`'s and `_bucket_of`'s frames
+        bucket = self._buckets.get(_floor(quotient)) if -_END_BUCKET < quotient < _END_BUCKET else None
+        if bucket is None:
+            bucket = self._bucket_at(expires_at, lease_id)
         if lease_id not in bucket:
             self._count += 1
         bucket[lease_id] = expires_at
@@ -109,7 +114,11 @@ class LeaseQueue:
 
     def discard(self, lease_id: int, expires_at: float) -> None:
         """Forget a lease filed at `expires_at` (doing nothing if it is not there)."""
-        number = self._bucket_of(expires_at)
+        quotient = expires_at / self._granularity
+        if -_END_BUCKET < quotient < _END_BUCKET:  # `_bucket_of`'s first case, inline
+            number: int | None = _floor(quotient)
+        else:
+            number = self._bucket_of(expires_at)
         if number is None:
             return  # not a finite time: never filed (`add` refuses it)
         bucket = self._buckets.get(number)

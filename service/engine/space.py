@@ -51,6 +51,7 @@ from outrig.service.engine.model import (
 )
 from outrig.service.engine.partitions import ids_of
 from outrig.service.engine.transacting import TransactionsMixin
+from outrig.service.engine.values import FULL_KEY_LIMIT
 from outrig.service.engine.watchers import WatcherIndex
 from outrig.service.exceptions import (
     InvalidArgumentError,
@@ -152,6 +153,9 @@ class SpaceEngine(TransactionsMixin, DeliveriesMixin):
         self._ids = ids_of(name)  # a partition's ids are its own (engine/partitions.py)
         self._next_id = self._ids.first()
         self._types: dict[str, tuple[str, ...]] = {}
+        # (type, supertypes) of one-entry writes that declared or matched their lineage: a later
+        # write of the same shape declares nothing and conflicts with nothing (until `declare`).
+        self._shapes: set[tuple[str, tuple[str, ...]]] = set()
         self._entries: dict[int, StoredEntry] = {}  # what is in the space, by id
         self._index = EntryIndex(settings.fifo, settings.indexes)  # the same entries, by type and field
         self._bytes = 0
@@ -190,6 +194,7 @@ class SpaceEngine(TransactionsMixin, DeliveriesMixin):
     def declare(self, type_name: str, supertypes: tuple[str, ...]) -> None:
         """Know a type and its supertypes (a restart restores the declarations it had)."""
         self._types[type_name] = supertypes
+        self._shapes.clear()  # a type's supertypes may have changed
 
     def load(
         self,
@@ -334,33 +339,55 @@ class SpaceEngine(TransactionsMixin, DeliveriesMixin):
                 visible_at = None
         if txn is not None:
             self._check_active(txn)
-        declared = self._declare_types(entries)
-        # a pair's write has one entry: its size without a generator
-        self._check_quota(len(entries), entries[0].size if len(entries) == 1 else _size_of(entries))
+        count = len(entries)
+        shape = (entries[0].type_name, entries[0].supertypes) if count == 1 else None
+        declared = {} if shape in self._shapes else self._declare_types(entries)
+        # a pair's write has one entry: its size without a generator; `_check_quota` only when
+        # the write does not fit as the space is (its first test, inline)
+        size = entries[0].size if count == 1 else _size_of(entries)
+        settings = self.settings
+        if len(self._entries) + count > settings.max_entries or self._bytes + size > settings.max_bytes:
+            self._check_quota(count, size)
         first_id, stride = self._next_id, self._ids.stride
         self._next_id = first_id + len(entries) * stride  # `_new_id` of each entry, at once
-        written = [
-            StoredEntry(entry_id, new, expires_at)
-            for entry_id, new in zip(range(first_id, self._next_id, stride), entries, strict=True)
-        ]
+        written = (
+            [StoredEntry(first_id, entries[0], expires_at)]  # a pair's write: no comprehension's frame
+            if count == 1
+            else [
+                StoredEntry(entry_id, new, expires_at)
+                for entry_id, new in zip(range(first_id, self._next_id, stride), entries, strict=True)
+            ]
+        )
         if visible_at is not None or carried[0]:
             for stored in written:
                 stored.hidden_until = visible_at
                 stored.deliveries, stored.dead_letter_reason = carried
-        if len(written) == 1 or visible_at is not None or carried[0]:
+        if count == 1:  # `_insert_each` of one entry, inline
+            try:
+                self._insert(written[0])
+            except BaseException:
+                self._next_id = first_id
+                raise
+        elif visible_at is not None or carried[0]:
             self._insert_each(written, first_id)
         else:
             self._insert_many(written, first_id)
         # Only now, so that a refused write leaves no type declared behind it.
-        self._types.update(declared)
-        self._note_written(first_id, now)
+        if declared:
+            self._types.update(declared)
+        if shape is not None:
+            self._shapes.add(shape)
+        times = self._written_at  # `_note_written`'s, inline
+        times.note(first_id, now)
+        if len(times) >= PRUNE_AT and self._entries:
+            times.prune(next(iter(self._entries)))  # the oldest filed, but for one put back
         self.declared = declared
         if txn is not None:
             for stored in written:
                 self._lock(stored).writer = txn
                 txn.written[stored.id] = stored
         elif self.changes is not None:
-            self._log_many("write", written, visible_at)
+            self._log_many("write", written, visible_at, 0, now)
         # The commit point is passed: these never raise. With no registration and no parked call
         # in the space, nobody is told or handed anything: a batch skips asking for each entry.
         if visible_at is None and (self._registrations or self._waiters):
@@ -694,6 +721,17 @@ class SpaceEngine(TransactionsMixin, DeliveriesMixin):
             candidates = index.members(filed[0])
             unfiled = template.unfiled(filed[1])
         matches, matches_filed = template.matches, template.matches_filed
+        # A plain template's bucket that says all it asks (a pair's take: its one field's):
+        # nothing is left to compare, and no `matches_filed` call is made per candidate.
+        said = unfiled == () and template.__class__ is Template
+        # One small field left of a plain template (a batch take's, of two fields): compared by
+        # its key here (a small value's key is the value), not by a `matches_filed` call each.
+        one_name, one_key = "", None
+        if unfiled and len(unfiled) == 1 and template.__class__ is Template:
+            name, value = unfiled[0]
+            if value.size <= FULL_KEY_LIMIT:
+                one_name, one_key = name, value.key
+        general = not said and not one_name  # `matches_filed` or `matches` of each
         found: list[StoredEntry] = []
         expired: list[StoredEntry] = []
         conflicted = False
@@ -703,7 +741,11 @@ class SpaceEngine(TransactionsMixin, DeliveriesMixin):
             if expires_at is not None and expires_at <= now:
                 if len(expired) < _LAZY_REMOVALS:
                     expired.append(stored)
-            elif matches_filed(stored, unfiled) if unfiled is not None else matches(stored):
+            elif (
+                said
+                or (one_name and (field := stored.fields.get(one_name)) is not None and field.key == one_key)
+                or (general and (matches_filed(stored, unfiled) if unfiled is not None else matches(stored)))
+            ):
                 lock = stored.lock
                 if lock is not None:
                     verdict = access(lock, txn)
@@ -740,36 +782,44 @@ class SpaceEngine(TransactionsMixin, DeliveriesMixin):
         entries: Sequence[StoredEntry],
         visible_at: float | None = None,
         transaction: int = 0,
+        now: float | None = None,
     ) -> None:
-        """Log a change for each of a call's entries, in order, at one time (their commit point),
-        and tell the backend's hooks: `on_change` of each change, then `on_logged` once. Past the
-        commit point: never raises (a hook that fails is logged; the change has happened)."""
+        """Log a change for each of a call's entries, in order, at one time (their commit point:
+        `now`, the call's own reading of the clock, or the clock's now), and tell the backend's
+        hooks: `on_change` of each change, then `on_logged` once. Past the commit point: never
+        raises (a hook that fails is logged; the change has happened)."""
         changes = self.changes
         if changes is None:
             return
+        at = self._clock.time() if now is None else now
         hook = self.on_change
         # A `Change` per entry only for a hook that reads it (a store's recorder): an in-memory
         # server's hook only wakes the space's feeds, once per call (docs/performance.md, "The
         # in-memory path, fourth pass").
         if hook is None:
             if len(entries) == 1:  # a pair's write and take: no batch's dict updates
-                changes.log_one(kind, entries[0], self._clock.time(), transaction, visible_at)
+                changes.log_one(kind, entries[0], at, transaction, visible_at)
             else:
-                changes.append_many(kind, entries, self._clock.time(), transaction, visible_at, made=False)
+                changes.append_many(kind, entries, at, transaction, visible_at, made=False)
         else:
             # One entry (a durable pair's write and take) without the batch's zips and dict
             # updates, which cost a durable pair 25,000 instructions (the fourth session's close).
             made = (
-                [changes.append(kind, entries[0], self._clock.time(), transaction, visible_at)]
+                [changes.append(kind, entries[0], at, transaction, visible_at)]
                 if len(entries) == 1
-                else changes.append_many(kind, entries, self._clock.time(), transaction, visible_at)
+                else changes.append_many(kind, entries, at, transaction, visible_at)
             )
             for change in made:
                 try:
                     hook(change)
                 except Exception:
                     log.exception("space %r: recording change %d failed", self.name, change.seq)
-        self._logged_now()
+        woken = self.on_logged  # `_logged_now`'s, inline
+        if woken is not None:
+            try:
+                woken()
+            except Exception:
+                log.exception("space %r: telling of new changes failed", self.name)
 
     def _log(
         self, kind: str, stored: StoredEntry, transaction: int = 0, visible_at: float | None = None
@@ -799,9 +849,15 @@ class SpaceEngine(TransactionsMixin, DeliveriesMixin):
                 log.exception("space %r: telling of new changes failed", self.name)
 
     def _select(
-        self, templates: Sequence[Template], limit: int, txn: Transaction | None = None, take: bool = False
+        self,
+        templates: Sequence[Template],
+        limit: int,
+        txn: Transaction | None = None,
+        take: bool = False,
+        now: float | None = None,
     ) -> tuple[list[StoredEntry], bool]:
-        now = self._clock.time()
+        if now is None:
+            now = self._clock.time()
         # Only `Templates` (a request with matchers or an order) is planned; a plain sequence of
         # templates, the equality fast path, pays this one comparison and no other.
         order_by = templates.order_by if templates.__class__ is Templates else None
@@ -831,11 +887,22 @@ class SpaceEngine(TransactionsMixin, DeliveriesMixin):
         waits for that transaction (see `Waiter`)."""
         if txn is not None:
             self._check_active(txn)
-        found, conflicted = self._select(templates, max_entries, txn, take)
+        now = self._clock.time()  # the matching's and the take's log's
+        if len(templates) == 1:  # `_select`'s one template, inline: a pair's take
+            order_by = templates.order_by if templates.__class__ is Templates else None
+            found, conflicted = self._matches(templates[0], max_entries, now, txn, take, order_by)
+        else:
+            found, conflicted = self._select(templates, max_entries, txn, take, now)
         if txn is None:
-            if take and len(found) > 1 and all(s.lock is None and s.hidden_until is None for s in found):
+            # an entry found in the index is visible (not hidden); with no lock in the space,
+            # none of them is locked, and the generator is not run
+            if (
+                take
+                and len(found) > 1
+                and (not self._locked or all(s.lock is None and s.hidden_until is None for s in found))
+            ):
                 self._remove_many(found)
-                self._log_many("take", found)
+                self._log_many("take", found, None, 0, now)
             elif take:  # the common take, without closures: unfiled one by one, or none of them
                 removed = 0
                 try:
@@ -846,7 +913,8 @@ class SpaceEngine(TransactionsMixin, DeliveriesMixin):
                     for stored in found[:removed]:
                         self._put_back(stored)
                     raise
-                self._log_many("take", found)
+                if found:
+                    self._log_many("take", found, None, 0, now)
             return found, conflicted
         undos: list[Callable[[], None]] = []
         try:

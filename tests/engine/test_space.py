@@ -17,6 +17,8 @@ from outrig.service.engine import (
     Transaction,
     Waiter,
 )
+from outrig.service.engine.matchers import Range
+from outrig.service.engine.model import make_template
 from outrig.service.engine.space import FOREVER
 from outrig.service.exceptions import LeaseNotFoundError, QuotaExceededError, TypeConflictError
 
@@ -600,6 +602,43 @@ def test_a_type_redeclared_with_other_supertypes_conflicts() -> None:
         with pytest.raises(TypeConflictError):
             space.write([bad], None)
     assert space.count([tpl("Animal")]) == 4
+
+
+def test_a_template_whose_bucket_says_all_it_asks_still_tests_its_matchers() -> None:
+    # A plain template of one field is answered by that field's bucket alone; a template with
+    # matchers beside that field, asked as a plain list of templates, still tests them.
+    space = make()
+    for p in range(5):
+        space.write([new("Job", group=1, p=p)], None)
+    plain = find(space, [tpl("Job", group=1)], take=False, max_entries=10)
+    assert [e.fields["p"].data for e in plain] == [0, 1, 2, 3, 4]
+    ranged = make_template("Job", {"group": value(1)}, {"p": Range("int", 2, True, 3, True)})
+    found = find(space, [ranged], take=True, max_entries=10)
+    assert [e.fields["p"].data for e in found] == [2, 3]
+    assert space.count([tpl("Job")]) == 3
+
+
+def test_a_one_entry_write_of_a_known_shape_still_conflicts_once_its_type_is_redeclared() -> None:
+    # A one-entry write whose (type, supertypes) was written before skips the lineage's check;
+    # `declare` (a restart's) may change a type's supertypes, and then it is checked again.
+    space = make()
+    space.write([new(*DOG)], None)
+    space.write([new(*DOG)], None)  # the known shape
+    space.declare("Dog", ("Animal",))
+    with pytest.raises(TypeConflictError):
+        space.write([new(*DOG)], None)
+    space.write([new("Dog", "Animal")], None)
+    assert space.count([tpl("Dog")]) == 3
+
+
+def test_a_refused_one_entry_write_leaves_its_shape_unknown() -> None:
+    space = make(max_entries=1)
+    space.write([new("A")], None)
+    with pytest.raises(QuotaExceededError):
+        space.write([new("B", "X")], None)
+    find(space, [tpl("A")], take=True)
+    space.write([new("B", "X")], None)  # declares B and X now: the refusal had declared nothing
+    assert space.statistics().types == 3 and space.declared_types()["B"] == ("X",)
 
 
 def test_type_conflict_inside_one_batch_stores_nothing() -> None:

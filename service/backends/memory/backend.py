@@ -383,7 +383,9 @@ class MemoryBackend(DeliveringMixin, ChangesMixin):
         recorder = self._recorder
         if recorder is not None:
             recorder.journal.check()  # Recorder.check's, a frame less
-        outcome = requests.begin(request_id, space, "write") if request_id else None
+        # In memory the write never waits, so no retry can come while it acts: its id is recorded
+        # once it has acted (`RequestLog.acted`), without an `Outcome` begun and finished.
+        outcome = requests.begin(request_id, space, "write") if request_id and recorder is not None else None
         try:  # _acting_for's, inline (a pair's write and take: an object and two calls less)
             written, granted = engine.write_entries(entries, lease, txn, visible_at)
             if len(written) == 1:  # a pair's write: no list comprehension's frame
@@ -408,7 +410,10 @@ class MemoryBackend(DeliveringMixin, ChangesMixin):
             if outcome is not None:
                 self._requests.abandon(outcome)
             raise
-        self._acted(outcome, grants, keep=txn is not None)
+        if outcome is not None:
+            self._acted(outcome, grants, keep=txn is not None)
+        elif request_id:
+            requests.acted(request_id, space, "write", grants)
         return grants
 
     def _write_records(
@@ -485,17 +490,22 @@ class MemoryBackend(DeliveringMixin, ChangesMixin):
         if engine is None:
             engine = self.engine(space)
         txn = engine.transaction(transaction) if transaction else None
-        if take and self._recorder is not None:
-            self._recorder.journal.check()  # _check_store's, two frames less
-        outcome = requests.begin(request_id, space, "take") if request_id else None
+        recorder = self._recorder
+        if take and recorder is not None:
+            recorder.journal.check()  # _check_store's, two frames less
+        # In memory a take waits only when it parks: its id is begun then, and one that found at
+        # once is recorded once it has acted (as a write's is).
+        outcome = requests.begin(request_id, space, "take") if request_id and recorder is not None else None
         try:  # _acting_for's, inline (see write)
             # _find's first step inline: a pair's take finds at once, without a coroutine of its own
             found, conflicted = engine.find_or_conflict(
                 templates, take=take, max_entries=max_entries, txn=txn
             )
             if not (found or timeout == 0 or (if_exists and not conflicted)):
+                if request_id and outcome is None:
+                    outcome = requests.begin(request_id, space, "take")
                 found = await self._park(engine, templates, take, max_entries, timeout, if_exists, txn)
-            if take and found and self._recorder is not None and txn is None:
+            if take and found and recorder is not None and txn is None:
                 waiter = self._enqueue_take(space, engine, found, outcome)
                 if waiter is not None:  # awaited here: a coroutine less than a _commit_take
                     try:
@@ -518,7 +528,10 @@ class MemoryBackend(DeliveringMixin, ChangesMixin):
             # (transport/fanout.py) may take with the same id again in a later round.
             self._requests.abandon(outcome)
             return found
-        self._acted(outcome, found, keep=txn is not None)
+        if outcome is not None:
+            self._acted(outcome, found, keep=txn is not None)
+        elif request_id and found:
+            requests.acted(request_id, space, "take", found)
         return found
 
     async def replay(self, space: str, request_id: str) -> list[StoredEntry]:

@@ -92,10 +92,10 @@ _AS_GIVEN, _LEASES, _LIST, _ENTRIES = 0, 1, 2, 3
 _Finished = tuple[Any, ...]
 
 
-def _finished(outcome: Outcome, result: Any) -> _Finished:
-    """The record of `outcome`, which acted with `result`: a list of leases as their (id,
-    expires_at, granted) values, any other list as its members (a retry is given a list again)."""
-    head = (outcome.space, outcome.kind, outcome.expires_at)
+def _finished(head: tuple[str, str, float], result: Any) -> _Finished:
+    """The record of a call (its space, kind and expiry: `head`) that acted with `result`: a list
+    of leases as their (id, expires_at, granted) values, any other list as its members (a retry
+    is given a list again)."""
     if result.__class__ is list:
         # By the first member's class, then (for more than one) all of them: a pair's write and
         # take keep one member each, and skip the generators.
@@ -184,8 +184,16 @@ class RequestLog:
         outcome.result = result
         outcome.settle(True)
         if self._holds(outcome):
-            outcome.record = _finished(outcome, result)
+            outcome.record = _finished((outcome.space, outcome.kind, outcome.expires_at), result)
             self._outcomes[outcome.request_id] = outcome.record
+
+    def acted(self, request_id: str, space: str, kind: str, result: Any) -> None:
+        """`begin` and `finish` at once, for a first call that acted without waiting (an
+        in-memory server's write, and its take that found at once): no other call ran meanwhile,
+        so none could have retried it, and its record needs no `Outcome`."""
+        expires_at = self._clock.time() + self.window
+        self._outcomes[request_id] = _finished((space, kind, expires_at), result)
+        self._order.append((expires_at, request_id))
 
     def _holds(self, outcome: Outcome) -> bool:
         """Whether the log's record of `outcome`'s id is still `outcome`'s (or its `_Finished`)."""
