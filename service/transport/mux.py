@@ -392,6 +392,8 @@ class MuxStream:
         self._operation_context = cast(
             handlers.Context, handlers.StreamContext(context, peer_secret(context))
         )
+        # Every operation of the stream let in with nothing to check per operation (`admits_all`).
+        self._admitted = servicer.admits_all(self._operation_context)
         self._limit = limit
         self._max_bytes = max_bytes
         self._running: dict[int, asyncio.Task[None]] = {}
@@ -524,7 +526,9 @@ class MuxStream:
     async def _perform(self, op_id: int, name: str, method: Any, request: Any, reply_field: int) -> None:
         # A cancelled operation ends here with CancelledError: a cancel op's callback on the task
         # answers it (`_cancelled`); when the stream ends, nobody is owed an answer.
-        outcome = await self._servicer.perform(name, method, request, self._operation_context)
+        outcome = await self._servicer.perform(
+            name, method, request, self._operation_context, self._admitted
+        )
         self._running.pop(op_id, None)
         if isinstance(outcome, Failure):
             self._finish(
