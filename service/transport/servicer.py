@@ -399,10 +399,7 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
         is fixed when the server and the call start: a Mux stream asks once (`perform`'s
         `admitted`)."""
         return (
-            not self._forwards
-            and not self._partitioned
-            and self._guard.open
-            and peer_secret(context) is None
+            not self._forwards and not self._partitioned and self._guard.open and peer_secret(context) is None
         )
 
     async def perform(
