@@ -43,7 +43,7 @@ import contextvars
 import functools
 import logging
 import types
-from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Mapping
 from typing import Any, NamedTuple, cast
 
 import grpc
@@ -151,10 +151,11 @@ def served_operations(servicer: SpaceServicer, *, lone: bool) -> dict[int, Serve
 
 
 @types.coroutine
-def _resume(coro: Coroutine[Any, Any, None], step: Any) -> Generator[Any, Any, None]:
+def _resume(coro: Coroutine[Any, Any, Any], step: Any) -> Generator[Any, Any, Any]:
     """The rest of a coroutine whose first step already ran and yielded `step` (a future to wait
-    for, or None): what a task would have run from there, given back to a task. What the task
-    sends or throws in (the future's outcome, a cancellation) goes on to the coroutine."""
+    for, or None): what a task would have run from there, given back to a task, and what the
+    coroutine returns. What the task sends or throws in (the future's outcome, a cancellation)
+    goes on to the coroutine."""
     while True:
         try:
             value = yield step
@@ -164,13 +165,13 @@ def _resume(coro: Coroutine[Any, Any, None], step: Any) -> Generator[Any, Any, N
         except BaseException as thrown:  # a cancellation, or the awaited future's exception
             try:
                 step = coro.throw(thrown)
-            except StopIteration:
-                return
+            except StopIteration as done:
+                return done.value
         else:
             try:
                 step = coro.send(value)
-            except StopIteration:
-                return
+            except StopIteration as done:
+                return done.value
 
 
 class Result:
@@ -392,6 +393,8 @@ class MuxStream:
         self._operation_context = cast(
             handlers.Context, handlers.StreamContext(context, peer_secret(context))
         )
+        # Every operation of the stream let in with nothing to check per operation (`admits_all`).
+        self._admitted = servicer.admits_all(self._operation_context)
         self._limit = limit
         self._max_bytes = max_bytes
         self._running: dict[int, asyncio.Task[None]] = {}
@@ -505,27 +508,49 @@ class MuxStream:
             request = handlers.Undecodable(
                 message_type.DESCRIPTOR.full_name, "a number where a message belongs"
             )
-        performing = self._perform(op_id, name, method, request, reply_field)
+        performing = self._servicer.perform(name, method, request, self._operation_context, self._admitted)
         # `runs_eagerly`: its name's part found once (`Served.eager`), an undecodable request's here.
         if not (eager or (self._eager and isinstance(request, handlers.Undecodable))):
-            self._running[op_id] = self._loop.create_task(performing)
+            self._running[op_id] = self._loop.create_task(self._answered(op_id, reply_field, performing))
             return
         # Its first step now, in a context of its own as a task's; a task only if it waits.
         context = contextvars.copy_context()
         try:
             step = context.run(performing.send, None)
-        except StopIteration:
-            return  # done: its result is queued
+        except StopIteration as done:  # done without waiting: answered here, without a coroutine
+            outcome = done.value
         except Exception:  # `perform` answers every error: this is a bug, logged as a task's would be
             log.exception("Mux operation %d (%s) failed", op_id, name)
             return
-        self._running[op_id] = self._loop.create_task(_resume(performing, step), context=context)
+        else:
+            self._running[op_id] = self._loop.create_task(
+                self._resumed(op_id, reply_field, performing, step), context=context
+            )
+            return
+        try:
+            self._answer(op_id, reply_field, outcome)
+        except Exception:  # as above
+            log.exception("Mux operation %d (%s) failed", op_id, name)
 
-    async def _perform(self, op_id: int, name: str, method: Any, request: Any, reply_field: int) -> None:
+    async def _answered(self, op_id: int, reply_field: int, performing: Awaitable[Any]) -> None:
+        """An operation's task: `perform` (or the rest of it), then its answer."""
         # A cancelled operation ends here with CancelledError: a cancel op's callback on the task
         # answers it (`_cancelled`); when the stream ends, nobody is owed an answer.
-        outcome = await self._servicer.perform(name, method, request, self._operation_context)
+        outcome = await performing
         self._running.pop(op_id, None)
+        self._answer(op_id, reply_field, outcome)
+
+    async def _resumed(
+        self, op_id: int, reply_field: int, performing: Coroutine[Any, Any, Any], step: Any
+    ) -> None:
+        """The task of an operation started at once that waits after all: the rest of `perform`
+        (`_resume`), then its answer, as `_answered`."""
+        outcome = await _resume(performing, step)
+        self._running.pop(op_id, None)
+        self._answer(op_id, reply_field, outcome)
+
+    def _answer(self, op_id: int, reply_field: int, outcome: Any) -> None:
+        """Queue an operation's result: what `perform` returned, its reply or its Failure."""
         if isinstance(outcome, Failure):
             self._finish(
                 error_result(op_id, outcome.status, outcome.message, outcome.reason, outcome.metadata)

@@ -392,13 +392,24 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
             metrics.routed(name, "forwarded")
         return address
 
+    def admits_all(self, context: handlers.Context) -> bool:
+        """Whether `admit` lets every call of `context` in, to be served here, with nothing to
+        check per call: on a lone server (`forwards` false) with no partitioned space and an open
+        guard (no authentication, no policy), a context that presents no peer secret. All of it
+        is fixed when the server and the call start: a Mux stream asks once (`perform`'s
+        `admitted`)."""
+        return (
+            not self._forwards and not self._partitioned and self._guard.open and peer_secret(context) is None
+        )
+
     async def perform(
-        self, name: str, method: Unary[R], request: Any, context: handlers.Context
+        self, name: str, method: Unary[R], request: Any, context: handlers.Context, admitted: bool = False
     ) -> R | Failure:
         """Run one operation, through the guard, as a unary call or a Mux stream's operation, here
         or forwarded to the server that serves its space (`admit`): its reply, or how it failed
         (`Failure.of`; a forwarded operation's as the owner ended it, over the owner's peer
-        stream or as a unary call: peers.py)."""
+        stream or as a unary call: peers.py). `admitted`: `admits_all(context)` is true, so
+        `admit` would answer None (served here)."""
         metrics = self._metrics
         started = time.perf_counter() if metrics is not None else 0.0
         code = "OK"
@@ -406,7 +417,7 @@ class SpaceServicer(space_pb2_grpc.SpaceServicer):
             if isinstance(request, handlers.Undecodable):
                 raise refusal(request, name, self._limits)
             # `admit`, without a coroutine of its own for the common case (served here).
-            address = self._admitted(name, request, context)
+            address = None if admitted else self._admitted(name, request, context)
             if isinstance(address, _Locate):
                 address = await self._located(name, address.space, context)
             if address is None:

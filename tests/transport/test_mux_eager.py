@@ -101,13 +101,13 @@ def test_writes_and_takes_that_match_make_no_operation_task(
         taken = [space.take(Task(n=n), timeout=timeout) for n in range(50)]
         made = counter.by_name - before
     assert taken == [Task(n=n) for n in range(50)]
-    assert made["MuxStream._perform"] == 0, made
+    assert made["MuxStream._answered"] == 0, made
     # In memory nothing waits; a durable write waits for its commit and only then gets a task
-    # (the rest of it, `_resume`); a take of an entry just committed does too.
+    # (the rest of it, `_resume`, in `_resumed`); a take of an entry just committed does too.
     if kind == "memory":
-        assert made["_resume"] == 0, made
+        assert made["MuxStream._resumed"] == 0, made
     else:
-        assert 50 <= made["_resume"] <= 100, made
+        assert 50 <= made["MuxStream._resumed"] <= 100, made
 
 
 def test_a_take_that_parks_gets_a_task_then(counted: tuple[str, str, _Counted]) -> None:
@@ -120,5 +120,5 @@ def test_a_take_that_parks_gets_a_task_then(counted: tuple[str, str, _Counted]) 
         # The stream goes on after the timeout (a timer of the loop's: no task was cancelled).
         space.write(Task(n=7), lease=60)
         assert space.take(Task(n=7), timeout=5) == Task(n=7)
-    assert made["MuxStream._perform"] == 0, made
-    assert made["_resume"] == 1, made  # the rest of the take, from where it parked
+    assert made["MuxStream._answered"] == 0, made
+    assert made["MuxStream._resumed"] == 1, made  # the rest of the take, from where it parked
