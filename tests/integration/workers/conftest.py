@@ -29,6 +29,7 @@ import outrig.aio
 
 from ...conftest import ServerProcess, free_port
 from ...worker_processes import start_workers
+from ..entries import Task
 
 
 def _merged_metrics(addresses: list[str]) -> http.server.ThreadingHTTPServer:
@@ -73,6 +74,14 @@ def server(request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
                 patch.setattr(outrig.aio, "connect", functools.partial(outrig.aio.connect, direct=False))
             address = f"127.0.0.1:{merged.server_address[1]}"
             yield dataclasses.replace(workers.server, metrics=address)
+            # Under pytest-xdist this process may have run a few of the suite's tests only, which
+            # may have made no space of one worker's (or none at all): a space of each worker's,
+            # written to through the shared port as the suite's are, keeps the check below one of
+            # routing, whichever tests ran here.
+            for index in (0, 1):
+                (name,) = workers.spaces_of(index, prefix="spread.")
+                with outrig.connect(workers.server.address, space=name) as space:
+                    space.write(Task(n=index), lease=60)
         # The suites' spaces were served by both workers, each its own share.
         owners = set()
         for index, own in enumerate(workers.addresses):
