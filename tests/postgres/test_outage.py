@@ -101,8 +101,10 @@ def test_a_database_unreachable_at_start_exits_2_naming_it_without_its_password(
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
         dsn = f"postgresql://outrig:sekrit@127.0.0.1:{port}/tier"
+        # Port 0: another server on the default port (7480) must not decide what this one says.
+        command = [sys.executable, "-m", "outrig.service", "serve", "--listen", "127.0.0.1:0"]
         done = subprocess.run(
-            [sys.executable, "-m", "outrig.service", "serve", "--backend", "postgres", "--dsn", dsn],
+            [*command, "--backend", "postgres", "--dsn", dsn],
             capture_output=True,
             text=True,
             timeout=60,
