@@ -215,29 +215,20 @@ def known_entries(raw: bytes, tags: dict[int, int]) -> list[bytes] | None:
             i += 1
             if kind == 2:
                 length = raw[i]
-                i += 1
-                if length > 0x7F:  # a length of more than a byte
-                    length &= 0x7F
-                    shift = 7
-                    while True:
-                        byte = raw[i]
-                        i += 1
-                        length |= (byte & 0x7F) << shift
-                        if byte < 0x80:
-                            break
-                        shift += 7
+                if length < 0x80:  # a small write's every length: one byte, read inline
+                    i += 1
+                else:
+                    length, i = _varint_at(raw, i)
                 if key == entry:
                     found.append(raw[i : i + length])
                 i += length
             elif kind == 0:
-                while raw[i] > 0x7F:
-                    i += 1
-                i += 1
+                i = _varint_at(raw, i)[1]
             elif kind is None:
                 return None
             else:
                 i += 8 if kind == 1 else 4
-    except IndexError:  # no bytes protobuf parsed: a safety net
+    except (IndexError, ValueError):  # no bytes protobuf parsed: a safety net
         return None
     return found if i == end else None
 

@@ -30,10 +30,6 @@ _ID_BLOCK = 1024
 ANSWERED_IN_ITS_ROW = frozenset({"deliver", "ack", "nack", "extend"})
 
 
-def _add_done_callback(future: asyncio.Future[None], callback: BatchEnd) -> None:
-    future.add_done_callback(callback)
-
-
 class Recorder:
     """The memory backend's side of its `Journal`."""
 
@@ -44,7 +40,7 @@ class Recorder:
         # How a batch's end runs a callback: the journal's `when_done` (memory/journal.py: an
         # optional method, in the batch's own resolution), else a done callback of its future.
         self.when_done: Callable[[asyncio.Future[None], BatchEnd], None] = getattr(
-            journal, "when_done", _add_done_callback
+            journal, "when_done", asyncio.Future.add_done_callback
         )
         self._requests = requests
         # Entries whose write is not yet durable, with the batch that will make it so.
