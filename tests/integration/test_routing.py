@@ -35,6 +35,7 @@ from outrig.service.transport.server import OutrigServer
 from outrig.testing import LocalServer
 from outrig.v1 import space_pb2 as pb
 from outrig.v1 import space_pb2_grpc
+from tests.polling import wait_until_async
 from tests.tcp_proxy import TcpProxy
 
 SECRET = "tier-secret-for-tests"
@@ -444,6 +445,15 @@ async def _parked_takes(tier: Tier, space: outrig.aio.AsyncSpace, name: str, cou
     return takes
 
 
+async def _owner_streams_settle(tier: Tier) -> None:
+    """The owner has one Mux stream and no operation in flight on it. Polled: an operation's
+    answer reaches the caller before the owner's writer counts it sent (`MuxStream._write`
+    lowers its count once gRPC's write returns), so a caller may ask first."""
+    await wait_until_async(
+        lambda: tier.owner_streams() == (1, 0), what=lambda: f"owner streams {tier.owner_streams()}"
+    )
+
+
 async def test_forwarded_operations_travel_on_one_peer_stream(tier: Tier) -> None:
     """Unary calls and Mux operations through the first server alike reach the second as
     operations of one Mux stream (the first's peer stream), every kind of operation on it."""
@@ -472,7 +482,7 @@ async def test_forwarded_operations_travel_on_one_peer_stream(tier: Tier) -> Non
         await (await unary.write(Job(n=6), lease=60)).cancel()
         assert await unary.take_many(Job(), max_entries=5, timeout=0) == []
         assert tier.first.peers.streams() == [stream] and stream.in_flight == 0
-        assert tier.owner_streams() == (1, 0)
+        await _owner_streams_settle(tier)
 
 
 async def test_beyond_the_owners_stream_limit_operations_go_unary() -> None:
@@ -533,7 +543,7 @@ async def test_a_broken_peer_stream_fails_its_operations_unavailable_and_is_reop
         ) as space:
             await space.write(Job(n=2))
             assert await space.count(Job()) == 1  # a new owner: the old one's entries are gone
-            assert tier.owner_streams() == (1, 0)
+            await _owner_streams_settle(tier)
     finally:
         proxy.close()
         await asyncio.to_thread(tier.close)
